@@ -1,0 +1,450 @@
+"""``analyze`` and the :class:`Analysis` it returns: the module tree with its calls, and totals."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .explain import Explanation
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+    import torch
+
+    from .memory import MemoryReport
+    from .recorder import CallRecord, TensorInfo
+    from .widget import MetaWidget
+
+MODES = ("inference", "training")
+
+
+@dataclass
+class ModuleNode:
+    """One module of the tree (an entry of ``named_modules()``), with the calls made to it.
+
+    ``params``, ``trainable_params``, ``param_bytes``, ``float_params`` and ``buffer_bytes`` count
+    the module's whole subtree, each tensor once (tied weights once).
+    """
+
+    index: int
+    path: str
+    name: str
+    type: str
+    depth: int
+    parent: int
+    params: int
+    trainable_params: int
+    param_bytes: int
+    float_params: int
+    buffer_bytes: int
+    own_params: list[tuple[str, TensorInfo]]
+    children: list[ModuleNode] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of all calls of this module, sub-calls included."""
+        return sum(c.flops for c in self.calls)
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of new storage held by the outputs of this module's calls, summed over calls."""
+        return sum(c.activation_bytes for c in self.calls)
+
+    @property
+    def error(self) -> bool:
+        return any(c.error for c in self.calls)
+
+    def walk(self) -> Any:
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+class Analysis:
+    """What meta_widget learned about a model from one meta pass (or from its structure alone).
+
+    Numbers (definitions in the README):
+
+    - ``total_params``: parameters, each tensor once (tied weights once); ``trainable_params``
+      those with ``requires_grad``.
+    - ``total_flops``: FLOPs as ``torch.utils.flop_counter.FlopCounterMode`` counts them on the
+      same meta inputs (matmuls, convolutions, attention; elementwise ops count 0).
+    - ``param_bytes``: parameter bytes at their dtypes; ``activation_bytes``: every byte of
+      storage allocated during the pass; ``peak_bytes``: the maximum of live bytes (parameters,
+      buffers, inputs and not-yet-freed activations) over the pass.
+    """
+
+    def __init__(
+        self,
+        *,
+        title: str,
+        source: str,
+        mode: str,
+        modules: list[ModuleNode],
+        calls: list[CallRecord],
+        memory: MemoryReport,
+        total_flops: int,
+        error: Explanation | None,
+        notes: list[str],
+        traced: bool,
+        seconds: float,
+        orphan_ops: dict[str, int] | None = None,
+    ) -> None:
+        self.title = title
+        self.source = source
+        self.mode = mode
+        self.modules = modules
+        self.calls = calls
+        self.memory = memory
+        self.total_flops = total_flops
+        self.error = error
+        self.notes = notes
+        self.traced = traced
+        self.seconds = seconds
+        self.orphan_ops = orphan_ops or {}
+
+    # -- totals -------------------------------------------------------------------------------
+
+    @property
+    def root(self) -> ModuleNode:
+        """The root of the module tree."""
+        return self.modules[0]
+
+    @property
+    def total_params(self) -> int:
+        return self.root.params
+
+    @property
+    def trainable_params(self) -> int:
+        return self.root.trainable_params
+
+    @property
+    def param_bytes(self) -> int:
+        return self.memory.param_bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        return self.memory.activation_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak_bytes
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return "error"
+        return "done" if self.traced else "structural"
+
+    def __getitem__(self, path: str) -> ModuleNode:
+        """The node of the module at ``path`` (``""`` for the root)."""
+        for node in self.modules:
+            if node.path == path:
+                return node
+        raise KeyError(f"no module {path!r} in {self.title}")
+
+    def __repr__(self) -> str:
+        from .units import format_bytes, format_count, format_flops
+
+        return (
+            f"<Analysis {self.title}: {format_count(self.total_params)} params, "
+            f"{format_flops(self.total_flops)}, peak {format_bytes(self.peak_bytes)}, "
+            f"{len(self.calls)} calls, status {self.status}>"
+        )
+
+    # -- views --------------------------------------------------------------------------------
+
+    def to_dataframe(self, per: str = "module") -> pd.DataFrame:
+        """One row per module (``per="module"``, ``named_modules()`` order) or per call.
+
+        Shapes are tuples of ints; ``input_shapes``/``output_shapes`` hold, per call, the shapes of
+        every tensor in the call's arguments / output.
+        """
+        import pandas as pd
+
+        def shapes(items: list[tuple[str, TensorInfo]]) -> list[tuple[int, ...]]:
+            return [info.shape for _, info in items]
+
+        err = self.error.message if self.error else None
+        if per == "module":
+            rows = [
+                {
+                    "module": n.path,
+                    "type": n.type,
+                    "depth": n.depth,
+                    "calls": len(n.calls),
+                    "input_shapes": [shapes(c.inputs) for c in n.calls],
+                    "output_shapes": [shapes(c.outputs) for c in n.calls],
+                    "params": n.params,
+                    "trainable_params": n.trainable_params,
+                    "param_bytes": n.param_bytes,
+                    "buffer_bytes": n.buffer_bytes,
+                    "activation_bytes": n.activation_bytes,
+                    "flops": n.flops,
+                    "error": err if n.error and self._error_node() is n else None,
+                }
+                for n in self.modules
+            ]
+            return pd.DataFrame(rows)
+        if per == "call":
+            rows = [
+                {
+                    "call": c.index,
+                    "module": c.path,
+                    "type": c.type,
+                    "depth": c.depth,
+                    "parent": c.parent,
+                    "input_shapes": shapes(c.inputs),
+                    "output_shapes": shapes(c.outputs),
+                    "flops": c.flops,
+                    "self_flops": c.self_flops,
+                    "activation_bytes": c.activation_bytes,
+                    "duration_s": c.duration_s,
+                    "error": err if self.error and self.error.call == c.index else None,
+                }
+                for c in self.calls
+            ]
+            return pd.DataFrame(rows)
+        raise ValueError(f"per must be 'module' or 'call', not {per!r}")
+
+    def _error_node(self) -> ModuleNode | None:
+        if self.error is None or self.error.call is None:
+            return None
+        return self.modules[self.calls[self.error.call].module]
+
+    def summary(self, depth: int | None = 3) -> str:
+        """A text table of the tree down to ``depth`` (None: all), with totals."""
+        from .summary import render_summary
+
+        return render_summary(self, depth)
+
+    def figure(self, kind: str = "memory", depth: int = 1) -> go.Figure:
+        """A plotly figure: ``"memory"`` (bytes per module at ``depth``) or ``"timeline"``."""
+        from .figures import memory_figure, timeline_figure
+
+        if kind == "memory":
+            return memory_figure(self, depth)
+        if kind == "timeline":
+            return timeline_figure(self)
+        raise ValueError(f"kind must be 'memory' or 'timeline', not {kind!r}")
+
+    def to_payload(self) -> dict[str, Any]:
+        """The analysis as the widget's payload (see ``meta_widget.protocol``)."""
+        from .protocol import encode_analysis
+
+        return encode_analysis(self)
+
+    def to_json(self) -> str:
+        """The payload as JSON (``version`` 1 of the schema in ``meta_widget.protocol``)."""
+        return json.dumps(self.to_payload(), separators=(",", ":"))
+
+    def to_html(self, path: str | None = None) -> str:
+        """A standalone HTML page (bundle and data inline, no network) showing the widget.
+
+        Written to ``path`` when given; the HTML is returned either way.
+        """
+        from .widget import standalone_html
+
+        html = standalone_html(self.to_payload())
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(html)
+        return html
+
+    def widget(self) -> MetaWidget:
+        from .widget import MetaWidget
+
+        return MetaWidget(payload=self.to_payload())
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = self.widget()._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, tuple):
+            data, meta = bundle
+            data["text/plain"] = self.summary()
+            return data, meta
+        if isinstance(bundle, dict):
+            bundle["text/plain"] = self.summary()
+        return bundle
+
+
+# ---------------------------------------------------------------------------------------------
+# building the tree
+
+
+def build_tree(module: torch.nn.Module) -> list[ModuleNode]:
+    """Nodes for ``module.named_modules()``, with subtree parameter counts (each tensor once)."""
+    from .recorder import TensorInfo
+
+    nodes: list[ModuleNode] = []
+    row_by_path: dict[str, int] = {}
+    for i, (path, m) in enumerate(module.named_modules()):
+        row_by_path[path] = i
+        params = list(m.parameters())
+        parent_path, _, name = path.rpartition(".")
+        parent = row_by_path[parent_path] if path else -1
+        nodes.append(
+            ModuleNode(
+                index=i,
+                path=path,
+                name=name,
+                type=type(m).__name__,
+                depth=path.count(".") + 1 if path else 0,
+                parent=parent,
+                params=sum(p.numel() for p in params),
+                trainable_params=sum(p.numel() for p in params if p.requires_grad),
+                param_bytes=sum(p.numel() * p.element_size() for p in params),
+                float_params=sum(p.numel() for p in params if p.is_floating_point()),
+                buffer_bytes=sum(b.numel() * b.element_size() for b in m.buffers()),
+                own_params=[
+                    (n, TensorInfo.of(p)) for n, p in m.named_parameters(recurse=False)
+                ],
+            )
+        )
+        if parent >= 0:
+            nodes[parent].children.append(nodes[-1])
+    return nodes
+
+
+# ---------------------------------------------------------------------------------------------
+# analyze
+
+
+def analyze(
+    model: Any,
+    input_size: Any = None,
+    *,
+    input_data: Any = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+    mode: str = "inference",
+    depth: int | None = None,
+    widget: bool | MetaWidget | None = None,
+    listeners: Sequence[Callable[[CallRecord], None]] = (),
+) -> Analysis:
+    """Analyze ``model`` on the meta device: its tree, shapes, parameters, FLOPs and memory.
+
+    Parameters
+    ----------
+    model
+        An ``nn.Module`` on any device (analyzed through meta stand-ins; never moved, changed or
+        left with hooks), a class or zero-argument function that builds one (built on meta), or
+        a transformers config (built with its model class on meta).
+    input_size
+        A shape or a list of shapes, batch dimension included (torchinfo's convention).
+    input_data
+        A tensor, a tuple/list of positional arguments or a dict of keyword arguments, nested
+        freely; real tensors are replaced by meta tensors of the same shape and dtype.
+    dtypes
+        One dtype per ``input_size`` shape (default float32; integer ids for models whose first
+        layer is an embedding, with a note).
+    mode
+        ``"inference"`` (``eval()``, no autograd) or ``"training"`` (``train()``, autograd on).
+    depth
+        The depth the widget and summary open at (default 3).
+    widget
+        ``True`` shows the widget before tracing and streams calls into it; a ``MetaWidget`` is
+        used as is. Default: no widget (display the returned Analysis to see one).
+    listeners
+        Functions called with each :class:`CallRecord` as it completes.
+
+    Returns
+    -------
+    Analysis
+        Also when the forward pass fails: ``error`` then explains it, and the records made
+        before the failure are kept.
+    """
+    from .inputs import make_inputs
+    from .memory import memory_report
+    from .recorder import named_tensors, trace
+    from .sources import to_meta
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    start = time.perf_counter()
+    meta = to_meta(model)
+    module = meta.module
+    inputs = make_inputs(module, input_size, input_data, dtypes)
+    notes = [*meta.notes, *inputs.notes]
+    nodes = build_tree(module)
+    input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
+    view = _resolve_widget(widget)
+    if inputs.empty:
+        report = memory_report(module, input_tensors)
+        analysis = Analysis(
+            title=type(module).__name__,
+            source=meta.source,
+            mode=mode,
+            modules=nodes,
+            calls=[],
+            memory=report,
+            total_flops=0,
+            error=None,
+            notes=[*notes, "No inputs given: structural analysis only (no forward pass)."],
+            traced=False,
+            seconds=time.perf_counter() - start,
+        )
+        if view is not None:
+            view.show(analysis)
+        return analysis
+
+    all_listeners = list(listeners)
+    stream = None
+    if view is not None:
+        stream = view.stream(nodes, title=type(module).__name__, source=meta.source, mode=mode)
+        all_listeners.append(stream.add)
+    result = trace(
+        module, inputs.args, inputs.kwargs, training=mode == "training", listeners=all_listeners
+    )
+    error = None
+    if result.exception is not None:
+        from .explain import explain
+
+        call = result.error_call
+        error = explain(
+            result.exception,
+            module=result.calls[call].path if call is not None else None,
+            call=call,
+            op=result.failed_op,
+        )
+    for rec in result.calls:
+        if rec.module >= 0:
+            nodes[rec.module].calls.append(rec)
+    report = memory_report(module, input_tensors, result.calls, result.events)
+    total = result.orphan_flops + sum(c.self_flops for c in result.calls)
+    analysis = Analysis(
+        title=type(module).__name__,
+        source=meta.source,
+        mode=mode,
+        modules=nodes,
+        calls=result.calls,
+        memory=report,
+        total_flops=total,
+        error=error,
+        notes=notes,
+        traced=True,
+        seconds=time.perf_counter() - start,
+        orphan_ops=result.orphan_ops,
+    )
+    if stream is not None:
+        stream.finish(analysis)
+    return analysis
+
+
+def _resolve_widget(widget: Any) -> Any:
+    if widget is None or widget is False:
+        return None
+    from .widget import MetaWidget
+
+    if widget is True:
+        view = MetaWidget()
+        from IPython.display import display
+
+        display(view)
+        return view
+    if isinstance(widget, MetaWidget):
+        return widget
+    raise TypeError(f"widget must be True, False, None or a MetaWidget, not {type(widget).__name__}")

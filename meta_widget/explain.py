@@ -1,0 +1,230 @@
+"""Errors raised while running on meta tensors, explained: what happened, where, and the fix.
+
+A registry of explanations (``register_explanation``): the first whose matcher accepts the
+exception explains it. ``explain(exc)`` works on any exception, also outside an analysis.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """An exception, explained. Plain data: it pickles and serializes to JSON."""
+
+    type: str
+    message: str
+    title: str
+    explanation: str
+    fix: str
+    module: str | None = None
+    call: int | None = None
+    file: str | None = None
+    line: int | None = None
+    code: str | None = None
+    op: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        where = f" in module {self.module!r}" if self.module is not None else ""
+        at = f"\n  at {self.file}:{self.line}" if self.file else ""
+        code = f"\n    {self.code}" if self.code else ""
+        return (
+            f"{self.title}{where}: {self.type}: {_first_line(self.message)}{at}{code}\n"
+            f"  Why: {self.explanation}\n  Fix: {self.fix}"
+        )
+
+
+_Matcher = Callable[[BaseException, str], bool]
+_EXPLANATIONS: list[tuple[str, _Matcher, str, str, str]] = []
+
+
+def register_explanation(
+    name: str, matcher: _Matcher | str, *, title: str, explanation: str, fix: str
+) -> None:
+    """Add an explanation; ``matcher`` is a predicate ``(exc, message)`` or a regex on the message."""
+    if isinstance(matcher, str):
+        pattern = re.compile(matcher, re.IGNORECASE | re.DOTALL)
+
+        def matches(_exc: BaseException, message: str) -> bool:
+            return bool(pattern.search(message))
+
+        matcher = matches
+    _EXPLANATIONS.append((name, matcher, title, explanation, fix))
+
+
+register_explanation(
+    "to_empty",
+    r"Please use torch\.nn\.Module\.to_empty",
+    title="A meta module cannot be moved with .to()",
+    explanation=(
+        "The module's parameters live on the meta device: they have shapes but no data, so "
+        "there is nothing to copy to another device."
+    ),
+    fix=(
+        "Allocate real (uninitialized) memory with module.to_empty(device='cpu'), then fill it: "
+        "call reset_parameters() on each module that has one, or load a checkpoint with "
+        "model.load_state_dict(state_dict, assign=True). mw.analyze(...).materialize() does both."
+    ),
+)
+register_explanation(
+    "copy_out",
+    r"Cannot copy out of meta tensor",
+    title="Data was read from a meta tensor",
+    explanation=(
+        "A meta tensor has a shape and dtype but no values, so .cpu(), .tolist(), .numpy() or "
+        "printing its values cannot work."
+    ),
+    fix=(
+        "Keep the computation on tensors (no .cpu()/.tolist()/.numpy() inside forward), or make "
+        "that step skip meta tensors (`if x.is_meta: ...`). To get real values, build the model "
+        "for real: module.to_empty(device='cpu') and load or initialize the weights."
+    ),
+)
+register_explanation(
+    "item",
+    r"item\(\) cannot be called on meta tensors|cannot be called on meta tensors",
+    title="Python needed a value from a meta tensor",
+    explanation=(
+        "Code asked for a tensor's value (.item(), int(t), float(t), bool(t), `if t:`, "
+        "t.any()/t.all() used as a condition, or F.one_hot without num_classes). A meta tensor "
+        "has no values, so this branch of the code cannot be decided on meta."
+    ),
+    fix=(
+        "mw.analyze assumes truth values by default (strict=False) and lists the assumption; for "
+        ".item()/int()/float() pass the value with assume={'file.py:LINE': value}. In your own "
+        "code, pass such numbers as arguments (e.g. F.one_hot(x, num_classes=N))."
+    ),
+)
+register_explanation(
+    "nonzero",
+    r"data-independent implementation does not exist|aten::nonzero|meta_nonzero_assume_all_nonzero",
+    title="A data-dependent shape (nonzero / boolean mask)",
+    explanation=(
+        "torch.nonzero, boolean-mask indexing (x[mask]) and routing in mixture-of-experts "
+        "models return a tensor whose size depends on the values, which meta tensors do not have."
+    ),
+    fix=(
+        "Analyze with assume_nonzero=True (every element is assumed selected: upper-bound "
+        "shapes, marked as assumed), or rewrite with shape-stable ops (torch.where, "
+        "masked_fill, gather)."
+    ),
+)
+register_explanation(
+    "no_meta_kernel",
+    r"no fake impl or Meta kernel|Could not run '[^']+' with arguments from the 'Meta' backend",
+    title="This operation has no meta implementation",
+    explanation=(
+        "PyTorch has no meta kernel for this op (masked_select and unique are examples): its "
+        "output shape depends on data, or nobody wrote the shape rule."
+    ),
+    fix=(
+        "Replace the op with a shape-stable one, or analyze with assume_nonzero=True where the "
+        "op is a boolean selection. Otherwise trace that part on a real device with small inputs."
+    ),
+)
+register_explanation(
+    "device_mix",
+    r"is not on the expected device meta|Expected all tensors to be on the same device"
+    r"|found at least two devices",
+    title="A real tensor met a meta tensor",
+    explanation=(
+        "The forward pass mixed a meta tensor with a tensor on a real device: usually a tensor "
+        "created inside forward without device= (torch.tensor(...), torch.arange(...)), or one "
+        "kept as a plain attribute instead of a registered buffer."
+    ),
+    fix=(
+        "Create tensors on the input's device (torch.arange(n, device=x.device)) and keep "
+        "constant tensors as buffers (self.register_buffer('name', t)), so they follow the module."
+    ),
+)
+register_explanation(
+    "ids_dtype",
+    r"Expected tensor for argument #1 'indices' to have one of the following scalar types"
+    r"|embedding.*(Long|Int)|indices.*(Long|Int)",
+    title="An embedding was given floating-point input",
+    explanation="nn.Embedding looks up rows by integer index; its input must be integer ids.",
+    fix="Pass integer ids: mw.analyze(model, input_size=(1, 128), dtypes=[torch.long]).",
+)
+register_explanation(
+    "shape",
+    r"shapes cannot be multiplied|size mismatch|must match the size|Expected .*(input|size|shape)"
+    r"|expected input|Given groups|not divisible|invalid for input of size|shape '\[",
+    title="The input's shape does not fit this layer",
+    explanation=(
+        "A layer received a tensor whose shape differs from what it was built for: the "
+        "input_size given to analyze, or the output of the layer before, does not match."
+    ),
+    fix=(
+        "Compare the failing call's input shapes (shown with the error) with the layer's "
+        "parameters, then fix input_size (batch dimension included) or the layer's sizes."
+    ),
+)
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else ""
+
+
+def explain(
+    exc: BaseException, *, module: str | None = None, call: int | None = None, op: str | None = None
+) -> Explanation:
+    """Explain ``exc`` in plain language: what happened, where, and what to do.
+
+    ``module`` and ``call`` locate it in an analysis; the source line is the innermost frame of
+    the traceback outside PyTorch and meta_widget (the model's own code, or a library's).
+    """
+    message = str(exc)
+    file, line, code = user_frame(exc)
+    for _name, matcher, title, explanation, fix in _EXPLANATIONS:
+        if matcher(exc, message):
+            break
+    else:
+        title = "The forward pass raised an error"
+        explanation = "The model's code raised this error while running on meta tensors."
+        fix = (
+            "Read the message and the source line; if the same code works on a real device, "
+            "it depends on tensor values that meta tensors do not have."
+        )
+    return Explanation(
+        type=type(exc).__name__,
+        message=message,
+        title=title,
+        explanation=explanation,
+        fix=fix,
+        module=module,
+        call=call,
+        file=file,
+        line=line,
+        code=code,
+        op=op,
+    )
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    import torch
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep)
+
+
+def user_frame(exc: BaseException) -> tuple[str | None, int | None, str | None]:
+    """The innermost traceback frame outside PyTorch and meta_widget: (file, line, code)."""
+    internal = _internal_dirs()
+    found: tuple[str | None, int | None, str | None] = (None, None, None)
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(internal) or frame.filename.startswith("<frozen"):
+            continue
+        code = frame.line or linecache.getline(frame.filename, frame.lineno or 0).strip()
+        found = (frame.filename, frame.lineno, code or None)
+    return found

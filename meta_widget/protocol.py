@@ -1,0 +1,264 @@
+"""The wire format between the kernel and the front end (and the JSON of ``Analysis.to_json``).
+
+This module and ``js/protocol.ts`` are the two places the contract is typed; a test checks both
+against a recorded sample (``tests/test_protocol.py``).
+
+Payload (``version`` 1)
+-----------------------
+One JSON object, dictionary-encoded so that 80 identical decoder layers cost little::
+
+    {
+      "version": 1,
+      "title": "LlamaForCausalLM",        # the root module's class name
+      "source": "config",                 # module | factory | config | checkpoint
+      "mode": "inference",                # inference | training
+      "status": "done",                   # structural | running | done | error
+      "strings": ["", "model", ...],      # every name, type, dtype and op name, once
+      "shapes": [[1, 4096], ...],         # every shape and stride tuple, once
+      "tensors": [[shape, dtype, stride, requires_grad]],   # ids into shapes/strings; rg 0/1
+      "modules": {                        # columnar; row i = i-th entry of named_modules()
+        "name": [sid],                    # local attribute name; "" for the root
+        "type": [sid],                    # class name
+        "parent": [int],                  # row of the parent module; -1 for the root
+        "params": [int],                  # parameters in the subtree, tied ones counted once
+        "param_bytes": [int],             # their bytes at the recorded dtypes
+        "float_params": [int],            # how many of them are floating point (dtype what-ifs)
+        "buffer_bytes": [int],            # buffers in the subtree, bytes
+        "own_params": [[[name_sid, tensor_id], ...]],   # parameters defined on this module itself
+      },
+      "calls": {                          # columnar; row j = j-th module call, in start order
+        "module": [int],                  # module row
+        "parent": [int],                  # row of the enclosing call; -1 at the top
+        "flops": [int],                   # FLOPs of this call, its sub-calls included
+        "self_flops": [int],              # FLOPs of ops run in this call's own body
+        "activation_bytes": [int],        # bytes of new storage its outputs hold
+        "inputs": [[[name_sid, tensor_id], ...]],   # every tensor of args and kwargs, flattened
+        "outputs": [[[name_sid, tensor_id], ...]],  # every tensor of the output, flattened
+        "ops": [[[op_sid, flops], ...]],  # FLOPs by aten op, own body only, ops with FLOPs > 0
+        "duration_us": [int],
+        "error": [0 | 1],                 # 1 where the call raised
+      },
+      "timeline": {                       # one point per allocation or free, in order
+        "bytes": [int],                   # live bytes after the event
+        "call": [int],                    # innermost call running at the event (-1: none)
+        "op": [sid],                      # aten op that allocated (or "free")
+      },
+      "totals": {"params", "trainable_params", "flops", "param_bytes", "buffer_bytes",
+                 "input_bytes", "activation_bytes", "peak_bytes"},
+      "peak": {"bytes": int, "call": int, "module": str, "op": str} | null,
+      "error": {"type", "message", "module", "call", "file", "line", "code",
+                "explanation", "fix"} | null,
+      "notes": [str],
+    }
+
+Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"args[0]"``,
+``"attention_mask"``, ``"[0]"``, ``"logits"``, ``"past_key_values.layers[0].keys"``.
+
+Messages, kernel -> front end (custom messages, while tracing)
+-------------------------------------------------------------
+- ``{"type": "start", "expected_calls": int, "payload": <payload, status "running", no calls>}``
+- ``{"type": "calls", "strings": [...], "shapes": [...], "tensors": [...],
+  "calls": {"index": [int], ...the call columns above...}}``: the dictionaries are *appended* to
+  the ones already received (ids continue), then the calls are added at their ``index`` rows.
+  Calls complete in post-order (a child before its parent), hence the explicit index.
+- ``{"type": "done", "elapsed_s": float}``: the final payload is now in the ``payload`` trait.
+- ``{"type": "error", "error": {...the error object...}}``
+
+Messages, front end -> kernel
+-----------------------------
+- ``{"type": "select", "module": int}``: the user selected a module row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .analysis import Analysis, ModuleNode
+    from .explain import Explanation
+    from .recorder import CallRecord, TensorInfo
+
+VERSION = 1
+
+#: Columns of ``payload["modules"]`` and ``payload["calls"]``, in the order the JS side expects.
+MODULE_COLUMNS = (
+    "name",
+    "type",
+    "parent",
+    "params",
+    "param_bytes",
+    "float_params",
+    "buffer_bytes",
+    "own_params",
+)
+CALL_COLUMNS = (
+    "module",
+    "parent",
+    "flops",
+    "self_flops",
+    "activation_bytes",
+    "inputs",
+    "outputs",
+    "ops",
+    "duration_us",
+    "error",
+)
+MESSAGE_TYPES_TO_JS = ("start", "calls", "done", "error")
+MESSAGE_TYPES_FROM_JS = ("select",)
+
+
+class Dictionary:
+    """Interns strings, shapes and tensor descriptions as integer ids, appending as it goes.
+
+    ``take_new()`` returns what was added since the last call, for incremental messages.
+    """
+
+    def __init__(self) -> None:
+        self.strings: list[str] = []
+        self.shapes: list[list[int]] = []
+        self.tensors: list[list[int]] = []
+        self._string_ids: dict[str, int] = {}
+        self._shape_ids: dict[tuple[int, ...], int] = {}
+        self._tensor_ids: dict[tuple[int, int, int, int], int] = {}
+        self._sent = (0, 0, 0)
+
+    def string(self, value: str) -> int:
+        sid = self._string_ids.get(value)
+        if sid is None:
+            sid = self._string_ids[value] = len(self.strings)
+            self.strings.append(value)
+        return sid
+
+    def shape(self, value: tuple[int, ...]) -> int:
+        sid = self._shape_ids.get(value)
+        if sid is None:
+            sid = self._shape_ids[value] = len(self.shapes)
+            self.shapes.append(list(value))
+        return sid
+
+    def tensor(self, shape: tuple[int, ...], dtype: str, stride: tuple[int, ...], rg: bool) -> int:
+        key = (self.shape(shape), self.string(dtype), self.shape(stride), int(rg))
+        tid = self._tensor_ids.get(key)
+        if tid is None:
+            tid = self._tensor_ids[key] = len(self.tensors)
+            self.tensors.append(list(key))
+        return tid
+
+    def take_new(self) -> dict[str, list[Any]]:
+        s, h, t = self._sent
+        new = {
+            "strings": self.strings[s:],
+            "shapes": self.shapes[h:],
+            "tensors": self.tensors[t:],
+        }
+        self._sent = (len(self.strings), len(self.shapes), len(self.tensors))
+        return new
+
+
+def encode_modules(nodes: Sequence[ModuleNode], d: Dictionary) -> dict[str, list[Any]]:
+    """The ``modules`` columns for ``nodes`` (``named_modules()`` order)."""
+    return {
+        "name": [d.string(n.name) for n in nodes],
+        "type": [d.string(n.type) for n in nodes],
+        "parent": [n.parent for n in nodes],
+        "params": [n.params for n in nodes],
+        "param_bytes": [n.param_bytes for n in nodes],
+        "float_params": [n.float_params for n in nodes],
+        "buffer_bytes": [n.buffer_bytes for n in nodes],
+        "own_params": [[[d.string(k), _tensor(d, i)] for k, i in n.own_params] for n in nodes],
+    }
+
+
+def _tensor(d: Dictionary, info: TensorInfo) -> int:
+    return d.tensor(info.shape, info.dtype, info.stride, info.requires_grad)
+
+
+def encode_calls(records: Sequence[CallRecord], d: Dictionary) -> dict[str, list[Any]]:
+    """The ``calls`` columns for ``records`` (plus ``index``, used by streamed batches)."""
+    return {
+        "index": [r.index for r in records],
+        "module": [r.module for r in records],
+        "parent": [r.parent for r in records],
+        "flops": [r.flops for r in records],
+        "self_flops": [r.self_flops for r in records],
+        "activation_bytes": [r.activation_bytes for r in records],
+        "inputs": [[[d.string(k), _tensor(d, i)] for k, i in r.inputs] for r in records],
+        "outputs": [[[d.string(k), _tensor(d, i)] for k, i in r.outputs] for r in records],
+        "ops": [[[d.string(k), v] for k, v in r.ops.items()] for r in records],
+        "duration_us": [round(r.duration_s * 1e6) for r in records],
+        "error": [int(r.error) for r in records],
+    }
+
+
+def encode_header(
+    nodes: Sequence[ModuleNode], d: Dictionary, *, title: str, source: str, mode: str, status: str
+) -> dict[str, Any]:
+    """A payload with the module table and no calls (what the ``start`` message carries)."""
+    modules = encode_modules(nodes, d)
+    payload: dict[str, Any] = {
+        "version": VERSION,
+        "title": title,
+        "source": source,
+        "mode": mode,
+        "status": status,
+        "strings": d.strings,
+        "shapes": d.shapes,
+        "tensors": d.tensors,
+        "modules": modules,
+        "calls": {k: [] for k in CALL_COLUMNS},
+        "timeline": {"bytes": [], "call": [], "op": []},
+        "totals": {},
+        "peak": None,
+        "error": None,
+        "notes": [],
+    }
+    return payload
+
+
+def encode_analysis(a: Analysis) -> dict[str, Any]:
+    """The whole analysis as one payload."""
+    d = Dictionary()
+    payload = encode_header(
+        a.modules, d, title=a.title, source=a.source, mode=a.mode, status=a.status
+    )
+    calls = encode_calls(a.calls, d)
+    del calls["index"]
+    payload["calls"] = calls
+    mem = a.memory
+    payload["timeline"] = {
+        "bytes": [b for b, _, _ in mem.timeline],
+        "call": [c for _, c, _ in mem.timeline],
+        "op": [d.string(op) for _, _, op in mem.timeline],
+    }
+    payload["totals"] = {
+        "params": a.total_params,
+        "trainable_params": a.trainable_params,
+        "flops": a.total_flops,
+        "param_bytes": mem.param_bytes,
+        "buffer_bytes": mem.buffer_bytes,
+        "input_bytes": mem.input_bytes,
+        "activation_bytes": mem.activation_bytes,
+        "peak_bytes": mem.peak_bytes,
+    }
+    payload["peak"] = (
+        {
+            "bytes": mem.peak_bytes,
+            "call": mem.peak_call if mem.peak_call is not None else -1,
+            "module": mem.peak_module or "",
+            "op": mem.peak_op or "",
+        }
+        if a.traced
+        else None
+    )
+    payload["error"] = encode_error(a.error)
+    payload["notes"] = list(a.notes)
+    return payload
+
+
+def encode_error(error: Explanation | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    out = error.to_dict()
+    out["call"] = error.call if error.call is not None else -1
+    return out

@@ -1,0 +1,430 @@
+"""The hook-based recorder: one forward pass on meta, one :class:`CallRecord` per module call.
+
+Module pre/post hooks keep the call stack; one ``TorchDispatchMode`` sees every aten op and
+credits its FLOPs and the storage it allocates to the innermost module call running. Records hold
+summaries (shapes, dtypes, strides, byte counts, names), never tensors or modules.
+
+Everything the recorder installs (hooks, the dispatch mode, ``train()``/``eval()`` state) is
+undone on exit, errors included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
+class TensorInfo(NamedTuple):
+    """What is recorded of a tensor: never its data."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    stride: tuple[int, ...]
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorInfo:
+        return TensorInfo(
+            tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()), t.requires_grad
+        )
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One call of one module.
+
+    ``flops`` counts the FLOPs of every aten op run during the call (sub-calls included), as
+    ``torch.utils.flop_counter.FlopCounterMode`` counts them; ``self_flops`` and ``ops`` only the
+    ops run in the module's own body, outside any sub-module call. ``alloc_bytes`` is the storage
+    newly allocated by the call's own body; ``activation_bytes`` the bytes of new storage (allocated
+    during this call) that its outputs hold: views and returned inputs allocate nothing.
+    """
+
+    index: int
+    path: str
+    type: str
+    module: int
+    parent: int
+    depth: int
+    inputs: list[tuple[str, TensorInfo]]
+    outputs: list[tuple[str, TensorInfo]] = field(default_factory=list)
+    flops: int = 0
+    self_flops: int = 0
+    ops: dict[str, int] = field(default_factory=dict)
+    alloc_bytes: int = 0
+    activation_bytes: int = 0
+    start_event: int = 0
+    end_event: int = 0
+    duration_s: float = 0.0
+    error: bool = False
+    phase: str = "forward"
+
+
+class Event(NamedTuple):
+    """One allocation (``nbytes`` > 0) or free (``nbytes`` < 0) of storage during the trace."""
+
+    nbytes: int
+    live_bytes: int
+    call: int
+    op: str
+
+
+@dataclass
+class Trace:
+    """What one recorded forward pass produced."""
+
+    calls: list[CallRecord]
+    events: list[Event]
+    orphan_flops: int
+    orphan_ops: dict[str, int]
+    exception: BaseException | None
+    failed_op: str | None
+    error_call: int | None
+    seconds: float
+
+
+# ---------------------------------------------------------------------------------------------
+# flattening arguments and outputs into named tensors
+
+
+def _cache_like(value: Any) -> bool:
+    module = type(value).__module__
+    return module.startswith("transformers.cache_utils") or type(value).__name__.endswith("Cache")
+
+
+def named_tensors(value: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """Yield ``(path, tensor)`` for every tensor inside ``value``.
+
+    Walks tuples, lists, dicts (``ModelOutput`` included), namedtuples, dataclasses and
+    transformers cache objects; paths look like ``args[0]``, ``logits``, ``cache.layers[0].keys``.
+    """
+    if isinstance(value, torch.Tensor):
+        yield (prefix or "output"), value
+        return
+    if depth > 8 or value is None or isinstance(value, (int, float, bool, str, bytes)):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from named_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+    elif isinstance(value, (tuple, list)):
+        fields = getattr(value, "_fields", None)
+        for i, v in enumerate(value):
+            key = f".{fields[i]}" if fields else f"[{i}]"
+            if not prefix and fields:
+                key = key[1:]
+            yield from named_tensors(v, prefix + key, depth + 1)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name, None)
+            yield from named_tensors(v, f"{prefix}.{f.name}" if prefix else f.name, depth + 1)
+    elif _cache_like(value):
+        for k, v in vars(value).items():
+            if not k.startswith("_"):
+                yield from named_tensors(v, f"{prefix}.{k}" if prefix else k, depth + 1)
+
+
+def describe(value: Any, prefix: str = "") -> list[tuple[str, TensorInfo]]:
+    return [(name, TensorInfo.of(t)) for name, t in named_tensors(value, prefix)]
+
+
+def _describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, TensorInfo]]:
+    found = describe(args, "args") if args else []
+    if kwargs:
+        found.extend(describe(kwargs))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# the recorder
+
+
+Listener = Callable[[CallRecord], None]
+
+
+class Recorder(TorchDispatchMode):
+    """Records every module call and aten op of ``module`` while active (a context manager).
+
+    >>> with Recorder(model) as rec:
+    ...     model(*args)
+    >>> rec.calls  # one CallRecord per module call, in start order
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        listeners: Sequence[Listener] = (),
+        existing: Sequence[torch.Tensor] = (),
+    ) -> None:
+        super().__init__()
+        self.root = module
+        self.listeners = list(listeners)
+        self.calls: list[CallRecord] = []
+        self.events: list[Event] = []
+        self.live_bytes = 0
+        self.orphan_flops = 0
+        self.orphan_ops: dict[str, int] = {}
+        self.failed_op: str | None = None
+        self.error_call: int | None = None
+        self._stack: list[CallRecord] = []
+        self._stack_ids: list[int] = []
+        self._live: dict[int, tuple[int, int, weakref.ref[Any]]] = {}
+        # storage that existed before the trace (parameters, buffers, inputs): never "new"
+        self._existing = {
+            t.untyped_storage()._cdata
+            for t in [*module.parameters(), *module.buffers(), *existing]
+            if t.is_meta
+        }
+        self._handles: list[Any] = []
+        self._active = False
+        self._op_names: dict[Any, str] = {}
+        self._decomposable: dict[Any, bool] = {}
+        rows: dict[int, int] = {}
+        for i, m in enumerate(module.modules()):
+            rows[id(m)] = i
+        self._rows = rows
+        paths: dict[int, list[str]] = {}
+        for name, m in module.named_modules(remove_duplicate=False):
+            paths.setdefault(id(m), []).append(name)
+        self._paths = paths
+        self._types = {id(m): type(m).__name__ for m in module.modules()}
+
+    # -- context manager ----------------------------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        try:
+            for m in self.root.modules():
+                self._handles.append(
+                    m.register_forward_pre_hook(self._pre, with_kwargs=True)
+                )
+                self._handles.append(
+                    m.register_forward_hook(self._post, with_kwargs=True, always_call=True)
+                )
+            self._active = True
+            super().__enter__()
+        except BaseException:
+            self._remove_hooks()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._active = False
+            self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # -- module hooks -------------------------------------------------------------------------
+
+    def _path_for(self, mod: torch.nn.Module) -> str:
+        candidates = self._paths.get(id(mod))
+        if not candidates:
+            return type(mod).__name__
+        if len(candidates) > 1 and self._stack:
+            parent = self._stack[-1].path
+            for p in candidates:
+                if not parent or p.startswith(parent + "."):
+                    return p
+        return candidates[0]
+
+    def _pre(self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        stack = self._stack
+        rec = CallRecord(
+            index=len(self.calls),
+            path=self._path_for(mod),
+            type=self._types.get(id(mod)) or type(mod).__name__,
+            module=self._rows.get(id(mod), -1),
+            parent=stack[-1].index if stack else -1,
+            depth=len(stack),
+            inputs=_describe_inputs(args, kwargs),
+            start_event=len(self.events),
+        )
+        rec.duration_s = time.perf_counter()
+        self.calls.append(rec)
+        stack.append(rec)
+        self._stack_ids.append(id(mod))
+
+    def _post(
+        self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        stack, ids = self._stack, self._stack_ids
+        if not ids or id(mod) not in ids:
+            return  # a call we did not see start (e.g. hooks added mid-call)
+        while ids[-1] != id(mod):  # unwind calls whose post hook never ran
+            ids.pop()
+            stack.pop().error = True
+        ids.pop()
+        rec = stack.pop()
+        rec.duration_s = time.perf_counter() - rec.duration_s
+        rec.end_event = len(self.events)
+        if output is None and sys.exc_info()[1] is not None:
+            rec.error = True
+            if self.error_call is None:
+                self.error_call = rec.index
+        else:
+            named = list(named_tensors(output))
+            rec.outputs = [(name, TensorInfo.of(t)) for name, t in named]
+            rec.activation_bytes = self._new_bytes((t for _, t in named), rec.start_event)
+        if stack:
+            stack[-1].flops += rec.flops
+        for listener in self.listeners:
+            listener(rec)
+
+    def _new_bytes(self, tensors: Iterator[torch.Tensor], start: int) -> int:
+        """Bytes of the distinct storages among ``tensors`` allocated at event ``start`` or later."""
+        total = 0
+        seen: set[int] = set()
+        for t in tensors:
+            if not t.is_meta:
+                continue
+            key = t.untyped_storage()._cdata
+            if key in seen:
+                continue
+            seen.add(key)
+            entry = self._live.get(key)
+            if entry is not None and entry[0] >= start:
+                total += entry[1]
+        return total
+
+    # -- the dispatch mode --------------------------------------------------------------------
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        # Decompose composite ops first, exactly as FlopCounterMode does, so FLOPs agree with it.
+        decomposable = self._decomposable.get(func)
+        if decomposable is None:
+            decomposable = self._decomposable[func] = func is not _PRIM_DEVICE and (
+                _COMPOSITE in func.py_kernels
+                or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
+            )
+        if decomposable:
+            with self:
+                r = func.decompose(*args, **kwargs)
+            if r is not NotImplemented:
+                return r
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if self.failed_op is None:
+                self.failed_op = self._op_name(func)
+            raise
+        count = flop_registry.get(func._overloadpacket)
+        if count is not None:
+            n = count(*args, **kwargs, out_val=out)
+            if n:
+                name = self._op_name(func)
+                if self._stack:
+                    rec = self._stack[-1]
+                    rec.flops += n
+                    rec.self_flops += n
+                    rec.ops[name] = rec.ops.get(name, 0) + n
+                else:
+                    self.orphan_flops += n
+                    self.orphan_ops[name] = self.orphan_ops.get(name, 0) + n
+        if isinstance(out, torch.Tensor):
+            self._track(out, func)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    self._track(o, func)
+        return out
+
+    def _op_name(self, func: Any) -> str:
+        name = self._op_names.get(func)
+        if name is None:
+            name = self._op_names[func] = str(func._overloadpacket)
+        return name
+
+    def _track(self, t: torch.Tensor, func: Any) -> None:
+        if not t.is_meta:
+            return
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._live or key in self._existing:
+            return
+        n = st.nbytes()
+        if not n:
+            return
+        call = self._stack[-1] if self._stack else None
+        self._live[key] = (len(self.events), n, weakref.ref(st, partial(self._free, key)))
+        self.live_bytes += n
+        if call is not None:
+            call.alloc_bytes += n
+        self.events.append(
+            Event(n, self.live_bytes, call.index if call else -1, self._op_name(func))
+        )
+
+    def _free(self, key: int, _ref: Any) -> None:
+        entry = self._live.pop(key, None)
+        if entry is None or not self._active:
+            return
+        self.live_bytes -= entry[1]
+        self.events.append(
+            Event(-entry[1], self.live_bytes, self._stack[-1].index if self._stack else -1, "free")
+        )
+
+
+def trace(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    training: bool = False,
+    listeners: Sequence[Listener] = (),
+) -> Trace:
+    """Run ``module(*args, **kwargs)`` once under a :class:`Recorder` and return what it saw.
+
+    An exception raised by the forward pass is caught and returned in ``Trace.exception`` with the
+    records made before it; the module's ``training`` flags are restored and every hook removed.
+    """
+    flags = [(m, m.training) for m in module.modules()]
+    recorder = Recorder(module, listeners, [t for _, t in named_tensors((args, kwargs))])
+    exception: BaseException | None = None
+    output = None
+    start = time.perf_counter()
+    try:
+        module.train(training)
+        with torch.set_grad_enabled(training), recorder:
+            output = module(*args, **kwargs)  # kept alive: the timeline ends with outputs live
+    except Exception as exc:
+        exception = exc
+    finally:
+        for m, flag in flags:
+            m.training = flag
+    del output
+    if exception is not None and recorder.error_call is None and recorder.calls:
+        recorder.error_call = _deepest_unfinished(recorder.calls)
+    return Trace(
+        calls=recorder.calls,
+        events=recorder.events,
+        orphan_flops=recorder.orphan_flops,
+        orphan_ops=recorder.orphan_ops,
+        exception=exception,
+        failed_op=recorder.failed_op,
+        error_call=recorder.error_call,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _deepest_unfinished(calls: list[CallRecord]) -> int | None:
+    failed = [c for c in calls if c.error]
+    return max(failed, key=lambda c: c.depth).index if failed else None

@@ -1,0 +1,122 @@
+"""The text summary: the module tree as a table a terminal user can read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .units import format_bytes, format_count, format_flops, format_shapes
+
+if TYPE_CHECKING:
+    from .analysis import Analysis, ModuleNode
+
+_COLUMNS = ("Module · type", "Output shapes", "Params", "Param mem", "Act mem", "FLOPs")
+_SHAPES_WIDTH = 38
+
+
+def _signature(node: ModuleNode) -> tuple[object, ...]:
+    """What makes two sibling modules 'the same' for folding: structure, sizes and shapes."""
+    return (
+        node.type,
+        node.params,
+        node.param_bytes,
+        tuple(tuple(i.shape for _, i in c.outputs) for c in node.calls),
+        tuple(_signature(c) for c in node.children),
+    )
+
+
+def fold_siblings(children: list[ModuleNode]) -> list[list[ModuleNode]]:
+    """Group runs of consecutive identical siblings (``layers.0``–``layers.79``)."""
+    groups: list[list[ModuleNode]] = []
+    for child in children:
+        if groups and _signature(groups[-1][0]) == _signature(child):
+            groups[-1].append(child)
+        else:
+            groups.append([child])
+    return groups
+
+
+def _row(label: str, nodes: list[ModuleNode]) -> list[str]:
+    first = nodes[0]
+    shapes = [i.shape for c in first.calls for _, i in c.outputs]
+    shape_text = format_shapes(shapes) if first.calls else "--"
+    if len(first.calls) > 1:
+        shape_text = f"{len(first.calls)} calls: " + format_shapes(
+            [i.shape for _, i in first.calls[0].outputs]
+        )
+    if len(shape_text) > _SHAPES_WIDTH:
+        shape_text = shape_text[: _SHAPES_WIDTH - 1] + "…"
+    k = len(nodes)
+    flops = sum(n.flops for n in nodes)
+    act = sum(n.activation_bytes for n in nodes)
+    return [
+        label,
+        shape_text,
+        format_count(first.params * k) if first.params else "--",
+        format_bytes(first.param_bytes * k) if first.param_bytes else "--",
+        format_bytes(act) if act else "--",
+        format_flops(flops) if flops else "--",
+    ]
+
+
+def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
+    """The tree down to ``depth`` (None: everything), repeated siblings folded, then totals."""
+    rows: list[list[str]] = []
+    error_path = analysis.error.module if analysis.error else None
+
+    def visit(node: ModuleNode, prefix: str, child_prefix: str) -> None:
+        mark = "  ← error here" if error_path is not None and node.path == error_path else ""
+        label = f"{node.name} · {node.type}" if node.path else analysis.title
+        rows.append(_row(f"{prefix}{label}{mark}", [node]))
+        if depth is not None and node.depth >= depth:
+            return
+        groups = fold_siblings(node.children)
+        for gi, group in enumerate(groups):
+            last = gi == len(groups) - 1
+            branch, cont = ("└─ ", "   ") if last else ("├─ ", "│  ")
+            if len(group) == 1:
+                visit(group[0], child_prefix + branch, child_prefix + cont)
+            else:
+                first, end = group[0].name, group[-1].name
+                label = f"{child_prefix}{branch}{first}–{end} · {len(group)} × {group[0].type}"
+                rows.append(_row(label, group))
+
+    visit(analysis.root, "", "")
+    widths = [max(len(r[i]) for r in [list(_COLUMNS), *rows]) for i in range(len(_COLUMNS))]
+
+    def line(cells: list[str]) -> str:
+        left = cells[0].ljust(widths[0])
+        mid = cells[1].ljust(widths[1])
+        right = "  ".join(c.rjust(w) for c, w in zip(cells[2:], widths[2:]))
+        return f"{left}  {mid}  {right}".rstrip()
+
+    rule = "─" * (sum(widths) + 2 * (len(widths) - 1))
+    mem = analysis.memory
+    header = (
+        f"{analysis.title} ({analysis.source}) · {analysis.mode} · "
+        + (
+            f"{len(analysis.calls)} module calls traced in {analysis.seconds:.2f} s"
+            if analysis.traced
+            else "structure only (no inputs given)"
+        )
+    )
+    dtypes = ", ".join(f"{d} {format_bytes(b)}" for d, b in mem.params_by_dtype.items())
+    out = [header, rule, line(list(_COLUMNS)), rule, *(line(r) for r in rows), rule]
+    out.append(
+        f"Parameters: {format_count(analysis.total_params)} "
+        f"(trainable {format_count(analysis.trainable_params)}) · "
+        f"parameter memory {format_bytes(mem.param_bytes)}" + (f" ({dtypes})" if dtypes else "")
+    )
+    if mem.buffer_bytes:
+        out.append(f"Buffers: {format_bytes(mem.buffer_bytes)}")
+    if analysis.traced:
+        where = f" in {mem.peak_module} ({mem.peak_op})" if mem.peak_module is not None else ""
+        out.append(
+            f"FLOPs: {format_flops(analysis.total_flops)} · inputs {format_bytes(mem.input_bytes)}"
+            f" · activations allocated {format_bytes(mem.activation_bytes)}"
+            f" · peak {format_bytes(mem.peak_bytes)}{where}"
+        )
+    out.extend(f"Note: {n}" for n in analysis.notes)
+    if analysis.error is not None:
+        out.append("")
+        out.append("Error: " + str(analysis.error))
+    return "\n".join(out)

@@ -1,0 +1,56 @@
+"""Numbers for humans: bytes, counts, FLOPs and shapes. Views format with these; they never count."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in binary units: ``1.50 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _scaled(n: float, units: Sequence[str]) -> str:
+    value = float(n)
+    for unit in units:
+        if abs(value) < 1000 or unit == units[-1]:
+            return f"{value:.2f} {unit}".rstrip() if unit else f"{int(value)}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_count(n: float) -> str:
+    """A count in decimal units: ``70.55 B`` for 70,553,706,496."""
+    return _scaled(n, ("", "K", "M", "B", "T"))
+
+
+def format_flops(n: float) -> str:
+    """FLOPs in decimal units: ``295.67 TFLOPs``."""
+    if n < 1000:
+        return f"{int(n)} FLOPs"
+    return _scaled(n, ("", "KFLOPs", "MFLOPs", "GFLOPs", "TFLOPs", "PFLOPs"))
+
+
+def format_shape(shape: Sequence[int]) -> str:
+    """``[1, 4096, 8192]``."""
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def format_shapes(shapes: Sequence[Sequence[int]]) -> str:
+    """Every shape, runs of equal shapes written once with a count: ``[1, 16]; 4 × [1, 2, 16]``."""
+    parts: list[str] = []
+    i = 0
+    while i < len(shapes):
+        j = i
+        while j + 1 < len(shapes) and tuple(shapes[j + 1]) == tuple(shapes[i]):
+            j += 1
+        run = j - i + 1
+        text = format_shape(shapes[i])
+        parts.append(f"{run} × {text}" if run > 1 else text)
+        i = j + 1
+    return "; ".join(parts)

@@ -1,0 +1,147 @@
+"""``MetaWidget``: the anywidget that shows an analysis, and streams calls while tracing.
+
+State is in traits (``payload``: the whole analysis, saved with the notebook); live events are
+custom messages (see ``meta_widget.protocol``).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import anywidget
+import traitlets
+
+from .protocol import Dictionary, encode_calls, encode_error, encode_header
+
+if TYPE_CHECKING:
+    from .analysis import Analysis, ModuleNode
+    from .recorder import CallRecord
+
+STATIC = pathlib.Path(__file__).parent / "static"
+
+_NOT_BUILT = """
+export default { render({ el }) {
+  el.textContent = "meta_widget: the front end is not built (run `npm install && npm run build`).";
+} };
+"""
+
+
+def _asset(name: str, fallback: str) -> pathlib.Path | str:
+    path = STATIC / name
+    return path if path.exists() else fallback
+
+
+class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
+    """The module tree, charts and details of an analysis, live while it is recorded."""
+
+    _esm = _asset("widget.js", _NOT_BUILT)
+    _css = _asset("widget.css", "")
+
+    payload = traitlets.Dict().tag(sync=True)
+    selected = traitlets.Int(-1).tag(sync=True)
+    depth = traitlets.Int(3).tag(sync=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.on_msg(self._on_message)
+
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "select":
+            module = content.get("module")
+            if isinstance(module, int):
+                self.selected = module
+
+    def show(self, analysis: Analysis) -> None:
+        """Show a finished analysis (sets the ``payload`` trait)."""
+        self.payload = analysis.to_payload()
+
+    def stream(
+        self, nodes: Sequence[ModuleNode], *, title: str, source: str, mode: str
+    ) -> CallStream:
+        """Start a live view: send the module table now, then calls in batches."""
+        return CallStream(self, nodes, title=title, source=source, mode=mode)
+
+
+class CallStream:
+    """Sends ``calls`` messages in batches (every ``batch`` records or ``interval_s`` seconds)."""
+
+    def __init__(
+        self,
+        widget: MetaWidget,
+        nodes: Sequence[ModuleNode],
+        *,
+        title: str,
+        source: str,
+        mode: str,
+        batch: int = 256,
+        interval_s: float = 0.05,
+    ) -> None:
+        self.widget = widget
+        self.dictionary = Dictionary()
+        self.pending: list[CallRecord] = []
+        self.batch = batch
+        self.interval_s = interval_s
+        self.start = self.last = time.perf_counter()
+        header = encode_header(
+            nodes, self.dictionary, title=title, source=source, mode=mode, status="running"
+        )
+        self.dictionary.take_new()  # the header carries the dictionary so far
+        expected = sum(1 for n in nodes if n.type not in ("ModuleList", "ModuleDict"))
+        widget.send({"type": "start", "expected_calls": expected, "payload": header})
+
+    def add(self, record: CallRecord) -> None:
+        self.pending.append(record)
+        now = time.perf_counter()
+        if len(self.pending) >= self.batch or now - self.last >= self.interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        calls = encode_calls(self.pending, self.dictionary)
+        self.widget.send({"type": "calls", **self.dictionary.take_new(), "calls": calls})
+        self.pending.clear()
+        self.last = time.perf_counter()
+
+    def finish(self, analysis: Analysis) -> None:
+        self.flush()
+        if analysis.error is not None:
+            self.widget.send({"type": "error", "error": encode_error(analysis.error)})
+        self.widget.payload = analysis.to_payload()
+        self.widget.send({"type": "done", "elapsed_s": time.perf_counter() - self.start})
+
+
+def standalone_html(payload: dict[str, Any]) -> str:
+    """One self-contained HTML page rendering ``payload`` with the widget's own code."""
+    script = STATIC / "standalone.js"
+    css = STATIC / "widget.css"
+    if not script.exists():
+        raise FileNotFoundError(
+            f"{script} is missing: the front end was not built. Reinstall meta_widget "
+            "(pip install meta-widget) or build it with `npm install && npm run build`."
+        )
+    data = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
+    title = str(payload.get("title", "model")).replace("<", "&lt;").replace(">", "&gt;")
+    return (
+        "<!doctype html>\n<html><head><meta charset='utf-8'>"
+        f"<title>meta_widget · {title}</title>\n"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>\n"
+        f"<style>{css.read_text(encoding='utf-8') if css.exists() else ''}\n"
+        "body{margin:0;padding:16px;background:var(--jp-layout-color0,#fff)}"
+        "@media (prefers-color-scheme: dark){body{background:#111}}</style>\n"
+        "</head><body><div id='meta-widget-root'></div>\n"
+        f"<script id='meta-widget-data' type='application/json'>{data}</script>\n"
+        f"<script>{_inline(script.read_text(encoding='utf-8'))}</script>\n"
+        "<script>window.metaWidget.renderStandalone(document.getElementById('meta-widget-root'),"
+        "JSON.parse(document.getElementById('meta-widget-data').textContent));</script>\n"
+        "</body></html>\n"
+    )
+
+
+def _inline(js: str) -> str:
+    """JS text safe inside a <script> element (no early ``</script>``)."""
+    return js.replace("</script", "<\\/script").replace("<!--", "<\\!--")
