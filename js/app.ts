@@ -1,0 +1,677 @@
+/**
+ * The whole view, shared by the anywidget entry (`widget.ts`) and the standalone page
+ * (`standalone.ts`): header with totals, error banner, progress line, toolbar (search, depth,
+ * dtype), the virtualized tree table, and a tab area (details, memory chart, timeline).
+ *
+ * It holds the view state (expanded rows, filter, sort, selection, dtype) and re-renders at
+ * most once per animation frame, so a stream of `calls` messages stays cheap.
+ */
+import {
+  DTYPE_CHOICES,
+  MemoryChart,
+  TimelineChart,
+  memoryBars,
+  paramBytesAt,
+  recordedFloatBytes,
+  type DtypeChoice,
+} from "./charts";
+import { copyText, errorBlock, h, renderDetails } from "./details";
+import {
+  formatBytes,
+  formatCount,
+  formatExact,
+  formatFlops,
+  formatShapes,
+} from "./format";
+import { applyCalls, emptyAnalysis, type Analysis, type CallInfo, type Message, type ModuleInfo } from "./protocol";
+import {
+  aggregate,
+  buildTree,
+  expandToDepth,
+  flatten,
+  frontier,
+  moduleKey,
+  nodeName,
+  nodeType,
+  nodeValues,
+  revealKeys,
+  type Aggregate,
+  type Row,
+  type SortColumn,
+  type Tree,
+  type TreeNode,
+} from "./tree";
+import { TreeView, type Cell, type RowCells } from "./treeview";
+
+export interface AppOptions {
+  /** The user selected a module row (a folded group selects its first member). */
+  onSelect?: (module: number) => void;
+  standalone?: boolean;
+}
+
+type Tab = "details" | "memory" | "timeline";
+
+const MAX_BARS = 300;
+const DEFAULT_DEPTH = 2;
+
+export class App {
+  readonly root: HTMLDivElement;
+  private analysis: Analysis | null = null;
+  private tree: Tree | null = null;
+  private aggs: Aggregate[] = [];
+  private rows: Row[] = [];
+  private rowOfKey = new Map<string, number>();
+  private expanded = new Set<string>();
+  private depth = DEFAULT_DEPTH;
+  private filter = "";
+  private sort: { column: SortColumn; descending: boolean } = { column: "order", descending: true };
+  private selectedKey: string | null = null;
+  private dtype: DtypeChoice = "recorded";
+  private recordedBpe = 4;
+  private tab: Tab = "details";
+  private expectedCalls = 0;
+  private startedAt = 0;
+  private elapsedS: number | null = null;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private frame = 0;
+  private chartsDirty = true;
+  private resizeObs: ResizeObserver | null = null;
+  private lastWidth = 0;
+
+  // DOM
+  private banner = h("div", "mw-banner");
+  private titleEl = h("div", "mw-title");
+  private chips = h("div", "mw-chips");
+  private totalsEl = h("div", "mw-totals");
+  private notesEl = h("div", "mw-notes");
+  private progressEl = h("div", "mw-progress");
+  private search = h("input", "mw-search");
+  private depthSel = h("select", "mw-select");
+  private dtypeBox = h("div", "mw-seg");
+  private tableWrap = h("div", "mw-table-wrap");
+  private emptyEl = h("div", "mw-table-empty");
+  private view: TreeView;
+  private tabsEl = h("div", "mw-tabs");
+  private panel = h("div", "mw-panel");
+  private detailsEl = h("div", "mw-details");
+  private memoryEl = h("div", "mw-memory");
+  private timelineEl = h("div", "mw-timeline");
+  private memoryNote = h("div", "mw-muted mw-chart-note");
+  private timelineNote = h("div", "mw-muted mw-chart-note");
+  private toast = h("div", "mw-toast");
+  private memoryChart: MemoryChart | null = null;
+  private timelineChart: TimelineChart | null = null;
+  private tabButtons = new Map<Tab, HTMLButtonElement>();
+
+  constructor(
+    private host: HTMLElement,
+    private opts: AppOptions = {},
+  ) {
+    this.root = h("div", `mw-root${opts.standalone ? " mw-standalone" : ""}`);
+    const header = h("div", "mw-header");
+    const titleBox = h("div", "mw-titlebox");
+    titleBox.append(this.titleEl, this.chips);
+    header.append(titleBox, this.totalsEl);
+
+    const toolbar = h("div", "mw-toolbar");
+    this.search.type = "search";
+    this.search.placeholder = "Filter by module name or type";
+    this.search.setAttribute("aria-label", "Filter modules by name or type");
+    this.search.addEventListener("input", this.onSearch);
+    const depthLabel = h("label", "mw-label", "Depth ");
+    depthLabel.append(this.depthSel);
+    depthLabel.title = "Expand the tree to this depth (the memory chart shows modules at it)";
+    this.depthSel.addEventListener("change", this.onDepth);
+    const dtypeLabel = h("span", "mw-label", "Params as ");
+    dtypeLabel.title =
+      "Parameter memory if floating-point parameters were stored in this dtype (non-float ones kept as recorded)";
+    for (const d of DTYPE_CHOICES) {
+      const b = h("button", "mw-seg-btn", d === "recorded" ? "recorded" : d);
+      b.type = "button";
+      b.dataset.dtype = d;
+      b.addEventListener("click", () => this.setDtype(d));
+      this.dtypeBox.append(b);
+    }
+    dtypeLabel.append(this.dtypeBox);
+    const collapse = h("button", "mw-btn", "Collapse all");
+    collapse.type = "button";
+    collapse.addEventListener("click", () => {
+      this.expanded = new Set(this.tree?.root ? [this.tree.root.key] : []);
+      this.schedule();
+    });
+    toolbar.append(this.search, depthLabel, dtypeLabel, collapse);
+
+    this.view = new TreeView(this.tableWrap, {
+      describe: (row) => this.describe(row),
+      onSelect: (i) => this.selectRow(i, true),
+      onToggle: (i, open) => this.toggleRow(i, open),
+      onSort: (c) => this.cycleSort(c),
+    });
+    this.tableWrap.append(this.emptyEl);
+
+    for (const [tab, label] of [
+      ["details", "Details"],
+      ["memory", "Memory by module"],
+      ["timeline", "Memory timeline"],
+    ] as [Tab, string][]) {
+      const b = h("button", "mw-tab", label);
+      b.type = "button";
+      b.setAttribute("role", "tab");
+      b.dataset.tab = tab;
+      b.addEventListener("click", () => this.setTab(tab));
+      this.tabButtons.set(tab, b);
+      this.tabsEl.append(b);
+    }
+    this.tabsEl.setAttribute("role", "tablist");
+    this.memoryEl.append(this.memoryNote);
+    this.timelineEl.append(this.timelineNote);
+    this.panel.append(this.detailsEl, this.memoryEl, this.timelineEl);
+
+    this.root.append(
+      header,
+      this.banner,
+      this.notesEl,
+      this.progressEl,
+      toolbar,
+      this.tableWrap,
+      this.tabsEl,
+      this.panel,
+      this.toast,
+    );
+    host.append(this.root);
+    if (typeof ResizeObserver !== "undefined") {
+      this.resizeObs = new ResizeObserver(() => {
+        const w = this.panel.clientWidth;
+        if (w && Math.abs(w - this.lastWidth) > 4) {
+          this.lastWidth = w;
+          this.memoryChart?.resize(this.chartWidth());
+          this.timelineChart?.resize(this.chartWidth());
+        }
+      });
+      this.resizeObs.observe(this.root);
+    }
+    this.setTab("details");
+    this.render();
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Inputs
+  // -------------------------------------------------------------------------------------------
+
+  /** Show a decoded payload (null: nothing yet). Keeps view state when the model is the same. */
+  setAnalysis(a: Analysis | null): void {
+    const prev = this.analysis;
+    const same =
+      prev !== null &&
+      a !== null &&
+      prev.modules.length === a.modules.length &&
+      prev.title === a.title &&
+      prev.modules.every((m, i) => m.type === a.modules[i]?.type);
+    this.analysis = a;
+    this.tree = a ? buildTree(a) : null;
+    this.recordedBpe = a ? recordedFloatBytes(a) : 4;
+    if (a && a.status !== "running") this.stopTimer();
+    if (!same) {
+      const maxDepth = a ? Math.max(0, ...a.modules.map((m) => m.depth)) : 0;
+      this.depth = Math.min(DEFAULT_DEPTH, Math.max(1, maxDepth));
+      this.expanded = this.tree ? expandToDepth(this.tree, this.depth) : new Set();
+      this.selectedKey = null;
+      this.fillDepthOptions(maxDepth);
+    }
+    this.chartsDirty = true;
+    this.schedule(true);
+  }
+
+  handleMessage(msg: Message): void {
+    switch (msg.type) {
+      case "start":
+        this.expectedCalls = msg.expectedCalls;
+        this.startedAt = performance.now();
+        this.elapsedS = null;
+        this.setAnalysis(msg.payload ?? emptyAnalysis());
+        if (this.analysis) this.analysis.status = "running";
+        this.startTimer();
+        break;
+      case "calls":
+        if (!this.analysis) {
+          this.analysis = emptyAnalysis();
+          this.tree = buildTree(this.analysis);
+        }
+        applyCalls(this.analysis, msg);
+        this.chartsDirty = true;
+        this.schedule();
+        break;
+      case "done":
+        this.elapsedS = msg.elapsedS;
+        this.stopTimer();
+        if (this.analysis && this.analysis.status === "running") this.analysis.status = "done";
+        this.chartsDirty = true;
+        this.schedule();
+        break;
+      case "error":
+        this.stopTimer();
+        if (this.analysis) {
+          this.analysis.error = msg.error;
+          this.analysis.status = "error";
+        }
+        this.schedule();
+        break;
+    }
+  }
+
+  destroy(): void {
+    this.stopTimer();
+    cancelAnimationFrame(this.frame);
+    this.resizeObs?.disconnect();
+    this.search.removeEventListener("input", this.onSearch);
+    this.depthSel.removeEventListener("change", this.onDepth);
+    this.view.destroy();
+    this.memoryChart?.destroy();
+    this.timelineChart?.destroy();
+    this.root.remove();
+  }
+
+  /** Bars' screen positions, for browser tests that click a real bar. */
+  barCenters(): { module: number; x: number; y: number }[] {
+    return this.memoryChart?.barCenters() ?? [];
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // State changes
+  // -------------------------------------------------------------------------------------------
+
+  private onSearch = (): void => {
+    this.filter = this.search.value;
+    this.schedule();
+  };
+
+  private onDepth = (): void => {
+    this.depth = Number(this.depthSel.value);
+    if (this.tree) this.expanded = expandToDepth(this.tree, this.depth);
+    this.chartsDirty = true;
+    this.schedule();
+  };
+
+  private setDtype(d: DtypeChoice): void {
+    this.dtype = d;
+    this.chartsDirty = true;
+    this.schedule();
+  }
+
+  private setTab(tab: Tab): void {
+    this.tab = tab;
+    for (const [t, b] of this.tabButtons) {
+      b.classList.toggle("mw-active", t === tab);
+      b.setAttribute("aria-selected", String(t === tab));
+    }
+    this.detailsEl.style.display = tab === "details" ? "" : "none";
+    this.memoryEl.style.display = tab === "memory" ? "" : "none";
+    this.timelineEl.style.display = tab === "timeline" ? "" : "none";
+    this.chartsDirty = true;
+    this.schedule();
+  }
+
+  private cycleSort(c: SortColumn): void {
+    const s = this.sort;
+    const numeric = c !== "name";
+    if (s.column !== c) this.sort = { column: c, descending: numeric };
+    else if (s.descending === numeric) this.sort = { column: c, descending: !numeric };
+    else this.sort = { column: "order", descending: true };
+    this.schedule();
+  }
+
+  private toggleRow(i: number, open?: boolean): void {
+    const row = this.rows[i];
+    if (!row || !row.hasChildren) return;
+    const isOpen = row.expanded;
+    const want = open ?? !isOpen;
+    if (want === isOpen) return;
+    if (this.filter.trim()) {
+      // rows under a filter are open because of their matches; clear the filter to browse
+      return;
+    }
+    if (want) this.expanded.add(row.node.key);
+    else this.expanded.delete(row.node.key);
+    this.schedule(true);
+  }
+
+  private selectRow(i: number, notify: boolean): void {
+    const row = this.rows[i];
+    if (!row) return;
+    this.selectedKey = row.node.key;
+    this.view.setSelected(i);
+    this.afterSelect(row.node, notify);
+  }
+
+  /** Select a module by row index (from the chart): opens what hides it. */
+  selectModule(module: number, notify = true): void {
+    if (!this.tree) return;
+    for (const k of revealKeys(this.tree, module)) this.expanded.add(k);
+    this.selectedKey = moduleKey(module);
+    if (this.filter) {
+      this.filter = "";
+      this.search.value = "";
+    }
+    this.computeRows();
+    const i = this.rowOfKey.get(this.selectedKey) ?? -1;
+    this.view.setRows(this.rows, i);
+    this.view.scrollTo(i);
+    const node = this.rows[i]?.node;
+    if (node) this.afterSelect(node, notify);
+  }
+
+  private afterSelect(node: TreeNode, notify: boolean): void {
+    const module = node.kind === "module" ? node.module : (node.members[0] as number);
+    this.memoryChart?.select(module);
+    this.renderDetails();
+    if (notify) this.opts.onSelect?.(module);
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Rendering
+  // -------------------------------------------------------------------------------------------
+
+  private schedule(immediateRows = false): void {
+    if (immediateRows) this.computeRows();
+    if (this.frame) return;
+    const raf =
+      typeof requestAnimationFrame === "function"
+        ? requestAnimationFrame
+        : (cb: FrameRequestCallback) => setTimeout(() => cb(0), 16) as unknown as number;
+    this.frame = raf(() => {
+      this.frame = 0;
+      this.render();
+    });
+  }
+
+  /** Render now (tests call this instead of waiting for a frame). */
+  render(): void {
+    this.aggs = this.analysis ? aggregate(this.analysis) : [];
+    this.computeRows();
+    const sel = this.selectedKey ? (this.rowOfKey.get(this.selectedKey) ?? -1) : -1;
+    this.view.setSort(this.sort.column, this.sort.descending);
+    this.view.setRows(this.rows, sel);
+    this.renderHeader();
+    this.renderBanner();
+    this.renderProgress();
+    this.renderEmpty();
+    this.renderDetails();
+    for (const b of this.dtypeBox.querySelectorAll<HTMLButtonElement>("button")) {
+      b.classList.toggle("mw-active", b.dataset.dtype === this.dtype);
+      b.setAttribute("aria-pressed", String(b.dataset.dtype === this.dtype));
+    }
+    if (this.chartsDirty && this.tab !== "details") this.renderCharts();
+  }
+
+  private paramBytes = (m: ModuleInfo): number => paramBytesAt(m, this.dtype, this.recordedBpe);
+
+  private computeRows(): void {
+    if (!this.tree) {
+      this.rows = [];
+      this.rowOfKey.clear();
+      return;
+    }
+    const a = this.tree.analysis;
+    const aggs = this.aggs.length === a.modules.length ? this.aggs : aggregate(a);
+    this.aggs = aggs;
+    const streaming = a.status === "running";
+    this.rows = flatten(this.tree, {
+      expanded: this.expanded,
+      filter: this.filter,
+      // while streaming, rows appear as their module's calls arrive
+      keep: streaming ? (m) => (aggs[m.index]?.calls ?? 0) > 0 : undefined,
+      sort: this.sort,
+      aggs,
+      paramBytes: this.paramBytes,
+    });
+    this.rowOfKey.clear();
+    this.rows.forEach((r, i) => this.rowOfKey.set(r.node.key, i));
+  }
+
+  private scales(): { params: number; paramBytes: number; acts: number; flops: number } {
+    const a = this.analysis;
+    const root = a?.modules[0];
+    if (!a || !root) return { params: 1, paramBytes: 1, acts: 1, flops: 1 };
+    let acts = 0;
+    let flops = 0;
+    for (const g of this.aggs) {
+      if (g.activationBytes > acts) acts = g.activationBytes;
+      if (g.flops > flops) flops = g.flops;
+    }
+    return {
+      params: root.params || 1,
+      paramBytes: this.paramBytes(root) || 1,
+      acts: acts || 1,
+      flops: flops || 1,
+    };
+  }
+
+  private shapesCell(calls: CallInfo[], which: "inputs" | "outputs"): Cell {
+    const first = calls[0];
+    if (!first) return { text: "" };
+    const text = formatShapes(first[which].map((t) => t.shape));
+    const all = calls.map((c) => formatShapes(c[which].map((t) => t.shape)));
+    const differ = all.some((s) => s !== text);
+    const title =
+      calls.length > 1
+        ? all
+            .slice(0, 12)
+            .map((s, k) => `call ${k + 1}: ${s}`)
+            .join("\n") + (calls.length > 12 ? `\n… ${calls.length - 12} more` : "")
+        : text;
+    return { text: differ ? `${text} …` : text, title };
+  }
+
+  private describe(row: Row): RowCells {
+    const tree = this.tree as Tree;
+    const a = tree.analysis;
+    const node = row.node;
+    const v = nodeValues(tree, node, this.aggs, this.paramBytes);
+    const s = this.scales();
+    const mi = node.kind === "module" ? node.module : (node.members[0] as number);
+    const m = a.modules[mi] as ModuleInfo;
+    const calls = m.calls.map((j) => a.calls[j]).filter((c): c is CallInfo => c !== undefined);
+    const traced = a.status !== "structural";
+    return {
+      name: nodeName(tree, node),
+      type: nodeType(tree, node),
+      calls: node.kind === "module" ? v.calls : Math.round(v.calls / node.members.length),
+      error: v.error,
+      dim: traced && v.calls === 0,
+      group: node.kind === "group",
+      inputs: this.shapesCell(calls, "inputs"),
+      outputs: this.shapesCell(calls, "outputs"),
+      params: {
+        text: formatCount(v.params),
+        title: `${formatExact(v.params)} parameters`,
+        fraction: v.params / s.params,
+      },
+      paramBytes: {
+        text: formatBytes(v.paramBytes),
+        title: `${formatExact(v.paramBytes)} bytes`,
+        fraction: v.paramBytes / s.paramBytes,
+      },
+      activationBytes: {
+        text: traced ? formatBytes(v.activationBytes) : "–",
+        title: `${formatExact(v.activationBytes)} bytes (outputs' new storage, summed over calls)`,
+        fraction: v.activationBytes / s.acts,
+      },
+      flops: {
+        text: traced ? formatFlops(v.flops) : "–",
+        title: `${formatExact(v.flops)} FLOPs`,
+        fraction: v.flops / s.flops,
+      },
+    };
+  }
+
+  private renderHeader(): void {
+    const a = this.analysis;
+    this.titleEl.textContent = a ? a.title : "meta_widget";
+    this.chips.textContent = "";
+    this.totalsEl.textContent = "";
+    this.notesEl.textContent = "";
+    if (!a) return;
+    for (const c of [a.source, a.mode, a.status]) {
+      if (c) this.chips.append(h("span", `mw-chip mw-chip-${c}`, c));
+    }
+    const root = a.modules[0];
+    const rootAgg = this.aggs[0];
+    const t = a.totals;
+    const items: [string, string, string][] = [
+      ["params", formatCount(t.params || root?.params || 0), `${formatExact(t.params || root?.params || 0)} parameters (tied counted once); trainable ${formatExact(t.trainable_params)}`],
+      ["FLOPs", formatFlops(t.flops || rootAgg?.flops || 0), "as torch.utils.flop_counter.FlopCounterMode counts them"],
+      [
+        this.dtype === "recorded" ? "param memory" : `param memory (${this.dtype})`,
+        formatBytes(root ? this.paramBytes(root) : t.param_bytes),
+        "1 KiB = 1024 bytes",
+      ],
+      ["peak", formatBytes(t.peak_bytes), "maximum of live bytes over the forward pass, at the recorded dtypes"],
+    ];
+    for (const [label, value, title] of items) {
+      const item = h("span", "mw-total");
+      item.title = title;
+      item.append(h("span", "mw-total-label", label), h("span", "mw-total-value", value));
+      this.totalsEl.append(item);
+    }
+    for (const n of a.notes) this.notesEl.append(h("div", "mw-note", `ⓘ ${n}`));
+  }
+
+  private renderBanner(): void {
+    this.banner.textContent = "";
+    const err = this.analysis?.error;
+    this.banner.style.display = err ? "" : "none";
+    if (!err || !this.analysis) return;
+    const box = errorBlock(err);
+    const a = this.analysis;
+    const call = a.calls[err.call];
+    const module = call ? call.module : a.modules.findIndex((m) => m.path === err.module);
+    if (module >= 0) {
+      const go = h("button", "mw-btn", "Show in tree");
+      go.type = "button";
+      go.addEventListener("click", () => this.selectModule(module));
+      box.append(go);
+    }
+    this.banner.append(box);
+  }
+
+  private renderProgress(): void {
+    const a = this.analysis;
+    this.progressEl.textContent = "";
+    const running = a?.status === "running";
+    this.progressEl.style.display = running || this.elapsedS !== null ? "" : "none";
+    if (!a) return;
+    if (running) {
+      const elapsed = (performance.now() - this.startedAt) / 1000;
+      const n = a.callCount;
+      const m = this.expectedCalls;
+      const text = `${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected` : ""} · ${elapsed.toFixed(1)} s`;
+      const bar = h("div", "mw-progress-bar");
+      const fill = h("div", "mw-progress-fill");
+      fill.style.width = m ? `${Math.min(100, (100 * n) / m).toFixed(1)}%` : "0%";
+      bar.append(fill);
+      this.progressEl.append(h("span", "mw-spinner"), h("span", "", text), bar);
+    } else if (this.elapsedS !== null) {
+      this.progressEl.append(
+        h("span", "", `${formatExact(a.callCount)} calls recorded in ${this.elapsedS.toFixed(2)} s`),
+      );
+    }
+  }
+
+  private renderEmpty(): void {
+    const a = this.analysis;
+    let text = "";
+    if (!a) text = "Nothing analyzed yet.";
+    else if (this.rows.length === 0) {
+      if (this.filter.trim()) text = `No module name or type contains “${this.filter.trim()}”.`;
+      else if (a.status === "running") text = "Waiting for the first calls…";
+      else text = "This model has no modules.";
+    }
+    this.emptyEl.textContent = text;
+    this.emptyEl.style.display = text ? "" : "none";
+  }
+
+  private selectedNode(): TreeNode | null {
+    if (!this.selectedKey) return null;
+    const i = this.rowOfKey.get(this.selectedKey);
+    return i === undefined ? null : (this.rows[i]?.node ?? null);
+  }
+
+  private renderDetails(): void {
+    if (this.tab !== "details" || !this.tree) {
+      if (!this.tree) this.detailsEl.textContent = "";
+      return;
+    }
+    renderDetails(this.detailsEl, this.selectedNode(), {
+      analysis: this.tree.analysis,
+      tree: this.tree,
+      aggs: this.aggs,
+      paramBytes: this.paramBytes,
+      dtypeLabel: this.dtype === "recorded" ? "as recorded" : this.dtype,
+      onCopy: (path) => {
+        void copyText(path).then((ok) => this.showToast(ok ? `Copied “${path}”` : "Copy failed"));
+      },
+    });
+  }
+
+  private chartWidth(): number {
+    return Math.max(320, (this.panel.clientWidth || 800) - 24);
+  }
+
+  private renderCharts(): void {
+    const a = this.analysis;
+    if (!a) return;
+    this.chartsDirty = false;
+    if (this.tab === "memory") {
+      this.memoryChart ??= new MemoryChart(this.memoryEl, (m) => this.selectModule(m));
+      let mods = frontier(a, this.depth);
+      let note = `Modules at depth ${this.depth} (and shallower leaves): parameters (${this.dtype === "recorded" ? "as recorded" : this.dtype}) and activations (outputs of their calls), stacked. Click a bar to select the module.`;
+      if (mods.length > MAX_BARS) {
+        const total = (i: number): number =>
+          this.paramBytes(a.modules[i] as ModuleInfo) + (this.aggs[i]?.activationBytes ?? 0);
+        mods = mods
+          .slice()
+          .sort((x, y) => total(y) - total(x))
+          .slice(0, MAX_BARS)
+          .sort((x, y) => x - y);
+        note += ` Showing the ${MAX_BARS} largest.`;
+      }
+      this.memoryNote.textContent = note;
+      this.memoryChart.setData(memoryBars(a, mods, this.aggs, this.paramBytes), this.chartWidth());
+      const sel = this.selectedNode();
+      if (sel) this.memoryChart.select(sel.kind === "module" ? sel.module : (sel.members[0] as number));
+    } else if (this.tab === "timeline") {
+      this.timelineChart ??= new TimelineChart(this.timelineEl);
+      const p = a.peak;
+      this.timelineNote.textContent = p
+        ? `Live bytes after each allocation and free. Peak ${formatBytes(p.bytes)} during ${p.module || a.title}${p.op ? ` (${p.op})` : ""}.`
+        : "Live bytes after each allocation and free over the forward pass.";
+      this.timelineChart.setData(a, this.chartWidth());
+    }
+  }
+
+  private showToast(text: string): void {
+    this.toast.textContent = text;
+    this.toast.classList.add("mw-show");
+    setTimeout(() => this.toast.classList.remove("mw-show"), 1600);
+  }
+
+  private fillDepthOptions(maxDepth: number): void {
+    this.depthSel.textContent = "";
+    for (let d = 1; d <= Math.max(1, maxDepth); d++) {
+      const o = h("option", "", d === maxDepth && d > 1 ? `${d} (all)` : String(d));
+      o.value = String(d);
+      this.depthSel.append(o);
+    }
+    this.depthSel.value = String(this.depth);
+  }
+
+  private startTimer(): void {
+    this.stopTimer();
+    this.timer = setInterval(() => this.renderProgress(), 250);
+  }
+
+  private stopTimer(): void {
+    if (this.timer !== null) clearInterval(this.timer);
+    this.timer = null;
+  }
+}

@@ -1,0 +1,484 @@
+/**
+ * Charts: (1) memory per module at the chosen depth, parameters and activations stacked, in
+ * horizontal bars (module names stay readable); clicking a bar selects that module; the
+ * selected module's bar is outlined. (2) the memory timeline: live bytes over the forward pass,
+ * one point per allocation or free, the peak marked with its module name.
+ *
+ * Drawn with uPlot (about 50 KB, canvas, fast on timelines of 100k+ points). Stacking is done
+ * by drawing the "parameters + activations" bar behind the "parameters" bar, both from zero.
+ *
+ * Also here: the dtype what-if for parameter memory (pure, unit tested).
+ */
+import uPlot from "uplot";
+import { formatBytes } from "./format";
+import type { Analysis, ModuleInfo } from "./protocol";
+import type { Aggregate } from "./tree";
+
+// ---------------------------------------------------------------------------------------------
+// dtype what-if
+// ---------------------------------------------------------------------------------------------
+
+export type DtypeChoice = "recorded" | "fp32" | "bf16" | "fp16" | "int8" | "int4";
+export const DTYPE_CHOICES: readonly DtypeChoice[] = [
+  "recorded",
+  "fp32",
+  "bf16",
+  "fp16",
+  "int8",
+  "int4",
+];
+
+/** Bytes per element of each what-if dtype; int4 packs two values per byte. */
+export const DTYPE_BYTES: Record<Exclude<DtypeChoice, "recorded">, number> = {
+  fp32: 4,
+  bf16: 2,
+  fp16: 2,
+  int8: 1,
+  int4: 0.5,
+};
+
+const TORCH_FLOAT_BYTES: Record<string, number> = {
+  float64: 8,
+  double: 8,
+  float32: 4,
+  float: 4,
+  float16: 2,
+  half: 2,
+  bfloat16: 2,
+  float8_e4m3fn: 1,
+  float8_e5m2: 1,
+  float8_e4m3fnuz: 1,
+  float8_e5m2fnuz: 1,
+};
+
+/** Element size of a floating-point torch dtype name ("torch.float32" or "float32"), else null. */
+export function floatDtypeBytes(dtype: string): number | null {
+  return TORCH_FLOAT_BYTES[dtype.replace(/^torch\./, "")] ?? null;
+}
+
+/**
+ * Bytes per element of the model's floating-point parameters as recorded: the element size of
+ * the float dtype that holds the most parameters (from `own_params`); 4 (fp32) when unknown.
+ */
+export function recordedFloatBytes(a: Analysis): number {
+  const count = new Map<number, number>();
+  for (const m of a.modules) {
+    for (const p of m.ownParams) {
+      const b = floatDtypeBytes(p.dtype);
+      if (b === null) continue;
+      const numel = p.shape.reduce((x, y) => x * y, 1);
+      count.set(b, (count.get(b) ?? 0) + numel);
+    }
+  }
+  let best = 4;
+  let bestN = -1;
+  for (const [b, n] of count) {
+    if (n > bestN) {
+      best = b;
+      bestN = n;
+    }
+  }
+  return best;
+}
+
+/**
+ * Parameter bytes of a module if its floating-point parameters were stored as `dtype`:
+ *
+ *     new_param_bytes = float_params × bytes_per_element(dtype)
+ *                     + (param_bytes − float_params × recorded_bytes_per_element)
+ *
+ * The second term is the bytes of the non-float parameters (integer, bool), kept as recorded;
+ * `recorded_bytes_per_element` is 4 for an fp32 model (see `recordedFloatBytes`).
+ * int4 counts 0.5 byte per element. "recorded" returns `param_bytes` unchanged.
+ */
+export function paramBytesAt(m: ModuleInfo, dtype: DtypeChoice, recordedBpe: number): number {
+  if (dtype === "recorded") return m.paramBytes;
+  const nonFloat = Math.max(0, m.paramBytes - m.floatParams * recordedBpe);
+  return Math.ceil(m.floatParams * DTYPE_BYTES[dtype] + nonFloat);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chart data (pure)
+// ---------------------------------------------------------------------------------------------
+
+export interface MemoryBars {
+  modules: number[];
+  labels: string[];
+  params: number[];
+  activations: number[];
+}
+
+/** One bar per module of `rows`, in that order. */
+export function memoryBars(
+  a: Analysis,
+  rows: readonly number[],
+  aggs: readonly Aggregate[],
+  paramBytes: (m: ModuleInfo) => number,
+): MemoryBars {
+  const out: MemoryBars = { modules: [], labels: [], params: [], activations: [] };
+  for (const i of rows) {
+    const m = a.modules[i];
+    if (!m) continue;
+    out.modules.push(i);
+    out.labels.push(m.path || a.title);
+    out.params.push(paramBytes(m));
+    out.activations.push(aggs[i]?.activationBytes ?? 0);
+  }
+  return out;
+}
+
+/** Index of the first maximum of the timeline, or -1 when it is empty. */
+export function timelinePeak(bytes: readonly number[]): number {
+  let best = -1;
+  let bestV = -Infinity;
+  for (let i = 0; i < bytes.length; i++) {
+    const v = bytes[i] as number;
+    if (v > bestV) {
+      bestV = v;
+      best = i;
+    }
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views
+// ---------------------------------------------------------------------------------------------
+
+function cssVar(el: Element, name: string, fallback: string): string {
+  const v = getComputedStyle(el).getPropertyValue(name).trim();
+  return v || fallback;
+}
+
+interface Palette {
+  fg: string;
+  fg2: string;
+  grid: string;
+  params: string;
+  acts: string;
+  select: string;
+  line: string;
+  peak: string;
+  font: string;
+}
+
+function palette(el: Element): Palette {
+  const font = cssVar(el, "--mw-font", "sans-serif");
+  return {
+    fg: cssVar(el, "--mw-fg", "#1f2328"),
+    fg2: cssVar(el, "--mw-fg2", "#57606a"),
+    grid: cssVar(el, "--mw-grid", "rgba(127,127,127,0.2)"),
+    params: cssVar(el, "--mw-params", "#1f77b4"),
+    acts: cssVar(el, "--mw-acts", "#f08c00"),
+    select: cssVar(el, "--mw-fg", "#1f2328"),
+    line: cssVar(el, "--mw-brand", "#1976d2"),
+    peak: cssVar(el, "--mw-error", "#d32f2f"),
+    font: `11px ${font}`,
+  };
+}
+
+function truncate(s: string, max: number): string {
+  return s.length <= max ? s : `…${s.slice(s.length - max + 1)}`;
+}
+
+export const BAR_HEIGHT = 22;
+
+/** The memory bar chart. `onPick(module)` fires when a bar is clicked. */
+export class MemoryChart {
+  readonly el: HTMLElement;
+  private plot: uPlot | null = null;
+  private bars: MemoryBars | null = null;
+  private selected = -1;
+  private tip: HTMLElement;
+  private host: HTMLElement;
+
+  constructor(
+    parent: HTMLElement,
+    private onPick: (module: number) => void,
+  ) {
+    this.el = document.createElement("div");
+    this.el.className = "mw-chart mw-chart-bars";
+    this.host = document.createElement("div");
+    this.host.className = "mw-chart-host";
+    this.tip = document.createElement("div");
+    this.tip.className = "mw-chart-tip";
+    this.el.append(this.host, this.tip);
+    parent.append(this.el);
+  }
+
+  /** Screen positions of the bars' centers (used by browser tests to click a real bar). */
+  barCenters(): { module: number; x: number; y: number }[] {
+    const u = this.plot;
+    const b = this.bars;
+    if (!u || !b) return [];
+    const r = u.over.getBoundingClientRect();
+    return b.modules.map((module, i) => {
+      const total = (b.params[i] as number) + (b.activations[i] as number);
+      const xs = u.valToPos(total / 2, "y");
+      return { module, x: r.left + Math.max(2, xs), y: r.top + u.valToPos(i, "x") };
+    });
+  }
+
+  setData(bars: MemoryBars, width: number): void {
+    this.bars = bars;
+    this.plot?.destroy();
+    this.plot = null;
+    this.host.textContent = "";
+    if (bars.modules.length === 0) {
+      const empty = document.createElement("div");
+      empty.className = "mw-empty";
+      empty.textContent = "No modules at this depth.";
+      this.host.append(empty);
+      return;
+    }
+    const p = palette(this.el);
+    const n = bars.modules.length;
+    const longest = Math.min(48, Math.max(...bars.labels.map((l) => l.length)));
+    const labelWidth = Math.min(Math.max(80, longest * 6.6 + 16), Math.max(120, width * 0.45));
+    const totals = bars.params.map((v, i) => v + (bars.activations[i] as number));
+    const xs = bars.modules.map((_, i) => i);
+    const self = this;
+    const opts: uPlot.Options = {
+      width: Math.max(320, width),
+      height: n * BAR_HEIGHT + 50,
+      legend: { show: false },
+      cursor: { drag: { x: false, y: false }, points: { show: false } },
+      scales: {
+        x: { time: false, ori: 1, dir: 1, range: () => [-0.5, n - 0.5] },
+        y: { ori: 0, dir: 1, range: (_u, _min, max) => [0, max > 0 ? max * 1.04 : 1] },
+      },
+      axes: [
+        {
+          side: 3,
+          stroke: p.fg,
+          grid: { show: false },
+          ticks: { show: false },
+          font: p.font,
+          size: labelWidth,
+          gap: 6,
+          splits: () => xs,
+          values: (_u, splits) =>
+            splits.map((v) => truncate(bars.labels[v] ?? "", Math.floor((labelWidth - 16) / 6.6))),
+        },
+        {
+          side: 2,
+          stroke: p.fg2,
+          grid: { stroke: p.grid, width: 1 },
+          ticks: { stroke: p.grid },
+          font: p.font,
+          size: 36,
+          values: (_u, splits) => splits.map((v) => formatBytes(v)),
+        },
+      ],
+      series: [
+        {},
+        {
+          label: "activations",
+          fill: p.acts,
+          stroke: p.acts,
+          width: 0,
+          paths: uPlot.paths.bars!({ size: [0.7, 18], align: 0 }),
+          points: { show: false },
+        },
+        {
+          label: "parameters",
+          fill: p.params,
+          stroke: p.params,
+          width: 0,
+          paths: uPlot.paths.bars!({ size: [0.7, 18], align: 0 }),
+          points: { show: false },
+        },
+      ],
+      hooks: {
+        draw: [
+          (u) => {
+            if (self.selected < 0) return;
+            const i = bars.modules.indexOf(self.selected);
+            if (i < 0) return;
+            const ctx = u.ctx;
+            const dpr = uPlot.pxRatio;
+            const cy = u.valToPos(i, "x", true);
+            const h = BAR_HEIGHT * dpr;
+            ctx.save();
+            ctx.strokeStyle = p.select;
+            ctx.lineWidth = 2 * dpr;
+            ctx.setLineDash([4 * dpr, 3 * dpr]);
+            ctx.strokeRect(u.bbox.left + dpr, cy - h / 2 + dpr, u.bbox.width - 2 * dpr, h - 2 * dpr);
+            ctx.restore();
+          },
+        ],
+        setCursor: [
+          (u) => {
+            const i = u.cursor.idx;
+            if (i === null || i === undefined || u.cursor.left === undefined || u.cursor.left < 0) {
+              self.tip.textContent = "";
+              return;
+            }
+            const pb = bars.params[i] ?? 0;
+            const ab = bars.activations[i] ?? 0;
+            self.tip.textContent = `${bars.labels[i]} · parameters ${formatBytes(pb)} · activations ${formatBytes(ab)} · total ${formatBytes(pb + ab)}`;
+          },
+        ],
+      },
+    };
+    this.plot = new uPlot(opts, [xs, totals, bars.params], this.host);
+    this.plot.over.addEventListener("click", () => {
+      const i = this.plot?.cursor.idx;
+      if (i === null || i === undefined) return;
+      const module = bars.modules[i];
+      if (module !== undefined) this.onPick(module);
+    });
+    this.plot.over.style.cursor = "pointer";
+  }
+
+  select(module: number): void {
+    if (module === this.selected) return;
+    this.selected = module;
+    this.plot?.redraw(false, false);
+  }
+
+  resize(width: number): void {
+    if (this.plot) this.plot.setSize({ width: Math.max(320, width), height: this.plot.height });
+  }
+
+  destroy(): void {
+    this.plot?.destroy();
+    this.plot = null;
+    this.el.remove();
+  }
+}
+
+/** The memory timeline with the peak marked. */
+export class TimelineChart {
+  readonly el: HTMLElement;
+  private plot: uPlot | null = null;
+  private host: HTMLElement;
+  private tip: HTMLElement;
+
+  constructor(parent: HTMLElement) {
+    this.el = document.createElement("div");
+    this.el.className = "mw-chart mw-chart-timeline";
+    this.host = document.createElement("div");
+    this.host.className = "mw-chart-host";
+    this.tip = document.createElement("div");
+    this.tip.className = "mw-chart-tip";
+    this.el.append(this.host, this.tip);
+    parent.append(this.el);
+  }
+
+  setData(a: Analysis, width: number): void {
+    this.plot?.destroy();
+    this.plot = null;
+    this.host.textContent = "";
+    const bytes = a.timeline.bytes;
+    if (bytes.length === 0) {
+      const empty = document.createElement("div");
+      empty.className = "mw-empty";
+      empty.textContent =
+        a.status === "structural"
+          ? "No forward pass was recorded (structural analysis): give inputs to see the timeline."
+          : "No allocations recorded.";
+      this.host.append(empty);
+      return;
+    }
+    const p = palette(this.el);
+    const peakI = timelinePeak(bytes);
+    const moduleOfEvent = (i: number): string => {
+      const c = a.calls[a.timeline.call[i] ?? -1];
+      const m = c ? a.modules[c.module] : undefined;
+      return m ? m.path || a.title : "(outside any module)";
+    };
+    const peakLabel =
+      a.peak && a.peak.module !== undefined
+        ? `peak ${formatBytes(a.peak.bytes || (bytes[peakI] ?? 0))} · ${a.peak.module || a.title}`
+        : `peak ${formatBytes(bytes[peakI] ?? 0)} · ${moduleOfEvent(peakI)}`;
+    const xs = bytes.map((_, i) => i);
+    const self = this;
+    const opts: uPlot.Options = {
+      width: Math.max(320, width),
+      height: 260,
+      legend: { show: false },
+      cursor: { drag: { x: true, y: false }, points: { size: 6 } },
+      scales: {
+        x: { time: false },
+        y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] },
+      },
+      axes: [
+        {
+          stroke: p.fg2,
+          grid: { stroke: p.grid, width: 1 },
+          ticks: { stroke: p.grid },
+          font: p.font,
+          label: "allocation events (forward pass order)",
+          labelFont: p.font,
+          labelSize: 18,
+        },
+        {
+          stroke: p.fg2,
+          grid: { stroke: p.grid, width: 1 },
+          ticks: { stroke: p.grid },
+          font: p.font,
+          size: 70,
+          values: (_u, splits) => splits.map((v) => formatBytes(v)),
+        },
+      ],
+      series: [
+        {},
+        {
+          label: "live bytes",
+          stroke: p.line,
+          width: 1.5,
+          fill: /^#[0-9a-f]{6}$/i.test(p.line) ? `${p.line}22` : undefined,
+          paths: uPlot.paths.stepped!({ align: 1 }),
+          points: { show: false },
+        },
+      ],
+      hooks: {
+        draw: [
+          (u) => {
+            if (peakI < 0) return;
+            const ctx = u.ctx;
+            const dpr = uPlot.pxRatio;
+            const x = u.valToPos(peakI, "x", true);
+            const y = u.valToPos(bytes[peakI] ?? 0, "y", true);
+            ctx.save();
+            ctx.fillStyle = p.peak;
+            ctx.beginPath();
+            ctx.arc(x, y, 4 * dpr, 0, 2 * Math.PI);
+            ctx.fill();
+            ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
+            const text = peakLabel;
+            const tw = ctx.measureText(text).width;
+            const right = u.bbox.left + u.bbox.width;
+            let tx = x + 8 * dpr;
+            if (tx + tw > right) tx = Math.max(u.bbox.left, x - 8 * dpr - tw);
+            ctx.textBaseline = "bottom";
+            ctx.fillText(text, tx, Math.max(u.bbox.top + 14 * dpr, y - 6 * dpr));
+            ctx.restore();
+          },
+        ],
+        setCursor: [
+          (u) => {
+            const i = u.cursor.idx;
+            if (i === null || i === undefined || u.cursor.left === undefined || u.cursor.left < 0) {
+              self.tip.textContent = "";
+              return;
+            }
+            self.tip.textContent = `event ${i} · ${formatBytes(bytes[i] ?? 0)} live · ${a.timeline.op[i] ?? ""} in ${moduleOfEvent(i)}`;
+          },
+        ],
+      },
+    };
+    this.plot = new uPlot(opts, [xs, bytes.slice()], this.host);
+  }
+
+  resize(width: number): void {
+    if (this.plot) this.plot.setSize({ width: Math.max(320, width), height: this.plot.height });
+  }
+
+  destroy(): void {
+    this.plot?.destroy();
+    this.plot = null;
+    this.el.remove();
+  }
+}

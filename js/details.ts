@@ -1,0 +1,240 @@
+/**
+ * The details panel of the selected module (or folded group) and the error banner.
+ * Built with createElement/textContent only: names, types and messages are never HTML.
+ */
+import {
+  formatBytes,
+  formatCount,
+  formatDuration,
+  formatExact,
+  formatFlops,
+  formatShape,
+} from "./format";
+import type { Analysis, CallInfo, ErrorInfo, ModuleInfo, TensorInfo } from "./protocol";
+import { nodePath, nodeType, nodeValues, type Aggregate, type Tree, type TreeNode } from "./tree";
+
+export function h<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  cls = "",
+  text?: string,
+): HTMLElementTagNameMap[K] {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+/** Copy text with the async clipboard, falling back to a hidden textarea + execCommand. */
+export async function copyText(text: string): Promise<boolean> {
+  try {
+    if (navigator.clipboard && window.isSecureContext) {
+      await navigator.clipboard.writeText(text);
+      return true;
+    }
+  } catch {
+    // fall through to the fallback: clipboard permission denied or not focused
+  }
+  const ta = document.createElement("textarea");
+  ta.value = text;
+  ta.setAttribute("readonly", "");
+  ta.style.position = "fixed";
+  ta.style.opacity = "0";
+  document.body.append(ta);
+  ta.select();
+  let ok = false;
+  try {
+    ok = document.execCommand("copy");
+  } catch {
+    ok = false;
+  }
+  ta.remove();
+  return ok;
+}
+
+function table(headers: string[], rows: (string | Node)[][], cls = ""): HTMLTableElement {
+  const t = h("table", `mw-dtable ${cls}`.trim());
+  const thead = h("thead");
+  const tr = h("tr");
+  for (const x of headers) tr.append(h("th", "", x));
+  thead.append(tr);
+  const tbody = h("tbody");
+  for (const r of rows) {
+    const row = h("tr");
+    for (const c of r) {
+      const td = h("td");
+      if (typeof c === "string") td.textContent = c;
+      else td.append(c);
+      row.append(td);
+    }
+    tbody.append(row);
+  }
+  t.append(thead, tbody);
+  return t;
+}
+
+function tensorTable(tensors: readonly TensorInfo[]): HTMLElement {
+  if (tensors.length === 0) return h("div", "mw-muted", "no tensors");
+  return table(
+    ["name", "shape", "dtype", "stride", "requires_grad"],
+    tensors.map((t) => [
+      t.name,
+      formatShape(t.shape),
+      t.dtype.replace(/^torch\./, ""),
+      formatShape(t.stride),
+      t.requiresGrad ? "yes" : "no",
+    ]),
+  );
+}
+
+function kv(pairs: [string, string][]): HTMLElement {
+  const dl = h("dl", "mw-kv");
+  for (const [k, v] of pairs) dl.append(h("dt", "", k), h("dd", "", v));
+  return dl;
+}
+
+/** The explained error: what happened, where, why, and the fix. */
+export function errorBlock(err: ErrorInfo, compact = false): HTMLElement {
+  const box = h("div", "mw-error-box");
+  box.setAttribute("role", "alert");
+  const head = h("div", "mw-error-head");
+  head.append(h("span", "mw-error-icon", "⚠"), h("strong", "", err.type || "Error"));
+  if (err.message) head.append(h("span", "mw-error-msg", `: ${err.message}`));
+  box.append(head);
+  const where: string[] = [];
+  if (err.module) where.push(`in module ${err.module}`);
+  if (err.file) where.push(err.line ? `${err.file}:${err.line}` : err.file);
+  if (where.length) box.append(h("div", "mw-error-where", where.join(" · ")));
+  if (err.code && !compact) box.append(h("pre", "mw-code", err.code));
+  if (err.explanation) {
+    const p = h("div", "mw-error-expl");
+    p.append(h("strong", "", "Why: "), document.createTextNode(err.explanation));
+    box.append(p);
+  }
+  if (err.fix) {
+    const p = h("div", "mw-error-fix");
+    p.append(h("strong", "", "Fix: "), document.createTextNode(err.fix));
+    box.append(p);
+  }
+  return box;
+}
+
+function callBlock(a: Analysis, call: CallInfo, k: number, total: number): HTMLElement {
+  const box = h("details", "mw-call");
+  box.open = total <= 3 || k === 0;
+  const sum = h("summary");
+  const parts = [
+    total > 1 ? `Call ${k + 1} of ${total}` : "Call",
+    `#${call.index}`,
+    formatFlops(call.flops),
+    `activations ${formatBytes(call.activationBytes)}`,
+  ];
+  if (call.durationUs) parts.push(formatDuration(call.durationUs));
+  sum.textContent = parts.join(" · ");
+  if (call.error) sum.append(h("span", "mw-tag mw-tag-error", "raised"));
+  box.append(sum);
+  if (call.error && a.error && (a.error.call === call.index || a.error.call < 0)) {
+    box.append(errorBlock(a.error, true));
+  }
+  box.append(h("div", "mw-subhead", "Inputs"), tensorTable(call.inputs));
+  box.append(h("div", "mw-subhead", "Outputs"), tensorTable(call.outputs));
+  if (call.ops.length) {
+    const ops = call.ops.slice().sort((x, y) => y.flops - x.flops);
+    box.append(
+      h("div", "mw-subhead", "FLOPs by op (own body)"),
+      table(
+        ["op", "FLOPs", "exact"],
+        ops.map((o) => [o.op, formatFlops(o.flops), formatExact(o.flops)]),
+        "mw-ops",
+      ),
+    );
+  } else {
+    box.append(
+      h("div", "mw-muted", `own body: ${formatFlops(call.selfFlops)} (no FLOP-counted ops)`),
+    );
+  }
+  return box;
+}
+
+export interface DetailsContext {
+  analysis: Analysis;
+  tree: Tree;
+  aggs: readonly Aggregate[];
+  paramBytes: (m: ModuleInfo) => number;
+  dtypeLabel: string;
+  onCopy: (path: string) => void;
+}
+
+export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: DetailsContext): void {
+  parent.textContent = "";
+  if (!node) {
+    parent.append(
+      h("div", "mw-muted mw-pad", "Select a module in the tree (click, or use the arrow keys)."),
+    );
+    return;
+  }
+  const a = ctx.analysis;
+  const path = nodePath(ctx.tree, node);
+  const shownPath = path || a.title;
+  const v = nodeValues(ctx.tree, node, ctx.aggs, ctx.paramBytes);
+  const head = h("div", "mw-dhead");
+  const title = h("div", "mw-dtitle");
+  title.append(h("code", "mw-path", shownPath), h("span", "mw-mtype", nodeType(ctx.tree, node)));
+  const copy = h("button", "mw-btn", "Copy path");
+  copy.type = "button";
+  copy.title = "Copy the qualified module name (as in named_modules())";
+  copy.addEventListener("click", () => ctx.onCopy(path));
+  head.append(title, copy);
+  parent.append(head);
+
+  const memberNote =
+    node.kind === "group"
+      ? `${node.members.length} identical modules folded (same class, structure and parameter count); numbers are sums. Details of the first one below.`
+      : "";
+  if (memberNote) parent.append(h("div", "mw-note", memberNote));
+  parent.append(
+    kv([
+      ["parameters", `${formatCount(v.params)} (${formatExact(v.params)})`],
+      [`parameter memory (${ctx.dtypeLabel})`, formatBytes(v.paramBytes)],
+      ["activation memory", formatBytes(v.activationBytes)],
+      ["FLOPs", `${formatFlops(v.flops)} (${formatExact(v.flops)})`],
+      ["calls", String(v.calls)],
+    ]),
+  );
+
+  const mi = node.kind === "module" ? node.module : (node.members[0] as number);
+  const m = a.modules[mi];
+  if (!m) return;
+  if (m.bufferBytes) parent.append(h("div", "mw-muted", `buffers: ${formatBytes(m.bufferBytes)}`));
+
+  if (m.ownParams.length) {
+    parent.append(
+      h("div", "mw-subhead", "Own parameters"),
+      table(
+        ["name", "shape", "dtype", "elements"],
+        m.ownParams.map((p) => [
+          p.name,
+          formatShape(p.shape),
+          p.dtype.replace(/^torch\./, ""),
+          formatCount(p.shape.reduce((x, y) => x * y, 1)),
+        ]),
+      ),
+    );
+  }
+  const calls = m.calls.map((j) => a.calls[j]).filter((c): c is CallInfo => c !== undefined);
+  if (calls.length === 0) {
+    parent.append(
+      h(
+        "div",
+        "mw-muted mw-pad",
+        a.status === "structural"
+          ? "No forward pass recorded: this analysis is structural (no inputs were given)."
+          : a.status === "running"
+            ? "Not called yet."
+            : "This module was not called during the forward pass.",
+      ),
+    );
+    return;
+  }
+  parent.append(h("div", "mw-subhead", calls.length > 1 ? `${calls.length} calls` : "Call"));
+  calls.forEach((c, k) => parent.append(callBlock(a, c, k, calls.length)));
+}

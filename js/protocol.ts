@@ -1,0 +1,476 @@
+/**
+ * The Python <-> JS contract, typed. The wire format is documented in
+ * `meta_widget/protocol.py` (its docstring is the contract); this file mirrors it.
+ *
+ * Decode at the boundary: `decode()` is the one function that turns a raw payload or a raw
+ * custom message into typed objects. Views only ever see `Analysis` and `Message`.
+ * `applyCalls()` applies an incremental `calls` message to an `Analysis` in place.
+ *
+ * Decoding is defensive: a missing column reads as zeros / empty lists, an unknown id as "?" /
+ * `[]`, so that a partial or newer payload still renders what it can.
+ */
+
+export const VERSION = 1;
+
+// ---------------------------------------------------------------------------------------------
+// Wire types (what Python sends, before decoding)
+// ---------------------------------------------------------------------------------------------
+
+/** `[shape_id, dtype_sid, stride_id, requires_grad 0/1]` */
+export type WireTensor = [number, number, number, number];
+/** `[name_sid, tensor_id]` */
+export type WireNamedTensor = [number, number];
+
+export interface WireModules {
+  name: number[];
+  type: number[];
+  parent: number[];
+  params: number[];
+  param_bytes: number[];
+  float_params: number[];
+  buffer_bytes: number[];
+  own_params: WireNamedTensor[][];
+}
+
+export interface WireCalls {
+  module: number[];
+  parent: number[];
+  flops: number[];
+  self_flops: number[];
+  activation_bytes: number[];
+  inputs: WireNamedTensor[][];
+  outputs: WireNamedTensor[][];
+  /** `[[op_sid, flops], ...]` per call */
+  ops: [number, number][][];
+  duration_us: number[];
+  error: number[];
+}
+
+export interface WireTimeline {
+  bytes: number[];
+  call: number[];
+  op: number[];
+}
+
+export interface WireErrorInfo {
+  type?: string;
+  message?: string;
+  module?: string;
+  call?: number;
+  file?: string;
+  line?: number;
+  code?: string;
+  explanation?: string;
+  fix?: string;
+}
+
+export interface WirePayload {
+  version: number;
+  title: string;
+  source: string;
+  mode: string;
+  status: string;
+  strings: string[];
+  shapes: number[][];
+  tensors: WireTensor[];
+  modules: WireModules;
+  calls: WireCalls;
+  timeline: WireTimeline;
+  totals: Partial<Record<keyof Totals | string, number>>;
+  peak: { bytes: number; call: number; module: string; op: string } | null;
+  error: WireErrorInfo | null;
+  notes: string[];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoded types (what the views use)
+// ---------------------------------------------------------------------------------------------
+
+export type Status = "structural" | "running" | "done" | "error";
+
+export interface TensorInfo {
+  /** Path into the Python structure: "args[0]", "attention_mask", "[0]", "logits", ... */
+  name: string;
+  shape: number[];
+  dtype: string;
+  stride: number[];
+  requiresGrad: boolean;
+}
+
+export interface ModuleInfo {
+  /** Row in `named_modules()` order. */
+  index: number;
+  /** Local attribute name; "" for the root. */
+  name: string;
+  /** Qualified name: names joined by "." from the root; "" for the root. */
+  path: string;
+  type: string;
+  parent: number;
+  depth: number;
+  children: number[];
+  /** Parameters in the subtree, tied ones counted once. */
+  params: number;
+  paramBytes: number;
+  floatParams: number;
+  bufferBytes: number;
+  ownParams: TensorInfo[];
+  /** Rows of this module's calls, in start order (filled as calls arrive). */
+  calls: number[];
+}
+
+export interface OpFlops {
+  op: string;
+  flops: number;
+}
+
+export interface CallInfo {
+  index: number;
+  module: number;
+  parent: number;
+  /** FLOPs of this call, its sub-calls included. */
+  flops: number;
+  selfFlops: number;
+  /** Bytes of new storage its outputs hold. */
+  activationBytes: number;
+  inputs: TensorInfo[];
+  outputs: TensorInfo[];
+  ops: OpFlops[];
+  durationUs: number;
+  error: boolean;
+}
+
+export interface Timeline {
+  bytes: number[];
+  call: number[];
+  op: string[];
+}
+
+export interface Totals {
+  params: number;
+  trainable_params: number;
+  flops: number;
+  param_bytes: number;
+  buffer_bytes: number;
+  input_bytes: number;
+  activation_bytes: number;
+  peak_bytes: number;
+}
+
+export interface Peak {
+  bytes: number;
+  call: number;
+  module: string;
+  op: string;
+}
+
+export interface ErrorInfo {
+  type: string;
+  message: string;
+  module: string;
+  /** Row of the call that raised, or -1. */
+  call: number;
+  file: string;
+  line: number;
+  code: string;
+  explanation: string;
+  fix: string;
+}
+
+/** Dictionaries kept so that later incremental messages can be resolved (ids continue). */
+export interface Dictionaries {
+  strings: string[];
+  shapes: number[][];
+  tensors: WireTensor[];
+}
+
+export interface Analysis {
+  version: number;
+  title: string;
+  source: string;
+  mode: string;
+  status: Status;
+  modules: ModuleInfo[];
+  /** Sparse while streaming: `calls[j]` is undefined until call j arrived. */
+  calls: (CallInfo | undefined)[];
+  /** How many entries of `calls` are filled. */
+  callCount: number;
+  timeline: Timeline;
+  totals: Totals;
+  peak: Peak | null;
+  error: ErrorInfo | null;
+  notes: string[];
+  dict: Dictionaries;
+}
+
+export interface StartMessage {
+  type: "start";
+  expectedCalls: number;
+  payload: Analysis | null;
+}
+export interface CallsMessage {
+  type: "calls";
+  strings: string[];
+  shapes: number[][];
+  tensors: WireTensor[];
+  /** Row indexes where the calls go, matching the columns of `calls`. */
+  index: number[];
+  calls: WireCalls;
+}
+export interface DoneMessage {
+  type: "done";
+  elapsedS: number;
+}
+export interface ErrorMessage {
+  type: "error";
+  error: ErrorInfo;
+}
+export type Message = StartMessage | CallsMessage | DoneMessage | ErrorMessage;
+
+/** Front end -> kernel. */
+export interface SelectMessage {
+  type: "select";
+  module: number;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding helpers
+// ---------------------------------------------------------------------------------------------
+
+type Obj = Record<string, unknown>;
+
+function isObj(v: unknown): v is Obj {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+function num(v: unknown, dflt = 0): number {
+  return typeof v === "number" && Number.isFinite(v) ? v : dflt;
+}
+function str(v: unknown, dflt = ""): string {
+  return typeof v === "string" ? v : dflt;
+}
+function arr<T = unknown>(v: unknown): T[] {
+  return Array.isArray(v) ? (v as T[]) : [];
+}
+function col<T>(o: Obj, key: string, i: number, dflt: T): T {
+  const c = o[key];
+  if (!Array.isArray(c)) return dflt;
+  const v = c[i] as T | undefined;
+  return v === undefined || v === null ? dflt : v;
+}
+
+const STATUSES: readonly Status[] = ["structural", "running", "done", "error"];
+
+function resolveTensor(d: Dictionaries, name: string, tid: number): TensorInfo {
+  const t = d.tensors[tid];
+  if (!t) return { name, shape: [], dtype: "?", stride: [], requiresGrad: false };
+  return {
+    name,
+    shape: d.shapes[t[0]] ?? [],
+    dtype: d.strings[t[1]] ?? "?",
+    stride: d.shapes[t[2]] ?? [],
+    requiresGrad: t[3] === 1,
+  };
+}
+
+function resolveNamed(d: Dictionaries, list: unknown): TensorInfo[] {
+  return arr<unknown>(list).map((pair) => {
+    const p = arr<number>(pair);
+    return resolveTensor(d, d.strings[num(p[0])] ?? "?", num(p[1], -1));
+  });
+}
+
+function decodeError(raw: unknown): ErrorInfo | null {
+  if (!isObj(raw)) return null;
+  return {
+    type: str(raw.type, "Error"),
+    message: str(raw.message),
+    module: str(raw.module),
+    call: num(raw.call, -1),
+    file: str(raw.file),
+    line: num(raw.line, 0),
+    code: str(raw.code),
+    explanation: str(raw.explanation),
+    fix: str(raw.fix),
+  };
+}
+
+function decodeCallRow(d: Dictionaries, c: Obj, i: number, index: number): CallInfo {
+  return {
+    index,
+    module: num(col(c, "module", i, -1), -1),
+    parent: num(col(c, "parent", i, -1), -1),
+    flops: num(col(c, "flops", i, 0)),
+    selfFlops: num(col(c, "self_flops", i, 0)),
+    activationBytes: num(col(c, "activation_bytes", i, 0)),
+    inputs: resolveNamed(d, col(c, "inputs", i, [])),
+    outputs: resolveNamed(d, col(c, "outputs", i, [])),
+    ops: arr<unknown>(col(c, "ops", i, [])).map((pair) => {
+      const p = arr<number>(pair);
+      return { op: d.strings[num(p[0])] ?? "?", flops: num(p[1]) };
+    }),
+    durationUs: num(col(c, "duration_us", i, 0)),
+    error: num(col(c, "error", i, 0)) === 1,
+  };
+}
+
+/** Put a decoded call at its row and register it with its module (keeping start order). */
+function placeCall(a: Analysis, call: CallInfo): void {
+  const previous = a.calls[call.index];
+  if (previous === undefined) a.callCount += 1;
+  a.calls[call.index] = call;
+  const m = a.modules[call.module];
+  if (!m) return;
+  if (previous !== undefined) {
+    const old = a.modules[previous.module];
+    if (old) old.calls = old.calls.filter((j) => j !== call.index);
+  }
+  // insert sorted: calls complete in post-order, so they do not arrive in start order
+  let k = m.calls.length;
+  while (k > 0 && (m.calls[k - 1] as number) > call.index) k -= 1;
+  if (m.calls[k - 1] !== call.index) m.calls.splice(k, 0, call.index);
+}
+
+const ZERO_TOTALS: Totals = {
+  params: 0,
+  trainable_params: 0,
+  flops: 0,
+  param_bytes: 0,
+  buffer_bytes: 0,
+  input_bytes: 0,
+  activation_bytes: 0,
+  peak_bytes: 0,
+};
+
+/** Decode a payload (the `payload` trait or `start.payload`). `{}` or junk gives `null`. */
+export function decodePayload(raw: unknown): Analysis | null {
+  if (!isObj(raw) || !isObj(raw.modules)) return null;
+  const dict: Dictionaries = {
+    strings: arr<unknown>(raw.strings).map((s) => str(s)),
+    shapes: arr<unknown>(raw.shapes).map((s) => arr<number>(s)),
+    tensors: arr<WireTensor>(raw.tensors),
+  };
+  const m = raw.modules;
+  const n = arr(m.parent).length || arr(m.type).length;
+  const modules: ModuleInfo[] = [];
+  for (let i = 0; i < n; i++) {
+    const parent = num(col(m, "parent", i, -1), -1);
+    const name = dict.strings[num(col(m, "name", i, 0))] ?? "";
+    const p = parent >= 0 && parent < i ? modules[parent] : undefined;
+    const mod: ModuleInfo = {
+      index: i,
+      name,
+      path: p ? (p.path ? `${p.path}.${name}` : name) : "",
+      type: dict.strings[num(col(m, "type", i, 0))] ?? "?",
+      parent: p ? parent : -1,
+      depth: p ? p.depth + 1 : 0,
+      children: [],
+      params: num(col(m, "params", i, 0)),
+      paramBytes: num(col(m, "param_bytes", i, 0)),
+      floatParams: num(col(m, "float_params", i, 0)),
+      bufferBytes: num(col(m, "buffer_bytes", i, 0)),
+      ownParams: resolveNamed(dict, col(m, "own_params", i, [])),
+      calls: [],
+    };
+    if (p) p.children.push(i);
+    modules.push(mod);
+  }
+  const status = str(raw.status, "done") as Status;
+  const t = isObj(raw.totals) ? raw.totals : {};
+  const totals = { ...ZERO_TOTALS };
+  for (const key of Object.keys(ZERO_TOTALS) as (keyof Totals)[]) totals[key] = num(t[key]);
+  const tl = isObj(raw.timeline) ? raw.timeline : {};
+  const peak = isObj(raw.peak)
+    ? {
+        bytes: num(raw.peak.bytes),
+        call: num(raw.peak.call, -1),
+        module: str(raw.peak.module),
+        op: str(raw.peak.op),
+      }
+    : null;
+  const a: Analysis = {
+    version: num(raw.version, VERSION),
+    title: str(raw.title, modules[0]?.type ?? "model"),
+    source: str(raw.source),
+    mode: str(raw.mode, "inference"),
+    status: STATUSES.includes(status) ? status : "done",
+    modules,
+    calls: [],
+    callCount: 0,
+    timeline: {
+      bytes: arr<unknown>(tl.bytes).map((b) => num(b)),
+      call: arr<unknown>(tl.call).map((c) => num(c, -1)),
+      op: arr<unknown>(tl.op).map((o) => dict.strings[num(o)] ?? "?"),
+    },
+    totals,
+    peak,
+    error: decodeError(raw.error),
+    notes: arr<unknown>(raw.notes).map((s) => str(s)),
+    dict,
+  };
+  const c = isObj(raw.calls) ? raw.calls : {};
+  const nc = arr(c.module).length;
+  for (let j = 0; j < nc; j++) placeCall(a, decodeCallRow(dict, c, j, j));
+  return a;
+}
+
+/** Decode one custom message from the kernel. Unknown or malformed messages give `null`. */
+export function decodeMessage(raw: unknown): Message | null {
+  if (!isObj(raw)) return null;
+  switch (raw.type) {
+    case "start":
+      return {
+        type: "start",
+        expectedCalls: num(raw.expected_calls, 0),
+        payload: decodePayload(raw.payload),
+      };
+    case "calls": {
+      const calls = (isObj(raw.calls) ? raw.calls : {}) as unknown as WireCalls & { index?: number[] };
+      return {
+        type: "calls",
+        strings: arr<unknown>(raw.strings).map((s) => str(s)),
+        shapes: arr<unknown>(raw.shapes).map((s) => arr<number>(s)),
+        tensors: arr<WireTensor>(raw.tensors),
+        index: arr<unknown>(calls.index).map((i) => num(i, -1)),
+        calls,
+      };
+    }
+    case "done":
+      return { type: "done", elapsedS: num(raw.elapsed_s, 0) };
+    case "error": {
+      const error = decodeError(raw.error);
+      return error ? { type: "error", error } : null;
+    }
+    default:
+      return null;
+  }
+}
+
+/**
+ * The one decode function: a raw payload (an object with `modules`) decodes to an `Analysis`,
+ * a raw message (an object with `type`) to a `Message`; anything else to `null`.
+ */
+export function decode(raw: unknown): Analysis | Message | null {
+  if (isObj(raw) && typeof raw.type === "string") return decodeMessage(raw);
+  return decodePayload(raw);
+}
+
+/**
+ * Apply an incremental `calls` message: append its dictionaries to the ones received so far
+ * (ids continue), then place each call at its `index` row. Mutates and returns `a`.
+ */
+export function applyCalls(a: Analysis, msg: CallsMessage): Analysis {
+  a.dict.strings.push(...msg.strings);
+  a.dict.shapes.push(...msg.shapes);
+  a.dict.tensors.push(...msg.tensors);
+  const c = msg.calls as unknown as Obj;
+  for (let i = 0; i < msg.index.length; i++) {
+    const index = msg.index[i] as number;
+    if (index < 0) continue;
+    placeCall(a, decodeCallRow(a.dict, c, i, index));
+  }
+  return a;
+}
+
+/** An empty analysis to stream into when `start` carried no payload. */
+export function emptyAnalysis(title = "model"): Analysis {
+  return decodePayload({ title, status: "running", modules: {} }) as Analysis;
+}

@@ -1,0 +1,379 @@
+/**
+ * The tree *model*: pure functions over a decoded `Analysis`, no DOM.
+ *
+ * - `aggregate`: per-module numbers from its calls (calls, FLOPs, activation bytes, error).
+ * - `buildTree`: the module tree, with runs of repeated identical siblings folded into groups
+ *   ("0–79 · 80 × LlamaDecoderLayer"). Identical = same class, same param count, and the same
+ *   structure below (child names, classes and param counts, recursively).
+ * - `flatten`: the rows to show, given what is expanded, a filter (ancestors of matches stay
+ *   visible and open) and a sort of siblings by a column.
+ * - `visibleWindow`: which of those rows are in the viewport (virtualization).
+ */
+import type { Analysis, ModuleInfo } from "./protocol";
+
+// ---------------------------------------------------------------------------------------------
+// Aggregates
+// ---------------------------------------------------------------------------------------------
+
+export interface Aggregate {
+  /** Number of calls of this module. */
+  calls: number;
+  /** Sum of its calls' FLOPs (each call's FLOPs include its sub-calls). */
+  flops: number;
+  /** Sum over its calls of the bytes of new storage their outputs hold. */
+  activationBytes: number;
+  /** One of its calls raised. */
+  error: boolean;
+}
+
+export function aggregate(a: Analysis): Aggregate[] {
+  const out: Aggregate[] = a.modules.map(() => ({
+    calls: 0,
+    flops: 0,
+    activationBytes: 0,
+    error: false,
+  }));
+  for (const c of a.calls) {
+    if (!c) continue;
+    const g = out[c.module];
+    if (!g) continue;
+    g.calls += 1;
+    g.flops += c.flops;
+    g.activationBytes += c.activationBytes;
+    if (c.error) g.error = true;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tree with folded groups
+// ---------------------------------------------------------------------------------------------
+
+export interface ModuleNode {
+  kind: "module";
+  key: string;
+  module: number;
+  children: TreeNode[];
+}
+
+export interface GroupNode {
+  kind: "group";
+  key: string;
+  /** Module rows of the folded siblings, in order. */
+  members: number[];
+  /** "0–79" */
+  label: string;
+  type: string;
+  children: ModuleNode[];
+}
+
+export type TreeNode = ModuleNode | GroupNode;
+
+export interface Tree {
+  analysis: Analysis;
+  root: ModuleNode | null;
+  /** Node of each module row. */
+  nodes: ModuleNode[];
+  /** Key of the group a module row is a member of, or null. */
+  groupOf: (string | null)[];
+}
+
+export const moduleKey = (i: number): string => `m${i}`;
+
+/**
+ * A structural signature id per module: equal ids mean same class, same param count and the
+ * same subtree (children names, recursively with the same rule). Computed bottom-up; children
+ * come after their parent in `named_modules()` order.
+ */
+export function signatures(modules: readonly ModuleInfo[]): number[] {
+  const ids = new Map<string, number>();
+  const sig = new Array<number>(modules.length).fill(0);
+  for (let i = modules.length - 1; i >= 0; i--) {
+    const m = modules[i] as ModuleInfo;
+    const kids = m.children.map((c) => `${(modules[c] as ModuleInfo).name}:${sig[c]}`).join(",");
+    const key = `${m.type}|${m.params}|${kids}`;
+    let id = ids.get(key);
+    if (id === undefined) {
+      id = ids.size;
+      ids.set(key, id);
+    }
+    sig[i] = id;
+  }
+  return sig;
+}
+
+function groupLabel(first: string, last: string): string {
+  return `${first}–${last}`;
+}
+
+/** Build the display tree; runs of at least `minRun` identical siblings become a group. */
+export function buildTree(a: Analysis, minRun = 2): Tree {
+  const n = a.modules.length;
+  const nodes: ModuleNode[] = a.modules.map((m) => ({
+    kind: "module",
+    key: moduleKey(m.index),
+    module: m.index,
+    children: [],
+  }));
+  const groupOf: (string | null)[] = new Array<string | null>(n).fill(null);
+  const sig = signatures(a.modules);
+  for (const m of a.modules) {
+    const node = nodes[m.index] as ModuleNode;
+    const kids = m.children;
+    let k = 0;
+    while (k < kids.length) {
+      let end = k + 1;
+      const s = sig[kids[k] as number];
+      while (end < kids.length && sig[kids[end] as number] === s) end += 1;
+      if (end - k >= minRun) {
+        const members = kids.slice(k, end);
+        const first = a.modules[members[0] as number] as ModuleInfo;
+        const last = a.modules[members[members.length - 1] as number] as ModuleInfo;
+        const key = `g${first.index}`;
+        for (const i of members) groupOf[i] = key;
+        node.children.push({
+          kind: "group",
+          key,
+          members,
+          label: groupLabel(first.name, last.name),
+          type: first.type,
+          children: members.map((i) => nodes[i] as ModuleNode),
+        });
+      } else {
+        for (let j = k; j < end; j++) node.children.push(nodes[kids[j] as number] as ModuleNode);
+      }
+      k = end;
+    }
+  }
+  return { analysis: a, root: n > 0 ? (nodes[0] as ModuleNode) : null, nodes, groupOf };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values of a node (module or group sum)
+// ---------------------------------------------------------------------------------------------
+
+export type SortColumn = "order" | "name" | "params" | "paramBytes" | "activationBytes" | "flops";
+
+export interface NodeValues {
+  params: number;
+  paramBytes: number;
+  activationBytes: number;
+  flops: number;
+  calls: number;
+  error: boolean;
+}
+
+/** `paramBytes(m)` lets the dtype switch change parameter memory. */
+export function nodeValues(
+  tree: Tree,
+  node: TreeNode,
+  aggs: readonly Aggregate[],
+  paramBytes: (m: ModuleInfo) => number = (m) => m.paramBytes,
+): NodeValues {
+  const members = node.kind === "module" ? [node.module] : node.members;
+  const v: NodeValues = {
+    params: 0,
+    paramBytes: 0,
+    activationBytes: 0,
+    flops: 0,
+    calls: 0,
+    error: false,
+  };
+  for (const i of members) {
+    const m = tree.analysis.modules[i] as ModuleInfo;
+    const g = aggs[i];
+    v.params += m.params;
+    v.paramBytes += paramBytes(m);
+    if (g) {
+      v.activationBytes += g.activationBytes;
+      v.flops += g.flops;
+      v.calls += g.calls;
+      v.error = v.error || g.error;
+    }
+  }
+  return v;
+}
+
+export function nodeName(tree: Tree, node: TreeNode): string {
+  if (node.kind === "group") return node.label;
+  const m = tree.analysis.modules[node.module] as ModuleInfo;
+  return m.parent < 0 ? tree.analysis.title || m.type : m.name;
+}
+
+export function nodeType(tree: Tree, node: TreeNode): string {
+  if (node.kind === "group") return `${node.members.length} × ${node.type}`;
+  return (tree.analysis.modules[node.module] as ModuleInfo).type;
+}
+
+/** Qualified path: "model.layers.3"; a group: "model.layers.0–79"; the root: "". */
+export function nodePath(tree: Tree, node: TreeNode): string {
+  const mods = tree.analysis.modules;
+  if (node.kind === "module") return (mods[node.module] as ModuleInfo).path;
+  const first = mods[node.members[0] as number] as ModuleInfo;
+  const parent = mods[first.parent];
+  const prefix = parent && parent.path ? `${parent.path}.` : "";
+  return `${prefix}${node.label}`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flatten: expanded set + filter + sort -> rows
+// ---------------------------------------------------------------------------------------------
+
+export interface Row {
+  node: TreeNode;
+  /** Indentation level of the row (a group's members sit one level below the group). */
+  level: number;
+  hasChildren: boolean;
+  expanded: boolean;
+  /** Index of the parent row in the row list, -1 at the top. */
+  parentRow: number;
+  /** The row matched the filter itself (not only kept as an ancestor). */
+  matched: boolean;
+}
+
+export interface FlattenOptions {
+  expanded: ReadonlySet<string>;
+  /** Case-insensitive substring of a module's name or class name; "" or undefined: no filter. */
+  filter?: string;
+  /** Further restriction, e.g. "has been called" while streaming. */
+  keep?: (m: ModuleInfo) => boolean;
+  sort?: { column: SortColumn; descending: boolean };
+  aggs?: readonly Aggregate[];
+  paramBytes?: (m: ModuleInfo) => number;
+}
+
+/** Which modules match `filter`/`keep`; ancestors of a match are kept too (`visible`). */
+export function filterModules(
+  a: Analysis,
+  filter: string | undefined,
+  keep?: (m: ModuleInfo) => boolean,
+): { matched: boolean[]; visible: boolean[] } | null {
+  const q = (filter ?? "").trim().toLowerCase();
+  if (!q && !keep) return null;
+  const matched = a.modules.map(
+    (m) =>
+      (!keep || keep(m)) &&
+      (!q || m.name.toLowerCase().includes(q) || m.type.toLowerCase().includes(q)),
+  );
+  const visible = matched.slice();
+  for (let i = a.modules.length - 1; i > 0; i--) {
+    const p = (a.modules[i] as ModuleInfo).parent;
+    if (visible[i] && p >= 0) visible[p] = true;
+  }
+  return { matched, visible };
+}
+
+function sortValue(
+  tree: Tree,
+  node: TreeNode,
+  column: SortColumn,
+  opts: FlattenOptions,
+): number | string {
+  if (column === "name") return nodeName(tree, node).toLowerCase();
+  const v = nodeValues(tree, node, opts.aggs ?? [], opts.paramBytes);
+  return column === "order" ? 0 : v[column];
+}
+
+export function flatten(tree: Tree, opts: FlattenOptions): Row[] {
+  const rows: Row[] = [];
+  if (!tree.root) return rows;
+  const f = filterModules(tree.analysis, opts.filter, opts.keep);
+  const isVisible = (node: TreeNode): boolean =>
+    !f ||
+    (node.kind === "module"
+      ? f.visible[node.module] === true
+      : node.members.some((i) => f.visible[i]));
+  const isMatched = (node: TreeNode): boolean =>
+    !f ||
+    (node.kind === "module"
+      ? f.matched[node.module] === true
+      : node.members.some((i) => f.matched[i]));
+  const sort = opts.sort && opts.sort.column !== "order" ? opts.sort : null;
+
+  const visit = (node: TreeNode, level: number, parentRow: number): void => {
+    let kids: TreeNode[] = node.children.filter(isVisible);
+    // with a filter, a kept node is open when something below it is kept
+    const expanded = f ? kids.length > 0 : opts.expanded.has(node.key);
+    const row = rows.length;
+    rows.push({
+      node,
+      level,
+      hasChildren: node.children.length > 0,
+      expanded: expanded && node.children.length > 0,
+      parentRow,
+      matched: isMatched(node),
+    });
+    if (!expanded) return;
+    if (sort) {
+      const keyed = kids.map((k, i) => ({ k, i, v: sortValue(tree, k, sort.column, opts) }));
+      keyed.sort((x, y) => {
+        const c = x.v < y.v ? -1 : x.v > y.v ? 1 : 0;
+        return (sort.descending ? -c : c) || x.i - y.i;
+      });
+      kids = keyed.map((e) => e.k);
+    }
+    for (const k of kids) visit(k, level + 1, row);
+  };
+  if (isVisible(tree.root)) visit(tree.root, 0, -1);
+  return rows;
+}
+
+/** Keys to open so that every module down to `depth` (root = 0) shows; groups stay folded. */
+export function expandToDepth(tree: Tree, depth: number): Set<string> {
+  const keys = new Set<string>();
+  for (const m of tree.analysis.modules) {
+    if (m.depth < depth && m.children.length > 0) keys.add(moduleKey(m.index));
+  }
+  return keys;
+}
+
+/** Keys to open so that module row `i` is visible: its ancestors and the groups holding them. */
+export function revealKeys(tree: Tree, i: number): string[] {
+  const keys: string[] = [];
+  const mods = tree.analysis.modules;
+  const g = tree.groupOf[i];
+  if (g) keys.push(g);
+  let p = mods[i]?.parent ?? -1;
+  while (p >= 0) {
+    keys.push(moduleKey(p));
+    const pg = tree.groupOf[p];
+    if (pg) keys.push(pg);
+    p = (mods[p] as ModuleInfo).parent;
+  }
+  return keys;
+}
+
+/** Modules at `depth`, plus shallower leaves: a frontier whose parameters add up to the total. */
+export function frontier(a: Analysis, depth: number): number[] {
+  return a.modules
+    .filter((m) => m.depth === depth || (m.depth < depth && m.children.length === 0))
+    .map((m) => m.index);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Virtualization
+// ---------------------------------------------------------------------------------------------
+
+export interface Window {
+  /** First row to render. */
+  start: number;
+  /** One past the last row to render. */
+  end: number;
+}
+
+/** Rows intersecting [scrollTop, scrollTop + height), widened by `overscan` rows each side. */
+export function visibleWindow(
+  scrollTop: number,
+  height: number,
+  rowHeight: number,
+  total: number,
+  overscan = 8,
+): Window {
+  if (total <= 0 || rowHeight <= 0) return { start: 0, end: 0 };
+  const first = Math.floor(Math.max(0, scrollTop) / rowHeight);
+  const last = Math.ceil((Math.max(0, scrollTop) + Math.max(0, height)) / rowHeight);
+  return {
+    start: Math.max(0, Math.min(total, first - overscan)),
+    end: Math.max(0, Math.min(total, last + overscan)),
+  };
+}

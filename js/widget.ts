@@ -1,0 +1,65 @@
+/**
+ * anywidget entry: `export default { render }`.
+ *
+ * Traits: `payload` (the analysis; `{}` until there is one), `selected` (module row, set here).
+ * Custom messages from the kernel (`start`, `calls`, `done`, `error`) stream a trace in;
+ * `{type: "select", module}` goes back when the user selects a row.
+ */
+import { App } from "./app";
+import { decodeMessage, decodePayload, type SelectMessage } from "./protocol";
+
+/** The part of anywidget's model that we use (also satisfied by the standalone fake). */
+export interface WidgetModel {
+  get(name: string): unknown;
+  set(name: string, value: unknown): void;
+  save_changes(): void;
+  send(content: unknown, callbacks?: unknown, buffers?: unknown): void;
+  on(event: string, cb: (...args: unknown[]) => void): void;
+  off(event?: string | null, cb?: ((...args: unknown[]) => void) | null): void;
+}
+
+export interface RenderProps {
+  model: WidgetModel;
+  el: HTMLElement;
+}
+
+export interface Rendered {
+  app: App;
+  cleanup: () => void;
+}
+
+/** Mount the view on `el`, wired to `model`; returns the app and the cleanup. */
+export function mount(model: WidgetModel, el: HTMLElement, standalone = false): Rendered {
+  const app = new App(el, {
+    standalone,
+    onSelect: (module) => {
+      const msg: SelectMessage = { type: "select", module };
+      model.send(msg);
+      model.set("selected", module);
+      model.save_changes();
+    },
+  });
+  const onPayload = (): void => app.setAnalysis(decodePayload(model.get("payload")));
+  const onMsg = (content: unknown): void => {
+    const msg = decodeMessage(content);
+    if (!msg) return;
+    app.handleMessage(msg);
+    // the final payload is in the trait once "done" arrives (its change event may come first)
+    if (msg.type === "done") onPayload();
+  };
+  model.on("change:payload", onPayload);
+  model.on("msg:custom", onMsg as (...args: unknown[]) => void);
+  onPayload();
+  const cleanup = (): void => {
+    model.off("change:payload", onPayload);
+    model.off("msg:custom", onMsg as (...args: unknown[]) => void);
+    app.destroy();
+  };
+  return { app, cleanup };
+}
+
+function render({ model, el }: RenderProps): () => void {
+  return mount(model, el).cleanup;
+}
+
+export default { render };
