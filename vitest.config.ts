@@ -4,5 +4,6 @@ export default defineConfig({
   test: {
     include: ["js/**/*.test.ts"],
     environment: "jsdom",
+    setupFiles: ["js/test-setup.ts"],
   },
 });

@@ -59,6 +59,8 @@ export class App {
   private analysis: Analysis | null = null;
   private tree: Tree | null = null;
   private aggs: Aggregate[] = [];
+  /** Module row i or something below it was called. */
+  private reached: boolean[] = [];
   private rows: Row[] = [];
   private rowOfKey = new Map<string, number>();
   private expanded = new Set<string>();
@@ -387,6 +389,12 @@ export class App {
   /** Render now (tests call this instead of waiting for a frame). */
   render(): void {
     this.aggs = this.analysis ? aggregate(this.analysis) : [];
+    this.reached = this.aggs.map((g) => g.calls > 0);
+    const mods = this.analysis?.modules ?? [];
+    for (let i = mods.length - 1; i > 0; i--) {
+      const p = (mods[i] as ModuleInfo).parent;
+      if (this.reached[i] && p >= 0) this.reached[p] = true;
+    }
     this.computeRows();
     const sel = this.selectedKey ? (this.rowOfKey.get(this.selectedKey) ?? -1) : -1;
     this.view.setSort(this.sort.column, this.sort.descending);
@@ -472,12 +480,17 @@ export class App {
     const m = a.modules[mi] as ModuleInfo;
     const calls = m.calls.map((j) => a.calls[j]).filter((c): c is CallInfo => c !== undefined);
     const traced = a.status !== "structural";
+    // a container that is never called itself (ModuleList): its numbers are in its children
+    const container = traced && v.calls === 0 && this.reached[mi] === true;
+    const name = nodeName(tree, node);
+    const type = nodeType(tree, node);
+    const shown = traced && !container;
     return {
-      name: nodeName(tree, node),
-      type: nodeType(tree, node),
+      name,
+      type: m.parent < 0 && node.kind === "module" && type === name ? "" : type,
       calls: node.kind === "module" ? v.calls : Math.round(v.calls / node.members.length),
       error: v.error,
-      dim: traced && v.calls === 0,
+      dim: traced && v.calls === 0 && !container,
       group: node.kind === "group",
       inputs: this.shapesCell(calls, "inputs"),
       outputs: this.shapesCell(calls, "outputs"),
@@ -492,13 +505,15 @@ export class App {
         fraction: v.paramBytes / s.paramBytes,
       },
       activationBytes: {
-        text: traced ? formatBytes(v.activationBytes) : "–",
-        title: `${formatExact(v.activationBytes)} bytes (outputs' new storage, summed over calls)`,
+        text: shown ? formatBytes(v.activationBytes) : "–",
+        title: container
+          ? "not called itself (a container): see its children"
+          : `${formatExact(v.activationBytes)} bytes (outputs' new storage, summed over calls)`,
         fraction: v.activationBytes / s.acts,
       },
       flops: {
-        text: traced ? formatFlops(v.flops) : "–",
-        title: `${formatExact(v.flops)} FLOPs`,
+        text: shown ? formatFlops(v.flops) : "–",
+        title: container ? "not called itself (a container): see its children" : `${formatExact(v.flops)} FLOPs`,
         fraction: v.flops / s.flops,
       },
     };
@@ -636,6 +651,16 @@ export class App {
         note += ` Showing the ${MAX_BARS} largest.`;
       }
       this.memoryNote.textContent = note;
+      const legend = h("span", "mw-legend");
+      for (const [cls, label] of [
+        ["mw-bar-params", "parameters"],
+        ["mw-bar-acts", "activations"],
+      ]) {
+        const item = h("span");
+        item.append(h("span", `mw-swatch ${cls}`), document.createTextNode(label as string));
+        legend.append(item);
+      }
+      this.memoryNote.append(legend);
       this.memoryChart.setData(memoryBars(a, mods, this.aggs, this.paramBytes), this.chartWidth());
       const sel = this.selectedNode();
       if (sel) this.memoryChart.select(sel.kind === "module" ? sel.module : (sel.members[0] as number));

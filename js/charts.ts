@@ -183,6 +183,13 @@ function truncate(s: string, max: number): string {
 
 export const BAR_HEIGHT = 22;
 
+/** Axis steps for bytes: 1, 2, 4 ... 512 times a power of 1024, so ticks read 256 KiB, 1 MiB. */
+export const BYTE_INCRS: number[] = (() => {
+  const out: number[] = [];
+  for (let k = 0; k < 6; k++) for (let m = 1; m < 1024; m *= 2) out.push(m * 1024 ** k);
+  return out;
+})();
+
 /** The memory bar chart. `onPick(module)` fires when a bar is clicked. */
 export class MemoryChart {
   readonly el: HTMLElement;
@@ -244,7 +251,7 @@ export class MemoryChart {
       legend: { show: false },
       cursor: { drag: { x: false, y: false }, points: { show: false } },
       scales: {
-        x: { time: false, ori: 1, dir: 1, range: () => [-0.5, n - 0.5] },
+        x: { time: false, ori: 1, dir: -1, range: () => [-0.5, n - 0.5] },
         y: { ori: 0, dir: 1, range: (_u, _min, max) => [0, max > 0 ? max * 1.04 : 1] },
       },
       axes: [
@@ -267,6 +274,8 @@ export class MemoryChart {
           ticks: { stroke: p.grid },
           font: p.font,
           size: 36,
+          space: 90,
+          incrs: BYTE_INCRS,
           values: (_u, splits) => splits.map((v) => formatBytes(v)),
         },
       ],
@@ -419,6 +428,8 @@ export class TimelineChart {
           ticks: { stroke: p.grid },
           font: p.font,
           size: 70,
+          space: 40,
+          incrs: BYTE_INCRS,
           values: (_u, splits) => splits.map((v) => formatBytes(v)),
         },
       ],

@@ -289,11 +289,13 @@ export function flatten(tree: Tree, opts: FlattenOptions): Row[] {
       ? f.matched[node.module] === true
       : node.members.some((i) => f.matched[i]));
   const sort = opts.sort && opts.sort.column !== "order" ? opts.sort : null;
+  // a text filter opens the ancestors of its matches; `keep` alone respects `expanded`
+  const autoOpen = (opts.filter ?? "").trim() !== "";
 
   const visit = (node: TreeNode, level: number, parentRow: number): void => {
     let kids: TreeNode[] = node.children.filter(isVisible);
     // with a filter, a kept node is open when something below it is kept
-    const expanded = f ? kids.length > 0 : opts.expanded.has(node.key);
+    const expanded = autoOpen ? kids.length > 0 : opts.expanded.has(node.key);
     const row = rows.length;
     rows.push({
       node,

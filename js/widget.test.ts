@@ -1,0 +1,179 @@
+import { afterEach, describe, expect, it, vi } from "vitest";
+import widget, { mount, type WidgetModel } from "./widget";
+import { tiny } from "./testdata";
+
+type Cb = (...args: unknown[]) => void;
+
+/** An anywidget-like model that records listeners, sends and sets. */
+function fakeModel(payload: unknown) {
+  const traits: Record<string, unknown> = { payload };
+  const listeners = new Map<string, Set<Cb>>();
+  const model = {
+    sent: [] as unknown[],
+    saves: 0,
+    get: (k: string) => traits[k],
+    set: (k: string, v: unknown) => {
+      traits[k] = v;
+    },
+    save_changes: () => {
+      model.saves += 1;
+    },
+    send: (c: unknown) => {
+      model.sent.push(c);
+    },
+    on: (e: string, cb: Cb) => {
+      if (!listeners.has(e)) listeners.set(e, new Set());
+      listeners.get(e)?.add(cb);
+    },
+    off: (e?: string | null, cb?: Cb | null) => {
+      if (e && cb) listeners.get(e)?.delete(cb);
+    },
+    emit: (e: string, ...args: unknown[]) => {
+      for (const cb of listeners.get(e) ?? []) cb(...args);
+    },
+    count: () => [...listeners.values()].reduce((n, s) => n + s.size, 0),
+    traits,
+  };
+  return model;
+}
+
+const rowTexts = (el: HTMLElement): string[] =>
+  [...el.querySelectorAll<HTMLElement>(".mw-row")]
+    .filter((r) => r.style.display !== "none")
+    .sort((x, y) => Number(x.dataset.row) - Number(y.dataset.row))
+    .map((r) => (r.querySelector(".mw-mname") as HTMLElement).textContent ?? "");
+
+let el: HTMLElement;
+afterEach(() => el?.remove());
+
+function setup(payload: unknown) {
+  el = document.createElement("div");
+  document.body.append(el);
+  const model = fakeModel(payload);
+  const r = mount(model as unknown as WidgetModel, el);
+  r.app.render();
+  return { model, ...r };
+}
+
+describe("widget", () => {
+  it("exports render for anywidget, which returns a cleanup", () => {
+    el = document.createElement("div");
+    const model = fakeModel(tiny().payload);
+    const cleanup = widget.render({ model: model as unknown as WidgetModel, el });
+    expect(model.count()).toBe(2);
+    expect(el.querySelector(".mw-root")).not.toBeNull();
+    cleanup();
+    expect(model.count()).toBe(0);
+    expect(el.querySelector(".mw-root")).toBeNull();
+  });
+
+  it("renders the tree down to depth 2 with totals", () => {
+    const { model } = setup(tiny().payload);
+    void model;
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]);
+    expect(el.querySelector(".mw-title")?.textContent).toBe("TinyNet");
+    const totals = el.querySelector(".mw-totals")?.textContent ?? "";
+    expect(totals).toContain("1.11 K"); // 1106 params
+    expect(totals).toContain("2.18 KFLOPs"); // 2176
+    expect(totals).toContain("4.32 KiB"); // 4424 bytes
+    expect(el.querySelector(".mw-notes")?.textContent).toContain("Dropout is a no-op");
+  });
+
+  it("expands on a caret click and selects on a name click", () => {
+    const { model, app } = setup(tiny().payload);
+    const caret = el.querySelector('.mw-row[data-row="3"] .mw-caret') as HTMLElement;
+    caret.click();
+    app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "0", "1", "2", "head"]);
+    (el.querySelector('.mw-row[data-row="7"] .mw-mname') as HTMLElement).click();
+    expect(model.sent).toEqual([{ type: "select", module: 12 }]);
+    expect(model.traits.selected).toBe(12);
+    expect(model.saves).toBe(1);
+    expect(el.querySelector(".mw-details .mw-path")?.textContent).toBe("head");
+  });
+
+  it("navigates with the keyboard", () => {
+    const { model, app } = setup(tiny().payload);
+    const table = el.querySelector(".mw-table") as HTMLElement;
+    const key = (k: string) => {
+      table.dispatchEvent(new KeyboardEvent("keydown", { key: k, bubbles: true }));
+      app.render();
+    };
+    key("ArrowDown"); // row 0
+    key("End"); // head
+    key("ArrowUp"); // 0–2 group
+    key("ArrowRight"); // open it
+    expect(rowTexts(el)).toContain("1");
+    key("ArrowRight"); // to its first member
+    key("ArrowLeft"); // back to the group
+    key("ArrowLeft"); // close the group
+    expect(rowTexts(el)).not.toContain("1");
+    const modules = model.sent.map((m) => (m as { module: number }).module);
+    expect(modules).toEqual([0, 12, 3, 3, 3]);
+  });
+
+  it("filters with the search box", () => {
+    const { app } = setup(tiny().payload);
+    const search = el.querySelector(".mw-search") as HTMLInputElement;
+    search.value = "head";
+    search.dispatchEvent(new Event("input"));
+    app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "head"]);
+  });
+
+  it("keeps user strings as text", () => {
+    const evil = "<img src=x onerror=alert(1)>";
+    setup(tiny({ rootType: evil }).payload);
+    expect(el.querySelector("img")).toBeNull();
+    expect(el.querySelector(".mw-title")?.textContent).toBe(evil);
+    expect(rowTexts(el)[0]).toBe(evil);
+  });
+
+  it("shows the explained error and marks the failing rows", () => {
+    const { app } = setup(tiny({ error: true }).payload);
+    const banner = el.querySelector(".mw-banner") as HTMLElement;
+    expect(banner.textContent).toContain("RuntimeError");
+    expect(banner.textContent).toContain("layers.1.fc");
+    expect(banner.textContent).toContain("model.py:42");
+    expect(banner.textContent).toContain("Make in_features match");
+    (banner.querySelector("button") as HTMLButtonElement).click();
+    app.render();
+    const selected = el.querySelector(".mw-row.mw-selected") as HTMLElement;
+    expect(selected.querySelector(".mw-mname")?.textContent).toBe("fc");
+    expect(selected.classList.contains("mw-error-row")).toBe(true);
+  });
+
+  it("streams: progress, rows as calls arrive, then the final payload", () => {
+    const fx = tiny();
+    const { model, app } = setup({});
+    expect(el.querySelectorAll(".mw-row:not([style*='none'])").length).toBe(0);
+    model.emit("msg:custom", fx.messages[0]);
+    app.render();
+    expect(el.querySelector(".mw-progress")?.textContent).toContain("0 calls recorded / 12 expected");
+    model.emit("msg:custom", fx.messages[1]);
+    app.render();
+    expect(el.querySelector(".mw-progress")?.textContent).toContain("5 calls recorded / 12 expected");
+    // embed, layers.0 (fc, act) and layers.1.fc have been called: head not yet
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2"]);
+    model.emit("msg:custom", fx.messages[2]);
+    model.traits.payload = fx.payload;
+    model.emit("msg:custom", fx.messages[3]);
+    app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]);
+    expect(el.querySelector(".mw-progress")?.textContent).toContain("12 calls recorded in 0.25 s");
+  });
+
+  it("copies a module path", async () => {
+    const writeText = vi.fn(async () => undefined);
+    Object.defineProperty(window, "isSecureContext", { value: true, configurable: true });
+    Object.defineProperty(navigator, "clipboard", { value: { writeText }, configurable: true });
+    setup(tiny().payload);
+    (el.querySelector('.mw-row[data-row="1"] .mw-mname') as HTMLElement).click();
+    const copy = [...el.querySelectorAll<HTMLButtonElement>(".mw-details button")].find(
+      (b) => b.textContent === "Copy path",
+    );
+    copy?.click();
+    await Promise.resolve();
+    expect(writeText).toHaveBeenCalledWith("embed");
+  });
+});
