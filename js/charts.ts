@@ -331,9 +331,12 @@ export class MemoryChart {
       },
     };
     this.plot = new uPlot(opts, [xs, totals, bars.params], this.host);
-    this.plot.over.addEventListener("click", () => {
-      const i = this.plot?.cursor.idx;
-      if (i === null || i === undefined) return;
+    this.plot.over.addEventListener("click", (e: MouseEvent) => {
+      const u = this.plot;
+      if (!u) return;
+      // the category scale "x" runs vertically (ori 1): map the click's y to the nearest bar
+      const rect = u.over.getBoundingClientRect();
+      const i = Math.round(u.posToVal(e.clientY - rect.top, "x"));
       const module = bars.modules[i];
       if (module !== undefined) this.onPick(module);
     });

@@ -1,0 +1,178 @@
+"""The standalone HTML report in a real Chromium: the widget's view with no kernel.
+
+The page comes from ``Analysis.to_html`` on a real (tiny) transformers GPT-2 traced on the meta
+device. Screenshots land in ``test-artifacts/``; look at them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+mw = pytest.importorskip("meta_widget")
+
+EVIL = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def gpt2_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128
+    )
+    model = transformers.GPT2LMHeadModel(cfg)
+    path = tmp_path_factory.mktemp("html") / "gpt2.html"
+    mw.analyze(model, input_size=(1, 16), dtypes=[torch.long]).to_html(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def evil_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    nn = torch.nn
+
+    def init(self: Any) -> None:
+        nn.Module.__init__(self)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self: Any, x: Any) -> Any:
+        return self.fc(x)
+
+    Evil = type(EVIL, (nn.Module,), {"__init__": init, "forward": forward})
+    path = tmp_path_factory.mktemp("html") / "evil.html"
+    mw.analyze(Evil(), input_size=(2, 4)).to_html(str(path))
+    return path
+
+
+def open_page(page: Any, path: Path, theme: str = "light") -> None:
+    page.emulate_media(color_scheme=theme)
+    page.goto(path.as_uri())
+    page.wait_for_selector(".mw-row", timeout=10_000)
+
+
+def visible_rows(page: Any) -> list[str]:
+    return page.eval_on_selector_all(
+        ".mw-row",
+        """rows => rows.filter(r => r.style.display !== 'none')
+            .sort((a, b) => Number(a.dataset.row) - Number(b.dataset.row))
+            .map(r => r.querySelector('.mw-mname').textContent)""",
+    )
+
+
+def row(page: Any, name: str) -> Any:
+    exact = re.compile(f"^{re.escape(name)}$")
+    return page.locator(".mw-row", has=page.locator(".mw-mname", has_text=exact)).first
+
+
+def settle(page: Any) -> None:
+    """Wait two animation frames: the view re-renders on the next frame after a change."""
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
+def test_rows_appear_with_totals(page: Any, gpt2_html: Path, artifacts: Path) -> None:
+    open_page(page, gpt2_html)
+    rows = visible_rows(page)
+    # default depth 2: root, transformer and its children, lm_head
+    assert rows == ["GPT2LMHeadModel", "transformer", "wte", "wpe", "drop", "h", "ln_f", "lm_head"]
+    # 2 GPT2Block layers of (ln, attn, ln, mlp) + embeddings + ln_f, lm_head tied to wte
+    n_params = sum(p.numel() for p in transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
+    ).parameters())
+    header = page.inner_text(".mw-totals")
+    assert f"{n_params / 1000:.0f} K" in header
+    assert not page.errors, page.errors
+    page.screenshot(path=str(artifacts / "standalone-light.png"), full_page=True)
+
+
+def test_click_expands_and_folds_identical_blocks(page: Any, gpt2_html: Path) -> None:
+    open_page(page, gpt2_html)
+    row(page, "h").locator(".mw-caret").click()
+    settle(page)
+    rows = visible_rows(page)
+    # the two identical GPT2Block layers fold into one group row below h
+    assert rows[rows.index("h") + 1] == "0–1"
+    group = row(page, "0–1")
+    assert group.locator(".mw-mtype").inner_text() == "2 × GPT2Block"
+    group.locator(".mw-caret").click()
+    settle(page)
+    rows = visible_rows(page)
+    i = rows.index("0–1")
+    assert rows[i + 1 : i + 3] == ["0", "1"]
+
+
+def test_keyboard_navigation(page: Any, gpt2_html: Path) -> None:
+    open_page(page, gpt2_html)
+    row(page, "lm_head").locator(".mw-mname").click()
+    page.keyboard.press("Home")
+    page.keyboard.press("ArrowDown")
+    settle(page)
+    assert page.inner_text(".mw-row.mw-selected .mw-mname") == "transformer"
+    page.keyboard.press("ArrowLeft")  # collapse transformer
+    settle(page)
+    assert visible_rows(page) == ["GPT2LMHeadModel", "transformer", "lm_head"]
+    page.keyboard.press("End")
+    settle(page)
+    assert page.inner_text(".mw-row.mw-selected .mw-mname") == "lm_head"
+
+
+def test_search_filters_keeping_ancestors(page: Any, gpt2_html: Path) -> None:
+    open_page(page, gpt2_html)
+    page.fill(".mw-search", "MLP")
+    settle(page)
+    # the GPT2MLP modules match by type; their ancestors stay, open, to show where they are
+    assert visible_rows(page) == [
+        "GPT2LMHeadModel", "transformer", "h", "0–1", "0", "mlp", "1", "mlp"
+    ]
+    page.fill(".mw-search", "")
+    settle(page)
+    assert "wte" in visible_rows(page)
+
+
+def test_clicking_a_bar_selects_the_row(page: Any, gpt2_html: Path, artifacts: Path) -> None:
+    open_page(page, gpt2_html)
+    page.click(".mw-tab[data-tab='memory']")
+    page.wait_for_selector(".mw-memory canvas")
+    root = page.query_selector(".mw-root").evaluate_handle("r => r.parentElement")
+    bars = page.evaluate("el => window.metaWidget.barCenters(el)", root)
+    assert len(bars) == 6  # wte, wpe, drop, h, ln_f, lm_head
+    target = next(b for b in bars if b["module"] == 3)  # rows: "", transformer, wte, wpe
+    page.mouse.move(target["x"], target["y"])
+    page.mouse.click(target["x"], target["y"])
+    settle(page)
+    assert page.inner_text(".mw-row.mw-selected .mw-mname") == "wpe"
+    page.screenshot(path=str(artifacts / "standalone-memory-light.png"), full_page=True)
+    page.click(".mw-tab[data-tab='timeline']")
+    page.wait_for_selector(".mw-timeline canvas")
+    assert "Peak" in page.inner_text(".mw-timeline .mw-chart-note")
+    page.screenshot(path=str(artifacts / "standalone-timeline-light.png"), full_page=True)
+
+
+def test_dark_theme(page: Any, gpt2_html: Path, artifacts: Path) -> None:
+    open_page(page, gpt2_html, theme="dark")
+    bg = page.eval_on_selector(".mw-root", "r => getComputedStyle(r).backgroundColor")
+    fg = page.eval_on_selector(".mw-root", "r => getComputedStyle(r).color")
+    assert bg == "rgb(22, 27, 34)" and fg == "rgb(230, 237, 243)"
+    page.screenshot(path=str(artifacts / "standalone-dark.png"), full_page=True)
+    page.click(".mw-tab[data-tab='memory']")
+    page.wait_for_selector(".mw-memory canvas")
+    page.screenshot(path=str(artifacts / "standalone-memory-dark.png"), full_page=True)
+    # data-theme="dark" on a parent works without the media query
+    page.emulate_media(color_scheme="light")
+    page.evaluate("document.documentElement.setAttribute('data-theme', 'dark')")
+    bg = page.eval_on_selector(".mw-root", "r => getComputedStyle(r).backgroundColor")
+    assert bg == "rgb(22, 27, 34)"
+
+
+def test_class_name_stays_text(page: Any, evil_html: Path, artifacts: Path) -> None:
+    open_page(page, evil_html)
+    page.wait_for_timeout(300)
+    assert page.dialogs == []
+    assert page.query_selector_all(".mw-root img") == []
+    assert page.inner_text(".mw-title") == EVIL
+    assert visible_rows(page)[0] == EVIL
+    page.screenshot(path=str(artifacts / "standalone-xss.png"), full_page=True)
