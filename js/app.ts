@@ -217,7 +217,8 @@ export class App {
       const maxDepth = a ? Math.max(0, ...a.modules.map((m) => m.depth)) : 0;
       this.depth = Math.min(DEFAULT_DEPTH, Math.max(1, maxDepth));
       this.expanded = this.tree ? expandToDepth(this.tree, this.depth) : new Set();
-      this.selectedKey = null;
+      // the root is selected (not sent to the kernel) so that the details panel shows totals
+      this.selectedKey = this.tree?.root ? this.tree.root.key : null;
       this.fillDepthOptions(maxDepth);
     }
     this.chartsDirty = true;
@@ -548,7 +549,11 @@ export class App {
       item.append(h("span", "mw-total-label", label), h("span", "mw-total-value", value));
       this.totalsEl.append(item);
     }
-    for (const n of a.notes) this.notesEl.append(h("div", "mw-note", `ⓘ ${n}`));
+    for (const n of a.notes) {
+      const line = h("div", "mw-note");
+      line.append(h("span", "mw-info-icon", "i"), document.createTextNode(n));
+      this.notesEl.append(line);
+    }
   }
 
   private renderBanner(): void {

@@ -249,7 +249,7 @@ export class MemoryChart {
       width: Math.max(320, width),
       height: n * BAR_HEIGHT + 50,
       legend: { show: false },
-      cursor: { drag: { x: false, y: false }, points: { show: false } },
+      cursor: { x: false, y: false, drag: { x: false, y: false }, points: { show: false } },
       scales: {
         x: { time: false, ori: 1, dir: -1, range: () => [-0.5, n - 0.5] },
         y: { ori: 0, dir: 1, range: (_u, _min, max) => [0, max > 0 ? max * 1.04 : 1] },

@@ -96,6 +96,7 @@ function kv(pairs: [string, string][]): HTMLElement {
 export function errorBlock(err: ErrorInfo, compact = false): HTMLElement {
   const box = h("div", "mw-error-box");
   box.setAttribute("role", "alert");
+  if (err.title) box.append(h("div", "mw-error-title", err.title));
   const head = h("div", "mw-error-head");
   head.append(h("span", "mw-error-icon", "⚠"), h("strong", "", err.type || "Error"));
   if (err.message) head.append(h("span", "mw-error-msg", `: ${err.message}`));
@@ -103,6 +104,7 @@ export function errorBlock(err: ErrorInfo, compact = false): HTMLElement {
   const where: string[] = [];
   if (err.module) where.push(`in module ${err.module}`);
   if (err.file) where.push(err.line ? `${err.file}:${err.line}` : err.file);
+  if (err.op) where.push(`op ${err.op}`);
   if (where.length) box.append(h("div", "mw-error-where", where.join(" · ")));
   if (err.code && !compact) box.append(h("pre", "mw-code", err.code));
   if (err.explanation) {
@@ -191,15 +193,19 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
       ? `${node.members.length} identical modules folded (same class, structure and parameter count); numbers are sums. Details of the first one below.`
       : "";
   if (memberNote) parent.append(h("div", "mw-note", memberNote));
-  parent.append(
-    kv([
-      ["parameters", `${formatCount(v.params)} (${formatExact(v.params)})`],
-      [`parameter memory (${ctx.dtypeLabel})`, formatBytes(v.paramBytes)],
+  const traced = a.status !== "structural";
+  const rows: [string, string][] = [
+    ["parameters", `${formatCount(v.params)} (${formatExact(v.params)})`],
+    [`parameter memory (${ctx.dtypeLabel})`, formatBytes(v.paramBytes)],
+  ];
+  if (traced) {
+    rows.push(
       ["activation memory", formatBytes(v.activationBytes)],
       ["FLOPs", `${formatFlops(v.flops)} (${formatExact(v.flops)})`],
       ["calls", String(v.calls)],
-    ]),
-  );
+    );
+  }
+  parent.append(kv(rows));
 
   const mi = node.kind === "module" ? node.module : (node.members[0] as number);
   const m = a.modules[mi];

@@ -62,6 +62,8 @@ export interface WireErrorInfo {
   code?: string;
   explanation?: string;
   fix?: string;
+  title?: string;
+  op?: string;
 }
 
 export interface WirePayload {
@@ -174,6 +176,9 @@ export interface ErrorInfo {
   code: string;
   explanation: string;
   fix: string;
+  /** Optional extras (sent by the kernel, not in protocol.py's list): a headline and the aten op. */
+  title: string;
+  op: string;
 }
 
 /** Dictionaries kept so that later incremental messages can be resolved (ids continue). */
@@ -290,6 +295,8 @@ function decodeError(raw: unknown): ErrorInfo | null {
     code: str(raw.code),
     explanation: str(raw.explanation),
     fix: str(raw.fix),
+    title: str(raw.title),
+    op: str(raw.op),
   };
 }
 

@@ -99,7 +99,7 @@ describe("widget", () => {
       table.dispatchEvent(new KeyboardEvent("keydown", { key: k, bubbles: true }));
       app.render();
     };
-    key("ArrowDown"); // row 0
+    key("ArrowDown"); // the root is selected at first: down to embed
     key("End"); // head
     key("ArrowUp"); // 0–2 group
     key("ArrowRight"); // open it
@@ -109,7 +109,7 @@ describe("widget", () => {
     key("ArrowLeft"); // close the group
     expect(rowTexts(el)).not.toContain("1");
     const modules = model.sent.map((m) => (m as { module: number }).module);
-    expect(modules).toEqual([0, 12, 3, 3, 3]);
+    expect(modules).toEqual([1, 12, 3, 3, 3]);
   });
 
   it("filters with the search box", () => {

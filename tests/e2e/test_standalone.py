@@ -176,3 +176,84 @@ def test_class_name_stays_text(page: Any, evil_html: Path, artifacts: Path) -> N
     assert page.inner_text(".mw-title") == EVIL
     assert visible_rows(page)[0] == EVIL
     page.screenshot(path=str(artifacts / "standalone-xss.png"), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def big_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """25,001 modules: 5,000 identical blocks of 4 leaves (structural: no forward pass)."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.ReLU()
+            self.c = nn.LayerNorm(4)
+            self.d = nn.Dropout()
+
+    with torch.device("meta"):
+        model = nn.Sequential(*[Block() for _ in range(5000)])
+    path = tmp_path_factory.mktemp("html") / "big.html"
+    mw.analyze(model).to_html(str(path))
+    return path
+
+
+def test_25k_modules_stay_virtualized(page: Any, big_html: Path, artifacts: Path) -> None:
+    open_page(page, big_html)
+    # the 5,000 identical blocks fold into one row
+    assert visible_rows(page) == ["Sequential", "0–4999"]
+    page.select_option(".mw-select", "2")  # depth 2 = all: blocks open when shown
+    row(page, "0–4999").locator(".mw-caret").click()
+    settle(page)
+    total = page.eval_on_selector(".mw-tbody", "b => b.getBoundingClientRect().height")
+    assert total == 26 * (2 + 5 * 5000)
+    in_dom = page.eval_on_selector_all(".mw-row", "rs => rs.filter(r => r.style.display !== 'none').length")
+    assert 10 < in_dom < 80  # only the viewport's rows (and a few more) are in the DOM
+    row(page, "0").locator(".mw-mname").click()
+    page.keyboard.press("End")
+    settle(page)
+    assert page.inner_text(".mw-row.mw-selected .mw-mname") == "d"
+    assert page.inner_text(".mw-details .mw-path") == "4999.d"
+    for _ in range(5):
+        page.mouse.wheel(0, -4000)
+        settle(page)
+    in_dom = page.eval_on_selector_all(".mw-row", "rs => rs.filter(r => r.style.display !== 'none').length")
+    assert 10 < in_dom < 80
+    assert not page.errors, page.errors
+    page.screenshot(path=str(artifacts / "standalone-25k.png"), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def broken_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model whose second Linear expects 32 features but gets 16: the trace fails in `dec`."""
+    nn = torch.nn
+
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = nn.Linear(8, 16)
+            self.dec = nn.Linear(32, 4)
+
+        def forward(self, x: Any) -> Any:
+            return self.dec(torch.relu(self.enc(x)))
+
+    path = tmp_path_factory.mktemp("html") / "broken.html"
+    mw.analyze(Broken(), input_size=(2, 8)).to_html(str(path))
+    return path
+
+
+def test_error_banner_and_failing_row(page: Any, broken_html: Path, artifacts: Path) -> None:
+    open_page(page, broken_html)
+    banner = page.inner_text(".mw-banner")
+    assert "RuntimeError" in banner
+    assert "in module dec" in banner
+    assert "[2, 16] X [32, 4]" in banner
+    failing = page.eval_on_selector_all(
+        ".mw-row.mw-error-row", "rs => rs.map(r => r.querySelector('.mw-mname').textContent)"
+    )
+    assert failing == ["Broken", "dec"]  # the call that raised and the root call around it
+    page.click(".mw-banner button")
+    settle(page)
+    assert page.inner_text(".mw-row.mw-selected .mw-mname") == "dec"
+    assert "raised" in page.inner_text(".mw-details")
+    page.screenshot(path=str(artifacts / "standalone-error.png"), full_page=True)
