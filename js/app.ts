@@ -65,6 +65,8 @@ export class App {
   private rowOfKey = new Map<string, number>();
   private expanded = new Set<string>();
   private depth = DEFAULT_DEPTH;
+  /** Depth asked for (the `depth` trait); clamped to the model's depth on each new model. */
+  private preferredDepth = DEFAULT_DEPTH;
   private filter = "";
   private sort: { column: SortColumn; descending: boolean } = { column: "order", descending: true };
   private selectedKey: string | null = null;
@@ -215,7 +217,7 @@ export class App {
     if (a && a.status !== "running") this.stopTimer();
     if (!same) {
       const maxDepth = a ? Math.max(0, ...a.modules.map((m) => m.depth)) : 0;
-      this.depth = Math.min(DEFAULT_DEPTH, Math.max(1, maxDepth));
+      this.depth = Math.max(1, Math.min(this.preferredDepth, maxDepth));
       this.expanded = this.tree ? expandToDepth(this.tree, this.depth) : new Set();
       // the root is selected (not sent to the kernel) so that the details panel shows totals
       this.selectedKey = this.tree?.root ? this.tree.root.key : null;
@@ -272,6 +274,18 @@ export class App {
     this.memoryChart?.destroy();
     this.timelineChart?.destroy();
     this.root.remove();
+  }
+
+  /** Expand the tree to `depth` (root = 0); the memory chart shows modules at that depth. */
+  setDepth(depth: number): void {
+    if (!Number.isFinite(depth) || depth < 1) return;
+    this.preferredDepth = Math.floor(depth);
+    const maxDepth = this.analysis ? Math.max(0, ...this.analysis.modules.map((m) => m.depth)) : 0;
+    this.depth = Math.max(1, Math.min(this.preferredDepth, Math.max(1, maxDepth)));
+    this.depthSel.value = String(this.depth);
+    if (this.tree) this.expanded = expandToDepth(this.tree, this.depth);
+    this.chartsDirty = true;
+    this.schedule(true);
   }
 
   /** Bars' screen positions, for browser tests that click a real bar. */

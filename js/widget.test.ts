@@ -60,7 +60,7 @@ describe("widget", () => {
     el = document.createElement("div");
     const model = fakeModel(tiny().payload);
     const cleanup = widget.render({ model: model as unknown as WidgetModel, el });
-    expect(model.count()).toBe(2);
+    expect(model.count()).toBe(3);
     expect(el.querySelector(".mw-root")).not.toBeNull();
     cleanup();
     expect(model.count()).toBe(0);
@@ -161,6 +161,35 @@ describe("widget", () => {
     app.render();
     expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]);
     expect(el.querySelector(".mw-progress")?.textContent).toContain("12 calls recorded in 0.25 s");
+  });
+
+  it("opens to the depth trait", () => {
+    el = document.createElement("div");
+    document.body.append(el);
+    const model = fakeModel(tiny().payload);
+    model.traits.depth = 1;
+    const r = mount(model as unknown as WidgetModel, el);
+    r.app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "head"]);
+    model.traits.depth = 3;
+    model.emit("change:depth");
+    r.app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]); // groups stay folded
+    r.cleanup();
+  });
+
+  it("recomputes parameter memory for another dtype", () => {
+    const { app } = setup(tiny().payload);
+    const bf16 = el.querySelector('.mw-seg-btn[data-dtype="bf16"]') as HTMLButtonElement;
+    bf16.click();
+    app.render();
+    // 1106 float params × 2 bytes = 2212 bytes = 2.16 KiB (recorded: 4424 = 4.32 KiB)
+    expect(el.querySelector(".mw-totals")?.textContent).toContain("param memory (bf16)2.16 KiB");
+    const rootRow = el.querySelector('.mw-row[data-row="0"]') as HTMLElement;
+    expect(rootRow.querySelectorAll(".mw-val")[3]?.textContent).toBe("2.16 KiB");
+    (el.querySelector('.mw-seg-btn[data-dtype="int4"]') as HTMLButtonElement).click();
+    app.render();
+    expect(rootRow.querySelectorAll(".mw-val")[3]?.textContent).toBe("553 B");
   });
 
   it("copies a module path", async () => {

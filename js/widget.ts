@@ -1,7 +1,8 @@
 /**
  * anywidget entry: `export default { render }`.
  *
- * Traits: `payload` (the analysis; `{}` until there is one), `selected` (module row, set here).
+ * Traits: `payload` (the analysis; `{}` until there is one), `selected` (module row, set here),
+ * `depth` (optional: how deep the tree opens at first).
  * Custom messages from the kernel (`start`, `calls`, `done`, `error`) stream a trace in;
  * `{type: "select", module}` goes back when the user selects a row.
  */
@@ -47,11 +48,19 @@ export function mount(model: WidgetModel, el: HTMLElement, standalone = false): 
     // the final payload is in the trait once "done" arrives (its change event may come first)
     if (msg.type === "done") onPayload();
   };
+  // optional `depth` trait (not part of protocol.py): the initial expand depth
+  const onDepth = (): void => {
+    const d = model.get("depth");
+    if (typeof d === "number") app.setDepth(d);
+  };
   model.on("change:payload", onPayload);
+  model.on("change:depth", onDepth);
   model.on("msg:custom", onMsg as (...args: unknown[]) => void);
+  onDepth();
   onPayload();
   const cleanup = (): void => {
     model.off("change:payload", onPayload);
+    model.off("change:depth", onDepth);
     model.off("msg:custom", onMsg as (...args: unknown[]) => void);
     app.destroy();
   };
