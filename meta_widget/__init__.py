@@ -26,11 +26,14 @@ __all__ = [
     "unload_ipython_extension",
 ]
 
+# explain.py imports only the standard library at the top; importing it here keeps the function
+# (not the submodule of the same name) as ``meta_widget.explain``.
+from .explain import explain  # noqa: E402
+
 _WHERE = {
     "Analysis": "analysis",
     "analyze": "analysis",
     "MetaWidget": "widget",
-    "explain": "explain",
     "inspect_checkpoint": "checkpoints",
     "load_ipython_extension": "magics",
     "unload_ipython_extension": "magics",
@@ -39,7 +42,6 @@ _WHERE = {
 if TYPE_CHECKING:
     from .analysis import Analysis, analyze
     from .checkpoints import inspect_checkpoint
-    from .explain import explain
     from .magics import load_ipython_extension, unload_ipython_extension
     from .widget import MetaWidget
 

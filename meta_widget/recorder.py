@@ -37,9 +37,13 @@ class TensorInfo(NamedTuple):
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorInfo:
-        return TensorInfo(
-            tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()), t.requires_grad
-        )
+        dtype = _DTYPE_NAMES.get(t.dtype)
+        if dtype is None:
+            dtype = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
+        return TensorInfo(tuple(t.shape), dtype, tuple(t.stride()), t.requires_grad)
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 @dataclass(slots=True)
@@ -105,11 +109,14 @@ def _cache_like(value: Any) -> bool:
     return module.startswith("transformers.cache_utils") or type(value).__name__.endswith("Cache")
 
 
-def named_tensors(value: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
+def named_tensors(
+    value: Any, prefix: str = "", depth: int = 0, caches: bool = True
+) -> Iterator[tuple[str, Any]]:
     """Yield ``(path, tensor)`` for every tensor inside ``value``.
 
-    Walks tuples, lists, dicts (``ModelOutput`` included), namedtuples, dataclasses and
-    transformers cache objects; paths look like ``args[0]``, ``logits``, ``cache.layers[0].keys``.
+    Walks tuples, lists, dicts (``ModelOutput`` included), namedtuples, dataclasses and, when
+    ``caches``, transformers cache objects; paths look like ``args[0]``, ``logits``,
+    ``cache.layers[0].keys``.
     """
     if isinstance(value, torch.Tensor):
         yield (prefix or "output"), value
@@ -118,32 +125,38 @@ def named_tensors(value: Any, prefix: str = "", depth: int = 0) -> Iterator[tupl
         return
     if isinstance(value, dict):
         for k, v in value.items():
-            yield from named_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+            yield from named_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1, caches)
     elif isinstance(value, (tuple, list)):
         fields = getattr(value, "_fields", None)
         for i, v in enumerate(value):
             key = f".{fields[i]}" if fields else f"[{i}]"
             if not prefix and fields:
                 key = key[1:]
-            yield from named_tensors(v, prefix + key, depth + 1)
+            yield from named_tensors(v, prefix + key, depth + 1, caches)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
             v = getattr(value, f.name, None)
-            yield from named_tensors(v, f"{prefix}.{f.name}" if prefix else f.name, depth + 1)
-    elif _cache_like(value):
+            name = f"{prefix}.{f.name}" if prefix else f.name
+            yield from named_tensors(v, name, depth + 1, caches)
+    elif caches and _cache_like(value):
         for k, v in vars(value).items():
             if not k.startswith("_"):
-                yield from named_tensors(v, f"{prefix}.{k}" if prefix else k, depth + 1)
+                yield from named_tensors(v, f"{prefix}.{k}" if prefix else k, depth + 1, caches)
 
 
-def describe(value: Any, prefix: str = "") -> list[tuple[str, TensorInfo]]:
-    return [(name, TensorInfo.of(t)) for name, t in named_tensors(value, prefix)]
+def describe(value: Any, prefix: str = "", caches: bool = True) -> list[tuple[str, TensorInfo]]:
+    return [(name, TensorInfo.of(t)) for name, t in named_tensors(value, prefix, 0, caches)]
 
 
-def _describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, TensorInfo]]:
-    found = describe(args, "args") if args else []
+def _describe_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], caches: bool
+) -> list[tuple[str, TensorInfo]]:
+    """Tensors of a call's arguments. A KV cache handed down through every layer is described
+    only where it enters and leaves the model (``caches`` at the root call): flattening it in
+    each of 80 layers would cost 80 x 160 entries and say nothing new."""
+    found = describe(args, "args", caches) if args else []
     if kwargs:
-        found.extend(describe(kwargs))
+        found.extend(describe(kwargs, "", caches))
     return found
 
 
@@ -154,7 +167,20 @@ def _describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tupl
 Listener = Callable[[CallRecord], None]
 
 
-class Recorder(TorchDispatchMode):
+class _OpMode(TorchDispatchMode):
+    """The dispatch mode of a :class:`Recorder`: hands every aten op to it."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return self.recorder.on_op(self, func, args, kwargs or {})
+
+
+class Recorder:
     """Records every module call and aten op of ``module`` while active (a context manager).
 
     >>> with Recorder(model) as rec:
@@ -168,8 +194,8 @@ class Recorder(TorchDispatchMode):
         listeners: Sequence[Listener] = (),
         existing: Sequence[torch.Tensor] = (),
     ) -> None:
-        super().__init__()
         self.root = module
+        self._mode = _OpMode(self)
         self.listeners = list(listeners)
         self.calls: list[CallRecord] = []
         self.events: list[Event] = []
@@ -213,7 +239,7 @@ class Recorder(TorchDispatchMode):
                     m.register_forward_hook(self._post, with_kwargs=True, always_call=True)
                 )
             self._active = True
-            super().__enter__()
+            self._mode.__enter__()
         except BaseException:
             self._remove_hooks()
             raise
@@ -221,7 +247,7 @@ class Recorder(TorchDispatchMode):
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            super().__exit__(*exc)
+            self._mode.__exit__(*exc)
         finally:
             self._active = False
             self._remove_hooks()
@@ -253,7 +279,7 @@ class Recorder(TorchDispatchMode):
             module=self._rows.get(id(mod), -1),
             parent=stack[-1].index if stack else -1,
             depth=len(stack),
-            inputs=_describe_inputs(args, kwargs),
+            inputs=_describe_inputs(args, kwargs, caches=not stack),
             start_event=len(self.events),
         )
         rec.duration_s = time.perf_counter()
@@ -279,7 +305,7 @@ class Recorder(TorchDispatchMode):
             if self.error_call is None:
                 self.error_call = rec.index
         else:
-            named = list(named_tensors(output))
+            named = list(named_tensors(output, caches=not stack))
             rec.outputs = [(name, TensorInfo.of(t)) for name, t in named]
             rec.activation_bytes = self._new_bytes((t for _, t in named), rec.start_event)
         if stack:
@@ -305,10 +331,8 @@ class Recorder(TorchDispatchMode):
 
     # -- the dispatch mode --------------------------------------------------------------------
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
+    def on_op(self, mode: _OpMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one aten op; credit its FLOPs and new storage to the innermost module call."""
         # Decompose composite ops first, exactly as FlopCounterMode does, so FLOPs agree with it.
         decomposable = self._decomposable.get(func)
         if decomposable is None:
@@ -317,7 +341,7 @@ class Recorder(TorchDispatchMode):
                 or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
             )
         if decomposable:
-            with self:
+            with mode:
                 r = func.decompose(*args, **kwargs)
             if r is not NotImplemented:
                 return r

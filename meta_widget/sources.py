@@ -127,7 +127,8 @@ def _from_module(module: torch.nn.Module) -> MetaModel:
 
 
 def _is_transformers_config(obj: Any) -> bool:
-    return any(c.__name__ == "PretrainedConfig" for c in type(obj).__mro__)
+    # transformers 5 names the base PreTrainedConfig; 4.x PretrainedConfig
+    return any(c.__name__ in ("PretrainedConfig", "PreTrainedConfig") for c in type(obj).__mro__)
 
 
 @register_source("config", _is_transformers_config)
