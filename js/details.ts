@@ -180,12 +180,18 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
   const v = nodeValues(ctx.tree, node, ctx.aggs, ctx.paramBytes);
   const head = h("div", "mw-dhead");
   const title = h("div", "mw-dtitle");
-  title.append(h("code", "mw-path", shownPath), h("span", "mw-mtype", nodeType(ctx.tree, node)));
-  const copy = h("button", "mw-btn", "Copy path");
-  copy.type = "button";
-  copy.title = "Copy the qualified module name (as in named_modules())";
-  copy.addEventListener("click", () => ctx.onCopy(path));
-  head.append(title, copy);
+  const type = nodeType(ctx.tree, node);
+  title.append(h("code", "mw-path", shownPath));
+  if (type !== shownPath) title.append(h("span", "mw-mtype", type));
+  head.append(title);
+  if (path) {
+    // the root's qualified name is "": nothing to copy
+    const copy = h("button", "mw-btn", "Copy path");
+    copy.type = "button";
+    copy.title = "Copy the qualified module name (as in named_modules())";
+    copy.addEventListener("click", () => ctx.onCopy(path));
+    head.append(copy);
+  }
   parent.append(head);
 
   const memberNote =
