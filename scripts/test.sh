@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Everything CI checks: lint, types, front-end tests, then pytest (real browser and JupyterLab
+# tests included). Run after scripts/setup.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+
+# Chromium for the real-browser tests (Debian's package; browser downloads do not work here).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "test: /usr/bin/chromium is missing and we are not root; browser tests will be skipped" >&2
+  fi
+fi
+
+ruff format --check meta_widget tests benchmarks examples
+ruff check meta_widget tests benchmarks examples
+mypy
+npm run check
+python -m pytest tests "$@"
