@@ -1,0 +1,84 @@
+"""Record the samples the protocol tests of both sides read: ``python tests/make_fixtures.py``.
+
+- ``js/fixtures/gpt2-tiny.json``: the payload of a tiny GPT-2 analysis.
+- ``js/fixtures/gpt2-tiny.messages.json``: the messages streamed while tracing it.
+- ``js/fixtures/failing.json``: the payload of an analysis whose trace failed in a submodule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "js", "fixtures")
+sys.path.insert(0, HERE)
+
+
+class Capture:
+    """A stand-in for the widget's comm that keeps what would be sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.payload: dict[str, Any] = {}
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(json.loads(json.dumps(message)))
+
+
+def samples() -> dict[str, Any]:
+    import meta_widget as mw
+    from meta_widget.widget import CallStream
+    from models import Failing, gpt2_config
+
+    torch.manual_seed(0)
+    a = mw.analyze(gpt2_config(), input_size=(1, 8))
+    capture = Capture()
+    stream = CallStream(
+        capture,  # type: ignore[arg-type]
+        a.modules,
+        title=a.title,
+        source=a.source,
+        mode=a.mode,
+        batch=8,
+        interval_s=1e9,
+    )
+    for rec in sorted(a.calls, key=lambda c: (c.end_event, -c.depth)):
+        stream.add(rec)
+    stream.finish(a)
+    failing = mw.analyze(Failing("shape"), input_size=(2, 4))
+    return {
+        "gpt2-tiny.json": a.to_payload(),
+        "gpt2-tiny.messages.json": capture.sent,
+        "failing.json": failing.to_payload(),
+    }
+
+
+def normalize(value: Any) -> Any:
+    """Drop what changes from run to run (timings, absolute paths) for comparisons."""
+    if isinstance(value, dict):
+        return {
+            k: normalize(v)
+            for k, v in value.items()
+            if k not in ("duration_us", "elapsed_s", "file")
+        }
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    return value
+
+
+def main() -> None:
+    os.makedirs(FIXTURES, exist_ok=True)
+    for name, data in samples().items():
+        with open(os.path.join(FIXTURES, name), "w", encoding="utf-8") as f:
+            json.dump(normalize(data), f, indent=1)
+            f.write("\n")
+        print("wrote", name)
+
+
+if __name__ == "__main__":
+    main()
