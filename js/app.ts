@@ -547,15 +547,24 @@ export class App {
     const root = a.modules[0];
     const rootAgg = this.aggs[0];
     const t = a.totals;
+    const running = a.status === "running";
     const items: [string, string, string][] = [
       ["params", formatCount(t.params || root?.params || 0), `${formatExact(t.params || root?.params || 0)} parameters (tied counted once); trainable ${formatExact(t.trainable_params)}`],
-      ["FLOPs", formatFlops(t.flops || rootAgg?.flops || 0), "as torch.utils.flop_counter.FlopCounterMode counts them"],
+      [
+        "FLOPs",
+        running ? "…" : formatFlops(t.flops || rootAgg?.flops || 0),
+        "as torch.utils.flop_counter.FlopCounterMode counts them",
+      ],
       [
         this.dtype === "recorded" ? "param memory" : `param memory (${this.dtype})`,
         formatBytes(root ? this.paramBytes(root) : t.param_bytes),
         "1 KiB = 1024 bytes",
       ],
-      ["peak", formatBytes(t.peak_bytes), "maximum of live bytes over the forward pass, at the recorded dtypes"],
+      [
+        "peak",
+        running ? "…" : formatBytes(t.peak_bytes),
+        "maximum of live bytes over the forward pass, at the recorded dtypes",
+      ],
     ];
     for (const [label, value, title] of items) {
       const item = h("span", "mw-total");

@@ -257,3 +257,69 @@ def test_error_banner_and_failing_row(page: Any, broken_html: Path, artifacts: P
     assert page.inner_text(".mw-row.mw-selected .mw-mname") == "dec"
     assert "raised" in page.inner_text(".mw-details")
     page.screenshot(path=str(artifacts / "standalone-error.png"), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def gpt2_stream() -> dict[str, Any]:
+    """The messages a real trace streams to the widget, and the final payload."""
+    import json
+
+    from meta_widget.widget import MetaWidget
+
+    class Recorder(MetaWidget):  # type: ignore[misc]
+        def send(self, content: Any, buffers: Any = None) -> None:
+            self.__dict__.setdefault("sent", []).append(json.loads(json.dumps(content)))
+
+    w = Recorder()
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128
+    )
+    mw.analyze(
+        transformers.GPT2LMHeadModel(cfg), input_size=(1, 16), dtypes=[torch.long], widget=w
+    )
+    return {"messages": w.__dict__["sent"], "payload": w.payload}
+
+
+def live_page(tmp_path: Path) -> Path:
+    """A page with the bundle and a fake model that the test drives (no kernel)."""
+    from conftest import STATIC
+
+    css = (STATIC / "widget.css").read_text(encoding="utf-8")
+    js = (STATIC / "standalone.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
+    path = tmp_path / "live.html"
+    path.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><style>{css}</style></head>"
+        f"<body style='margin:0;padding:16px'><div id='w'></div><script>{js}</script>"
+        "<script>window.live = window.metaWidget.renderLive(document.getElementById('w'));"
+        "</script></body></html>",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_streamed_calls_show_progress_then_the_result(
+    page: Any, gpt2_stream: dict[str, Any], tmp_path: Path, artifacts: Path
+) -> None:
+    msgs = gpt2_stream["messages"]
+    kinds = [m["type"] for m in msgs]
+    assert kinds[0] == "start" and kinds[-1] == "done" and kinds.count("calls") >= 2
+    page.goto(live_page(tmp_path).as_uri())
+    page.wait_for_selector(".mw-root")
+    page.evaluate("m => window.live.message(m)", msgs[0])
+    page.evaluate("m => window.live.message(m)", msgs[1])
+    settle(page)
+    first = len(msgs[1]["calls"]["index"])
+    expected = msgs[0]["expected_calls"]
+    assert f"{first} calls recorded / {expected} expected" in page.inner_text(".mw-progress")
+    partial = visible_rows(page)
+    assert partial and "lm_head" not in partial  # lm_head runs last: not called yet
+    page.screenshot(path=str(artifacts / "standalone-streaming.png"), full_page=True)
+    for m in msgs[2:-1]:
+        page.evaluate("m => window.live.message(m)", m)
+    page.evaluate("p => window.live.set('payload', p)", gpt2_stream["payload"])
+    page.evaluate("m => window.live.message(m)", msgs[-1])
+    settle(page)
+    total = len(gpt2_stream["payload"]["calls"]["module"])
+    assert f"{total} calls recorded in" in page.inner_text(".mw-progress")
+    assert "lm_head" in visible_rows(page)
+    assert not page.errors, page.errors
