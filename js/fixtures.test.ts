@@ -1,25 +1,123 @@
 /**
- * Recorded samples written by the Python side (`js/fixtures/*.json`, e.g. gpt2-tiny.json) must
- * decode, and their numbers must agree with each other: the totals that Python computed
- * separately against the per-call and per-module columns that the views use.
- * Skipped while no sample has been recorded.
+ * The samples the Python side records (`python tests/make_fixtures.py` -> `js/fixtures/`) decode
+ * to the numbers computed here by hand, and the streamed messages replay to the same calls as
+ * the final payload. Any other `*.json` payload dropped in `js/fixtures/` gets the generic
+ * consistency checks.
  */
 import { describe, expect, it } from "vitest";
-import { decodePayload, type Analysis } from "./protocol";
-import { aggregate, buildTree, flatten, expandToDepth } from "./tree";
+import {
+  applyCalls,
+  decodeMessage,
+  decodePayload,
+  type Analysis,
+  type StartMessage,
+} from "./protocol";
+import { aggregate, buildTree, expandToDepth, flatten, nodeName, nodeType } from "./tree";
 
-const samples = import.meta.glob<{ default: unknown }>("./fixtures/*.json", { eager: true });
-const entries = Object.entries(samples);
+const files = import.meta.glob<{ default: unknown }>("./fixtures/*.json", { eager: true });
+const get = (name: string): unknown => files[`./fixtures/${name}`]?.default;
+const payloads = Object.entries(files).filter(
+  ([, m]) => typeof m.default === "object" && m.default !== null && "modules" in m.default,
+);
 
-describe.skipIf(entries.length === 0)("recorded samples", () => {
-  for (const [file, mod] of entries) {
+const byPath = (a: Analysis, path: string): number => a.modules.findIndex((m) => m.path === path);
+
+describe.skipIf(get("gpt2-tiny.json") === undefined)("gpt2-tiny sample", () => {
+  // GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64), input (1, 8)
+  const a = decodePayload(get("gpt2-tiny.json")) as Analysis;
+  const aggs = aggregate(a);
+
+  it("has GPT-2's 34 modules and 30,720 parameters", () => {
+    // root, transformer, wte, wpe, drop, h, 2 × 13 per block, ln_f, lm_head
+    expect(a.modules).toHaveLength(34);
+    expect(a.title).toBe("GPT2LMHeadModel");
+    // wte 100·32 + wpe 64·32 + 2 blocks × 12,704 + ln_f 64 (lm_head is tied to wte)
+    expect(a.modules[0]?.params).toBe(3200 + 2048 + 2 * 12704 + 64);
+    expect(a.modules[byPath(a, "transformer.h.1")]?.params).toBe(
+      64 + (32 * 96 + 96) + (32 * 32 + 32) + 64 + (32 * 128 + 128) + (128 * 32 + 32),
+    );
+  });
+
+  it("counts the FLOPs of each matmul", () => {
+    const c_fc = byPath(a, "transformer.h.0.mlp.c_fc");
+    expect(aggs[c_fc]?.flops).toBe(2 * 8 * 32 * 128);
+    expect(aggs[byPath(a, "lm_head")]?.flops).toBe(2 * 8 * 32 * 100);
+    // per block: c_attn + q·kᵀ + att·v + c_proj + c_fc + mlp.c_proj
+    const block = 2 * 8 * 32 * 96 + 2 * 2 * 8 * 8 * 16 * 2 + 2 * 8 * 32 * 32 + 2 * 2 * 8 * 32 * 128;
+    expect(aggs[byPath(a, "transformer.h.1")]?.flops).toBe(block);
+    expect(aggs[0]?.flops).toBe(2 * block + 2 * 8 * 32 * 100);
+    expect(a.totals.flops).toBe(2 * block + 2 * 8 * 32 * 100);
+  });
+
+  it("records shapes: the input ids and the logits", () => {
+    const root = a.calls[a.modules[0]?.calls[0] as number];
+    expect(root?.inputs[0]?.shape).toEqual([1, 8]);
+    expect(root?.outputs.find((t) => t.name === "logits")?.shape).toEqual([1, 8, 100]);
+  });
+
+  it("folds the two identical blocks", () => {
+    const tree = buildTree(a);
+    const h = tree.nodes[byPath(a, "transformer.h")];
+    expect(h?.children).toHaveLength(1);
+    const g = h?.children[0];
+    expect(g && nodeName(tree, g)).toBe("0–1");
+    expect(g && nodeType(tree, g)).toBe("2 × GPT2Block");
+  });
+
+  it.skipIf(get("gpt2-tiny.messages.json") === undefined)(
+    "replays its streamed messages to the same calls",
+    () => {
+      const msgs = get("gpt2-tiny.messages.json") as unknown[];
+      const start = decodeMessage(msgs[0]) as StartMessage;
+      expect(start.type).toBe("start");
+      const live = start.payload as Analysis;
+      expect(live.modules.map((m) => m.path)).toEqual(a.modules.map((m) => m.path));
+      let batches = 0;
+      for (const raw of msgs.slice(1)) {
+        const m = decodeMessage(raw);
+        expect(m).not.toBeNull();
+        if (m?.type === "calls") {
+          applyCalls(live, m);
+          batches += 1;
+        }
+      }
+      expect(batches).toBeGreaterThan(1);
+      expect(decodeMessage(msgs[msgs.length - 1])?.type).toBe("done");
+      expect(live.callCount).toBe(a.callCount);
+      expect(live.calls).toEqual(a.calls);
+      expect(live.modules.map((m) => m.calls)).toEqual(a.modules.map((m) => m.calls));
+    },
+  );
+});
+
+describe.skipIf(get("failing.json") === undefined)("failing sample", () => {
+  // Failing("shape"): pre Linear(4, 4), inner.block.proj Linear(5, 4) fed 4 features, post
+  const a = decodePayload(get("failing.json")) as Analysis;
+
+  it("explains the error where it happened", () => {
+    expect(a.status).toBe("error");
+    expect(a.error?.type).toBe("RuntimeError");
+    expect(a.error?.module).toBe("inner.block.proj");
+    const call = a.calls[a.error?.call ?? -1];
+    expect(call && a.modules[call.module]?.path).toBe("inner.block.proj");
+    expect(call?.error).toBe(true);
+    expect(a.modules[0]?.params).toBe(20 + 24 + 20);
+  });
+
+  it("keeps what ran before the failure", () => {
+    const aggs = aggregate(a);
+    expect(aggs[byPath(a, "pre")]?.flops).toBe(2 * 2 * 4 * 4);
+    expect(aggs[byPath(a, "post")]?.calls).toBe(0);
+  });
+});
+
+describe.skipIf(payloads.length === 0)("every recorded payload", () => {
+  for (const [file, mod] of payloads) {
     describe(file, () => {
       const a = decodePayload(mod.default) as Analysis;
+      const raw = mod.default as { modules: { name: unknown[] }; calls: { module: unknown[] } };
 
       it("decodes every module and call", () => {
-        expect(a).not.toBeNull();
-        expect(a.version).toBe(1);
-        const raw = mod.default as { modules: { name: unknown[] }; calls: { module: unknown[] } };
         expect(a.modules).toHaveLength(raw.modules.name.length);
         expect(a.callCount).toBe(raw.calls.module.length);
         for (const c of a.calls) {
@@ -29,32 +127,27 @@ describe.skipIf(entries.length === 0)("recorded samples", () => {
             expect(t.shape.length).toBe(t.stride.length);
           }
         }
-        // a module's qualified name is its parent's plus its own, and paths are unique
         expect(new Set(a.modules.map((m) => m.path)).size).toBe(a.modules.length);
       });
 
       it("agrees with its totals", () => {
-        const root = a.modules[0];
-        expect(root?.params).toBe(a.totals.params);
-        expect(root?.paramBytes).toBe(a.totals.param_bytes);
+        expect(a.modules[0]?.params).toBe(a.totals.params);
+        expect(a.modules[0]?.paramBytes).toBe(a.totals.param_bytes);
         if (a.status === "done") {
-          // FLOPs of the top-level calls = total FLOPs; the peak is the timeline's maximum
           const top = a.calls.filter((c) => c && c.parent === -1);
           expect(top.reduce((s, c) => s + (c?.flops ?? 0), 0)).toBe(a.totals.flops);
-          expect(aggregate(a)[0]?.flops).toBe(a.totals.flops);
           if (a.timeline.bytes.length) {
             expect(Math.max(...a.timeline.bytes)).toBe(a.totals.peak_bytes);
           }
         }
       });
 
-      it("builds a tree that shows every module when fully open", () => {
+      it("shows every module when fully open", () => {
         const tree = buildTree(a);
         const open = expandToDepth(tree, 99);
         for (const n of tree.nodes) for (const c of n.children) open.add(c.key);
         const rows = flatten(tree, { expanded: open });
-        const modulesShown = rows.filter((r) => r.node.kind === "module").length;
-        expect(modulesShown).toBe(a.modules.length);
+        expect(rows.filter((r) => r.node.kind === "module")).toHaveLength(a.modules.length);
       });
     });
   }
