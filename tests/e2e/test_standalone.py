@@ -19,13 +19,12 @@ transformers = pytest.importorskip("transformers")
 mw = pytest.importorskip("meta_widget")
 
 EVIL = "<img src=x onerror=alert(1)>"
+STATIC = Path(__file__).resolve().parents[2] / "meta_widget" / "static"
 
 
 @pytest.fixture(scope="module")
 def gpt2_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128
-    )
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
     model = transformers.GPT2LMHeadModel(cfg)
     path = tmp_path_factory.mktemp("html") / "gpt2.html"
     mw.analyze(model, input_size=(1, 16), dtypes=[torch.long]).to_html(str(path))
@@ -80,9 +79,14 @@ def test_rows_appear_with_totals(page: Any, gpt2_html: Path, artifacts: Path) ->
     # default depth 2: root, transformer and its children, lm_head
     assert rows == ["GPT2LMHeadModel", "transformer", "wte", "wpe", "drop", "h", "ln_f", "lm_head"]
     # 2 GPT2Block layers of (ln, attn, ln, mlp) + embeddings + ln_f, lm_head tied to wte
-    n_params = sum(p.numel() for p in transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
-    ).parameters())
+    n_params = sum(
+        p.numel()
+        for p in transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128
+            )
+        ).parameters()
+    )
     header = page.inner_text(".mw-totals")
     assert f"{n_params / 1000:.0f} K" in header
     assert not page.errors, page.errors
@@ -126,7 +130,14 @@ def test_search_filters_keeping_ancestors(page: Any, gpt2_html: Path) -> None:
     settle(page)
     # the GPT2MLP modules match by type; their ancestors stay, open, to show where they are
     assert visible_rows(page) == [
-        "GPT2LMHeadModel", "transformer", "h", "0–1", "0", "mlp", "1", "mlp"
+        "GPT2LMHeadModel",
+        "transformer",
+        "h",
+        "0–1",
+        "0",
+        "mlp",
+        "1",
+        "mlp",
     ]
     page.fill(".mw-search", "")
     settle(page)
@@ -207,7 +218,9 @@ def test_25k_modules_stay_virtualized(page: Any, big_html: Path, artifacts: Path
     settle(page)
     total = page.eval_on_selector(".mw-tbody", "b => b.getBoundingClientRect().height")
     assert total == 26 * (2 + 5 * 5000)
-    in_dom = page.eval_on_selector_all(".mw-row", "rs => rs.filter(r => r.style.display !== 'none').length")
+    in_dom = page.eval_on_selector_all(
+        ".mw-row", "rs => rs.filter(r => r.style.display !== 'none').length"
+    )
     assert 10 < in_dom < 80  # only the viewport's rows (and a few more) are in the DOM
     row(page, "0").locator(".mw-mname").click()
     page.keyboard.press("End")
@@ -217,7 +230,9 @@ def test_25k_modules_stay_virtualized(page: Any, big_html: Path, artifacts: Path
     for _ in range(5):
         page.mouse.wheel(0, -4000)
         settle(page)
-    in_dom = page.eval_on_selector_all(".mw-row", "rs => rs.filter(r => r.style.display !== 'none').length")
+    in_dom = page.eval_on_selector_all(
+        ".mw-row", "rs => rs.filter(r => r.style.display !== 'none').length"
+    )
     assert 10 < in_dom < 80
     assert not page.errors, page.errors
     page.screenshot(path=str(artifacts / "standalone-25k.png"), full_page=True)
@@ -271,19 +286,13 @@ def gpt2_stream() -> dict[str, Any]:
             self.__dict__.setdefault("sent", []).append(json.loads(json.dumps(content)))
 
     w = Recorder()
-    cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128
-    )
-    mw.analyze(
-        transformers.GPT2LMHeadModel(cfg), input_size=(1, 16), dtypes=[torch.long], widget=w
-    )
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
+    mw.analyze(transformers.GPT2LMHeadModel(cfg), input_size=(1, 16), dtypes=[torch.long], widget=w)
     return {"messages": w.__dict__["sent"], "payload": w.payload}
 
 
 def live_page(tmp_path: Path) -> Path:
     """A page with the bundle and a fake model that the test drives (no kernel)."""
-    from conftest import STATIC
-
     css = (STATIC / "widget.css").read_text(encoding="utf-8")
     js = (STATIC / "standalone.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
     path = tmp_path / "live.html"
