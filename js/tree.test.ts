@@ -161,7 +161,8 @@ describe("flatten", () => {
   it("sorts siblings by a column, ties in definition order", () => {
     const expanded = expandToDepth(tree, 1);
     const desc = flatten(tree, { expanded, aggs, sort: { column: "flops", descending: true } });
-    expect(names(tree, desc)).toEqual(["TinyNet", "  head", "  embed", "  layers"]);
+    // layers is never called: it sorts by its blocks' 3 × 512 FLOPs, above head's 640
+    expect(names(tree, desc)).toEqual(["TinyNet", "  layers", "  head", "  embed"]);
     const asc = flatten(tree, { expanded, aggs, sort: { column: "params", descending: false } });
     expect(names(tree, asc)).toEqual(["TinyNet", "  head", "  layers", "  embed"]);
     const byName = flatten(tree, { expanded, aggs, sort: { column: "name", descending: false } });

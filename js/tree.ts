@@ -270,8 +270,26 @@ function sortValue(
   opts: FlattenOptions,
 ): number | string {
   if (column === "name") return nodeName(tree, node).toLowerCase();
+  if (column === "order") return 0;
+  return sortNumber(tree, node, column, opts);
+}
+
+/**
+ * The number a node sorts by. A container that is never called itself (a ModuleList) has no
+ * FLOPs or activations of its own: it sorts by the sum of its children's, so it sorts with
+ * the work it holds.
+ */
+function sortNumber(
+  tree: Tree,
+  node: TreeNode,
+  column: Exclude<SortColumn, "name" | "order">,
+  opts: FlattenOptions,
+): number {
   const v = nodeValues(tree, node, opts.aggs ?? [], opts.paramBytes);
-  return column === "order" ? 0 : v[column];
+  if (v.calls > 0 || (column !== "flops" && column !== "activationBytes")) return v[column];
+  let sum = 0;
+  for (const c of node.children) sum += sortNumber(tree, c, column, opts);
+  return sum;
 }
 
 export function flatten(tree: Tree, opts: FlattenOptions): Row[] {

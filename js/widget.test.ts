@@ -121,6 +121,27 @@ describe("widget", () => {
     expect(rowTexts(el)).toEqual(["TinyNet", "head"]);
   });
 
+  it("sorts siblings from the column headers", () => {
+    const { app } = setup(tiny().payload);
+    const header = (label: string) =>
+      [...el.querySelectorAll<HTMLElement>(".mw-th")].find((th) => th.textContent === label) as HTMLElement;
+    // FLOPs: layers holds 3 × 512 (it is never called itself: sorts by its children's), head 640
+    header("FLOPs").click(); // descending first
+    app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "layers", "0–2", "head", "embed"]);
+    header("FLOPs").click(); // ascending
+    app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "head", "layers", "0–2"]);
+    header("Params").click(); // another column: descending (embed 800, layers 216, head 90)
+    app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]);
+    header("Params").click();
+    header("Params").click(); // third click: back to definition order
+    app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]);
+    expect(header("Params").classList.contains("mw-sorted")).toBe(false);
+  });
+
   it("keeps user strings as text", () => {
     const evil = "<img src=x onerror=alert(1)>";
     setup(tiny({ rootType: evil }).payload);
