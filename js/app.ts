@@ -505,6 +505,7 @@ export class App {
       type: m.parent < 0 && node.kind === "module" && type === name ? "" : type,
       calls: node.kind === "module" ? v.calls : Math.round(v.calls / node.members.length),
       error: v.error,
+      assumed: v.assumed,
       dim: traced && v.calls === 0 && !container,
       group: node.kind === "group",
       inputs: this.shapesCell(calls, "inputs"),
@@ -572,7 +573,14 @@ export class App {
       item.append(h("span", "mw-total-label", label), h("span", "mw-total-value", value));
       this.totalsEl.append(item);
     }
-    for (const n of a.notes) {
+    const notes = a.notes.slice();
+    if (a.assumptions.length) {
+      const n = a.assumptions.length;
+      notes.push(
+        `The trace assumed ${n} value${n > 1 ? "s" : ""} that meta tensors do not have; rows marked ≈ rest on ${n > 1 ? "them" : "it"} (see Details).`,
+      );
+    }
+    for (const n of notes) {
       const line = h("div", "mw-note");
       line.append(h("span", "mw-info-icon", "i"), document.createTextNode(n));
       this.notesEl.append(line);

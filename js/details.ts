@@ -133,6 +133,7 @@ function callBlock(a: Analysis, call: CallInfo, k: number, total: number): HTMLE
   if (call.durationUs) parts.push(formatDuration(call.durationUs));
   sum.textContent = parts.join(" · ");
   if (call.error) sum.append(h("span", "mw-tag mw-tag-error", "raised"));
+  if (call.assumed) sum.append(h("span", "mw-tag mw-tag-assumed", "assumed"));
   box.append(sum);
   if (call.error && a.error && (a.error.call === call.index || a.error.call < 0)) {
     box.append(errorBlock(a.error, true));
@@ -231,6 +232,27 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
         ]),
       ),
     );
+  }
+  const mine = new Set(m.calls);
+  const assumptions = a.assumptions.filter(
+    (x) => mine.has(x.call) || (x.call < 0 && x.module === m.path),
+  );
+  if (assumptions.length) {
+    parent.append(
+      h("div", "mw-subhead", "Assumptions"),
+      table(
+        ["kind", "op", "assumed", "where", "times", "override with"],
+        assumptions.map((x) => [
+          x.kind,
+          x.op,
+          x.value,
+          x.file ? `${x.file}:${x.line}` : x.module || a.title,
+          String(x.count),
+          x.site,
+        ]),
+      ),
+    );
+    for (const x of assumptions) if (x.code) parent.append(h("pre", "mw-code", x.code));
   }
   const calls = m.calls.map((j) => a.calls[j]).filter((c): c is CallInfo => c !== undefined);
   if (calls.length === 0) {

@@ -61,6 +61,27 @@ describe("decodePayload", () => {
     expect(e.calls[7]?.error).toBe(false);
   });
 
+  it("reads assumptions and the assumed column (absent: none)", () => {
+    expect(a.assumptions).toEqual([]);
+    expect(a.calls.every((c) => c?.assumed === false)).toBe(true);
+    const b = decodePayload(tiny({ assume: true }).payload) as Analysis;
+    expect(b.calls.map((c, j) => (c?.assumed ? j : -1)).filter((j) => j >= 0)).toEqual([6]);
+    expect(b.assumptions).toEqual([
+      {
+        kind: "truth",
+        op: "aten.is_nonzero",
+        value: "True",
+        module: "layers.1.fc",
+        call: 6,
+        file: "model.py",
+        line: 17,
+        code: "if mask.all():",
+        count: 1,
+        site: "model.py:17",
+      },
+    ]);
+  });
+
   it("gives null for an empty trait and junk", () => {
     expect(decodePayload({})).toBeNull();
     expect(decodePayload(null)).toBeNull();

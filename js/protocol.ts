@@ -44,6 +44,8 @@ export interface WireCalls {
   ops: [number, number][][];
   duration_us: number[];
   error: number[];
+  /** Optional (newer kernels): 1 where the call took an assumption or holds results from one. */
+  assumed?: number[];
 }
 
 export interface WireTimeline {
@@ -82,6 +84,7 @@ export interface WirePayload {
   peak: { bytes: number; call: number; module: string; op: string } | null;
   error: WireErrorInfo | null;
   notes: string[];
+  assumptions?: Record<string, unknown>[];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -139,6 +142,23 @@ export interface CallInfo {
   ops: OpFlops[];
   durationUs: number;
   error: boolean;
+  /** The call took an assumption (a value meta tensors do not have) or uses results of one. */
+  assumed: boolean;
+}
+
+/** Where the trace assumed a value it could not know (e.g. `if mask.all():` taken as True). */
+export interface Assumption {
+  kind: string;
+  op: string;
+  value: string;
+  module: string;
+  call: number;
+  file: string;
+  line: number;
+  code: string;
+  count: number;
+  /** Key to override it with (`"file.py:LINE"` or the module path). */
+  site: string;
 }
 
 export interface Timeline {
@@ -204,6 +224,7 @@ export interface Analysis {
   peak: Peak | null;
   error: ErrorInfo | null;
   notes: string[];
+  assumptions: Assumption[];
   dict: Dictionaries;
 }
 
@@ -300,6 +321,22 @@ function decodeError(raw: unknown): ErrorInfo | null {
   };
 }
 
+function decodeAssumption(o: Obj): Assumption {
+  const v = o.value;
+  return {
+    kind: str(o.kind),
+    op: str(o.op),
+    value: typeof v === "string" ? v : v === undefined || v === null ? "" : JSON.stringify(v),
+    module: str(o.module),
+    call: num(o.call, -1),
+    file: str(o.file),
+    line: num(o.line, 0),
+    code: str(o.code),
+    count: num(o.count, 1),
+    site: str(o.site),
+  };
+}
+
 function decodeCallRow(d: Dictionaries, c: Obj, i: number, index: number): CallInfo {
   return {
     index,
@@ -316,6 +353,7 @@ function decodeCallRow(d: Dictionaries, c: Obj, i: number, index: number): CallI
     }),
     durationUs: num(col(c, "duration_us", i, 0)),
     error: num(col(c, "error", i, 0)) === 1,
+    assumed: num(col(c, "assumed", i, 0)) === 1,
   };
 }
 
@@ -411,6 +449,7 @@ export function decodePayload(raw: unknown): Analysis | null {
     peak,
     error: decodeError(raw.error),
     notes: arr<unknown>(raw.notes).map((s) => str(s)),
+    assumptions: arr<unknown>(raw.assumptions).filter(isObj).map(decodeAssumption),
     dict,
   };
   const c = isObj(raw.calls) ? raw.calls : {};

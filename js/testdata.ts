@@ -100,6 +100,7 @@ interface CallSpec {
   ops: [string, number][];
   us: number;
   error?: boolean;
+  assumed?: boolean;
 }
 
 export interface TinyOptions {
@@ -109,6 +110,8 @@ export interface TinyOptions {
   error?: boolean;
   /** head is called twice. */
   twice?: boolean;
+  /** layers.1.fc (call 6) took an assumption: `if mask.all():` taken as True. */
+  assume?: boolean;
 }
 
 export function tinyModules(rootType = "TinyNet"): ModSpec[] {
@@ -202,6 +205,7 @@ export function tinyCalls(opts: TinyOptions = {}): CallSpec[] {
   };
   calls.push(head);
   if (opts.twice) calls.push({ ...head });
+  if (opts.assume) (calls[6] as CallSpec).assumed = true;
   if (opts.error) {
     // layers.1.fc raised: it is call 6 (0 root, 1 embed, 2-4 layers.0, 5 layers.1, 6 its fc)
     (calls[6] as CallSpec).error = true;
@@ -225,6 +229,7 @@ function encodeCalls(d: Dict, calls: CallSpec[]): Record<string, unknown[]> {
     ops: calls.map((c) => c.ops.map(([op, f]) => [d.string(op), f])),
     duration_us: calls.map((c) => c.us),
     error: calls.map((c) => (c.error ? 1 : 0)),
+    assumed: calls.map((c) => (c.assumed ? 1 : 0)),
   };
 }
 
@@ -282,6 +287,22 @@ export function tiny(opts: TinyOptions = {}): TinyFixture {
       peak_bytes: 5000,
     },
     notes: ["Dropout is a no-op in inference mode."],
+    assumptions: opts.assume
+      ? [
+          {
+            kind: "truth",
+            op: "aten.is_nonzero",
+            value: "True",
+            module: "layers.1.fc",
+            call: 6,
+            file: "model.py",
+            line: 17,
+            code: "if mask.all():",
+            count: 1,
+            site: "model.py:17",
+          },
+        ]
+      : [],
   };
   // start message: modules only; dictionaries sent so far go with it
   const startDict = {

@@ -27,14 +27,14 @@ const names = (tree: Tree, rows: Row[]): string[] =>
 describe("aggregate", () => {
   it("sums each module's calls", () => {
     const g = aggregate(load());
-    expect(g[0]).toEqual({ calls: 1, flops: 2176, activationBytes: 160, error: false });
-    expect(g[3]).toEqual({ calls: 1, flops: 512, activationBytes: 128, error: false });
-    expect(g[2]).toEqual({ calls: 0, flops: 0, activationBytes: 0, error: false });
-    expect(g[12]).toEqual({ calls: 1, flops: 640, activationBytes: 160, error: false });
+    expect(g[0]).toEqual({ calls: 1, flops: 2176, activationBytes: 160, error: false, assumed: false });
+    expect(g[3]).toEqual({ calls: 1, flops: 512, activationBytes: 128, error: false, assumed: false });
+    expect(g[2]).toEqual({ calls: 0, flops: 0, activationBytes: 0, error: false, assumed: false });
+    expect(g[12]).toEqual({ calls: 1, flops: 640, activationBytes: 160, error: false, assumed: false });
   });
   it("counts a shared module's calls", () => {
     const g = aggregate(load({ twice: true }));
-    expect(g[12]).toEqual({ calls: 2, flops: 1280, activationBytes: 320, error: false });
+    expect(g[12]).toEqual({ calls: 2, flops: 1280, activationBytes: 320, error: false, assumed: false });
   });
   it("marks modules whose call raised", () => {
     const g = aggregate(load({ error: true }));
@@ -72,6 +72,7 @@ describe("folding repeated identical siblings", () => {
       flops: 1536,
       calls: 3,
       error: false,
+      assumed: false,
     });
   });
 
@@ -80,6 +81,21 @@ describe("folding repeated identical siblings", () => {
     raw.modules.params[6] = 73; // layers.1 now differs from layers.0 and layers.2
     const tree = buildTree(decodePayload(raw) as Analysis);
     expect(tree.nodes[2]?.children.map((c) => c.kind)).toEqual(["module", "module", "module"]);
+  });
+
+  it("does not fold named siblings, even identical ones", () => {
+    // rename layers.0-2 to a, b, c: three identical Blocks with names are kept apart
+    const raw = tiny().payload as { strings: string[]; modules: { name: number[] } };
+    for (const [row, name] of [
+      [3, "a"],
+      [6, "b"],
+      [9, "c"],
+    ] as [number, string][]) {
+      raw.strings.push(name);
+      raw.modules.name[row] = raw.strings.length - 1;
+    }
+    const tree = buildTree(decodePayload(raw) as Analysis);
+    expect(tree.nodes[2]?.children.map((c) => c.key)).toEqual(["m3", "m6", "m9"]);
   });
 
   it("does not fold a single module", () => {

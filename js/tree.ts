@@ -4,7 +4,8 @@
  * - `aggregate`: per-module numbers from its calls (calls, FLOPs, activation bytes, error).
  * - `buildTree`: the module tree, with runs of repeated identical siblings folded into groups
  *   ("0–79 · 80 × LlamaDecoderLayer"). Identical = same class, same param count, and the same
- *   structure below (child names, classes and param counts, recursively).
+ *   structure below (child names, classes and param counts, recursively). Only numbered
+ *   siblings (ModuleList / Sequential entries, consecutive) fold.
  * - `flatten`: the rows to show, given what is expanded, a filter (ancestors of matches stay
  *   visible and open) and a sort of siblings by a column.
  * - `visibleWindow`: which of those rows are in the viewport (virtualization).
@@ -24,6 +25,8 @@ export interface Aggregate {
   activationBytes: number;
   /** One of its calls raised. */
   error: boolean;
+  /** One of its calls rests on an assumption (see `Analysis.assumptions`). */
+  assumed: boolean;
 }
 
 export function aggregate(a: Analysis): Aggregate[] {
@@ -32,6 +35,7 @@ export function aggregate(a: Analysis): Aggregate[] {
     flops: 0,
     activationBytes: 0,
     error: false,
+    assumed: false,
   }));
   for (const c of a.calls) {
     if (!c) continue;
@@ -41,6 +45,7 @@ export function aggregate(a: Analysis): Aggregate[] {
     g.flops += c.flops;
     g.activationBytes += c.activationBytes;
     if (c.error) g.error = true;
+    if (c.assumed) g.assumed = true;
   }
   return out;
 }
@@ -106,7 +111,14 @@ function groupLabel(first: string, last: string): string {
   return `${first}–${last}`;
 }
 
-/** Build the display tree; runs of at least `minRun` identical siblings become a group. */
+function index(m: ModuleInfo): number | null {
+  return /^\d+$/.test(m.name) ? Number(m.name) : null;
+}
+
+/**
+ * Build the display tree; runs of at least `minRun` identical siblings with consecutive
+ * numeric names (`layers.0`, `layers.1`, ...) become a group.
+ */
 export function buildTree(a: Analysis, minRun = 2): Tree {
   const n = a.modules.length;
   const nodes: ModuleNode[] = a.modules.map((m) => ({
@@ -124,7 +136,17 @@ export function buildTree(a: Analysis, minRun = 2): Tree {
     while (k < kids.length) {
       let end = k + 1;
       const s = sig[kids[k] as number];
-      while (end < kids.length && sig[kids[end] as number] === s) end += 1;
+      const first = index(a.modules[kids[k] as number] as ModuleInfo);
+      // only numbered siblings fold (ModuleList / Sequential entries): q_proj, k_proj, v_proj
+      // stay distinct even when they are identical Linears
+      if (first !== null) {
+        while (
+          end < kids.length &&
+          sig[kids[end] as number] === s &&
+          index(a.modules[kids[end] as number] as ModuleInfo) === first + (end - k)
+        )
+          end += 1;
+      }
       if (end - k >= minRun) {
         const members = kids.slice(k, end);
         const first = a.modules[members[0] as number] as ModuleInfo;
@@ -161,6 +183,7 @@ export interface NodeValues {
   flops: number;
   calls: number;
   error: boolean;
+  assumed: boolean;
 }
 
 /** `paramBytes(m)` lets the dtype switch change parameter memory. */
@@ -178,6 +201,7 @@ export function nodeValues(
     flops: 0,
     calls: 0,
     error: false,
+    assumed: false,
   };
   for (const i of members) {
     const m = tree.analysis.modules[i] as ModuleInfo;
@@ -189,6 +213,7 @@ export function nodeValues(
       v.flops += g.flops;
       v.calls += g.calls;
       v.error = v.error || g.error;
+      v.assumed = v.assumed || g.assumed;
     }
   }
   return v;

@@ -23,6 +23,8 @@ export interface RowCells {
   /** Shown as "×3" when a module ran more than once. */
   calls: number;
   error: boolean;
+  /** Its numbers rest on an assumption the trace made. */
+  assumed: boolean;
   /** Not called yet (while streaming) or never called. */
   dim: boolean;
   group: boolean;
@@ -87,6 +89,7 @@ interface RowEl {
   type: HTMLSpanElement;
   badge: HTMLSpanElement;
   err: HTMLSpanElement;
+  assumed: HTMLSpanElement;
   nameCell: HTMLDivElement;
   cells: { el: HTMLDivElement; text: HTMLSpanElement; bar: HTMLDivElement | null }[];
 }
@@ -282,7 +285,9 @@ export class TreeView {
     const badge = span("mw-badge");
     const err = span("mw-err-icon", "⚠");
     err.title = "This module raised during the trace";
-    nameCell.append(caret, name, type, badge, err);
+    const assumed = span("mw-assumed-icon", "≈");
+    assumed.title = "Rests on an assumption: the trace assumed a value meta tensors do not have (see Details)";
+    nameCell.append(caret, name, type, badge, err, assumed);
     el.append(nameCell);
     const cells: RowEl["cells"] = [];
     for (const c of COLUMNS.slice(1)) {
@@ -294,7 +299,7 @@ export class TreeView {
       el.append(cell);
       cells.push({ el: cell, text, bar });
     }
-    return { el, caret, name, type, badge, err, nameCell, cells };
+    return { el, caret, name, type, badge, err, assumed, nameCell, cells };
   }
 
   private render(): void {
@@ -349,6 +354,7 @@ export class TreeView {
     r.badge.textContent = d.calls > 1 ? `×${d.calls}` : "";
     r.badge.title = d.calls > 1 ? `called ${d.calls} times` : "";
     r.err.style.display = d.error ? "" : "none";
+    r.assumed.style.display = d.assumed ? "" : "none";
     r.nameCell.title = `${d.name} (${d.type})`;
     const values = [d.inputs, d.outputs, d.params, d.paramBytes, d.activationBytes, d.flops];
     for (let k = 0; k < values.length; k++) {

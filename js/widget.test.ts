@@ -164,6 +164,21 @@ describe("widget", () => {
     expect(selected.classList.contains("mw-error-row")).toBe(true);
   });
 
+  it("marks rows that rest on an assumption and explains it", () => {
+    const { app } = setup(tiny({ assume: true }).payload);
+    expect(el.querySelector(".mw-notes")?.textContent).toContain("assumed 1 value");
+    app.selectModule(7); // layers.1.fc, inside the folded group
+    app.render();
+    const selected = el.querySelector(".mw-row.mw-selected") as HTMLElement;
+    expect((selected.querySelector(".mw-assumed-icon") as HTMLElement).style.display).toBe("");
+    const other = el.querySelector('.mw-row[data-key="m8"]') as HTMLElement; // layers.1.act
+    expect((other.querySelector(".mw-assumed-icon") as HTMLElement).style.display).toBe("none");
+    const details = el.querySelector(".mw-details")?.textContent ?? "";
+    expect(details).toContain("Assumptions");
+    expect(details).toContain("model.py:17");
+    expect(details).toContain("if mask.all():");
+  });
+
   it("streams: progress, rows as calls arrive, then the final payload", () => {
     const fx = tiny();
     const { model, app } = setup({});
