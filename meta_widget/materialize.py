@@ -1,0 +1,407 @@
+"""Turn a meta model into a real one, the right way, after checking that it fits.
+
+The two silent traps of the meta device are handled here:
+
+- ``module.to(device)`` fails on meta, and ``module.to_empty(device)`` allocates *uninitialized*
+  memory (and unties tied weights: each module gets its own copy). ``materialize`` allocates
+  every tensor once (ties kept), then initializes each module that has tensors with its
+  ``reset_parameters()`` (transformers models with their own ``_init_weights``), and reports the
+  modules it could not initialize: their values are garbage until a checkpoint fills them.
+- ``load_state_dict(real_state_dict)`` into a meta module reports success but leaves every
+  parameter on meta. ``materialize(checkpoint=...)`` loads with ``assign=True``.
+
+The user's module is never touched: a fresh meta build (a class, factory or config is built
+again) or ``meta_widget.sources.meta_copy`` of the module is materialized.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "InsufficientMemoryError",
+    "MaterializeError",
+    "MaterializeReport",
+    "available_memory",
+    "materialize",
+]
+
+#: refuse when the tensors would need more than this share of the available memory
+MAX_FRACTION = 0.9
+
+
+class MaterializeError(RuntimeError):
+    """The model cannot be materialized as asked (e.g. the checkpoint's shapes do not fit)."""
+
+
+class InsufficientMemoryError(MaterializeError, MemoryError):
+    """The real model would not fit in the device's free memory; nothing was allocated."""
+
+    def __init__(self, message: str, *, needed: int, available: int, device: str) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+        self.device = device
+
+
+@dataclass
+class MaterializeReport:
+    """What ``materialize`` did. Plain data (``to_dict()``).
+
+    - ``bytes``: bytes of the real parameters and buffers (each tensor once).
+    - ``available_bytes``: free memory on the device when checked (``None``: not checked).
+    - ``initialized``: modules initialized by ``reset_parameters()`` (or ``_init_weights``).
+    - ``uninitialized``: ``(module path, type, tensor names)`` of modules with parameters or
+      buffers that nothing filled: they hold arbitrary memory (``to_empty``'s garbage).
+    - ``loaded``: checkpoint keys loaded; ``missing`` / ``unexpected``: as ``load_state_dict``
+      reports them.
+    """
+
+    device: str
+    bytes: int
+    available_bytes: int | None
+    method: str
+    initialized: list[str] = field(default_factory=list)
+    uninitialized: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when every tensor holds initialized or loaded values."""
+        return not self.uninitialized
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ok"] = self.ok
+        return out
+
+    def __str__(self) -> str:
+        from .units import format_bytes
+
+        avail = (
+            f" of {format_bytes(self.available_bytes)} available"
+            if self.available_bytes is not None
+            else ""
+        )
+        lines = [
+            f"Materialized on {self.device}: {format_bytes(self.bytes)}{avail}, by {self.method}, "
+            f"in {self.seconds:.2f} s."
+        ]
+        if self.loaded:
+            lines.append(f"  {len(self.loaded)} tensors loaded from the checkpoint.")
+        if self.initialized:
+            lines.append(f"  {len(self.initialized)} modules initialized ({self.method}).")
+        if self.missing:
+            lines.append(f"  missing from the checkpoint: {', '.join(self.missing[:8])}")
+        if self.unexpected:
+            lines.append(f"  unexpected in the checkpoint: {', '.join(self.unexpected[:8])}")
+        for path, kind, names in self.uninitialized:
+            lines.append(
+                f"  NOT initialized: {path or '<root>'} ({kind}: {', '.join(names)}) has no "
+                "reset_parameters(): its values are arbitrary memory; load them from a checkpoint "
+                "or set them yourself."
+            )
+        return "\n".join(lines)
+
+
+def available_memory(device: str = "cpu") -> int | None:
+    """Free bytes on ``device``: ``MemAvailable`` of ``/proc/meminfo`` for the CPU (else
+    ``os.sysconf`` free pages), ``torch.cuda.mem_get_info`` for CUDA; ``None`` when unknown."""
+    kind = device.split(":")[0]
+    if kind == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    if kind == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            free, _total = torch.cuda.mem_get_info(torch.device(device))
+            return int(free)
+    return None
+
+
+def materialize(
+    model: Any,
+    device: str = "cpu",
+    checkpoint: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    *,
+    available_bytes: int | None = None,
+) -> tuple[torch.nn.Module, MaterializeReport]:
+    """Build a real copy of ``model`` on ``device``: initialized, or loaded from a checkpoint.
+
+    ``Analysis.materialize(device="cpu", checkpoint=None, *, available_bytes=None)`` calls this
+    with the analysis' source (its rebuild function, or the module it analyzed).
+
+    Parameters
+    ----------
+    model
+        What ``mw.analyze`` accepts (an ``nn.Module`` on any device, a class or zero-argument
+        function that builds one, a transformers config) or a ``meta_widget.sources.MetaModel``.
+        A module is never changed: a meta copy of it is materialized, freshly initialized (its
+        own weights are not copied: pass ``checkpoint=`` for weights).
+    device
+        Where the real tensors go (``"cpu"``, ``"cuda:0"``...).
+    checkpoint
+        A path ``inspect_checkpoint`` reads (``.safetensors``, ``torch.save`` file, sharded
+        ``*.index.json``) or a state dict; loaded with ``load_state_dict(assign=True)``.
+        Tensors it lacks are initialized as without a checkpoint and listed in ``missing``.
+    available_bytes
+        Free memory to check against (default: measured on ``device``).
+
+    Returns
+    -------
+    (nn.Module, MaterializeReport)
+        The real model (as built: call ``.eval()`` for inference) and what was done.
+
+    Raises
+    ------
+    InsufficientMemoryError
+        The tensors need more than 90% of the available memory; nothing was allocated.
+    MaterializeError
+        The checkpoint's shapes do not fit the model.
+    """
+    import torch
+
+    start = time.perf_counter()
+    module = _fresh_meta(model)
+    slots = _tensor_slots(module)
+    ckpt_sizes, state = _checkpoint_sizes(checkpoint)
+    needed = sum(
+        ckpt_sizes.get(names[0][2], tensor.numel() * tensor.element_size())
+        for tensor, names in slots
+    )
+    available = available_bytes if available_bytes is not None else available_memory(device)
+    if available is not None and needed > MAX_FRACTION * available:
+        from .units import format_bytes
+
+        raise InsufficientMemoryError(
+            f"Refused to materialize {type(module).__name__} on {device}: its parameters and "
+            f"buffers need {format_bytes(needed)} but only {format_bytes(available)} is "
+            f"available (at most {MAX_FRACTION:.0%} of it is used). Nothing was allocated. Use a "
+            "smaller dtype (build with torch_dtype=torch.bfloat16 or module.to(dtype) on meta "
+            "first), another device, or inspect it on meta with mw.analyze instead.",
+            needed=needed,
+            available=available,
+            device=device,
+        )
+    report = MaterializeReport(
+        device=str(device), bytes=needed, available_bytes=available, method="reset_parameters"
+    )
+    filled: set[int] = set()  # ids of meta tensors whose slots now hold loaded tensors
+    if checkpoint is not None:
+        report.method = "load_state_dict(assign=True)"
+        _load(module, slots, checkpoint, state, device, report, filled)
+    fresh = _allocate(slots, device, filled, torch)
+    _initialize(module, fresh, report)
+    report.seconds = time.perf_counter() - start
+    return module, report
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _fresh_meta(model: Any) -> torch.nn.Module:
+    import torch
+
+    from .sources import MetaModel, meta_copy, to_meta
+
+    if isinstance(model, MetaModel):
+        if model.owned and model.rebuild is not None:
+            return model.rebuild()
+        return meta_copy(model.module)
+    if isinstance(model, torch.nn.Module):
+        return meta_copy(model)
+    meta = to_meta(model)  # a class, factory or config: built afresh on meta
+    return meta.module if meta.owned else meta_copy(meta.module)
+
+
+_Slot = tuple[Any, str, str]  # (owning module, attribute name, state-dict key)
+
+
+def _tensor_slots(module: torch.nn.Module) -> list[tuple[torch.Tensor, list[_Slot]]]:
+    """Every distinct parameter/buffer with every place it is held (tied weights: several)."""
+    by_id: dict[int, tuple[torch.Tensor, list[_Slot]]] = {}
+    for path, m in module.named_modules(remove_duplicate=False):
+        for kind in ("_parameters", "_buffers"):
+            for name, t in getattr(m, kind).items():
+                if t is None:
+                    continue
+                key = f"{path}.{name}" if path else name
+                entry = by_id.setdefault(id(t), (t, []))
+                if all(s[2] != key for s in entry[1]):
+                    entry[1].append((m, name, key))
+    return list(by_id.values())
+
+
+def _checkpoint_sizes(checkpoint: Any) -> tuple[dict[str, int], Any]:
+    """Bytes per key of the checkpoint (read from headers for a path) and its info."""
+    if checkpoint is None:
+        return {}, None
+    if isinstance(checkpoint, Mapping):
+        return {k: v.numel() * v.element_size() for k, v in checkpoint.items()}, None
+    from .checkpoints import inspect_checkpoint
+
+    info = inspect_checkpoint(checkpoint)
+    return {t.name: t.nbytes for t in info.tensors}, info
+
+
+def _load(
+    module: torch.nn.Module,
+    slots: list[tuple[torch.Tensor, list[_Slot]]],
+    checkpoint: Any,
+    info: Any,
+    device: str,
+    report: MaterializeReport,
+    filled: set[int],
+) -> None:
+    from .checkpoints import checkpoint_diff
+
+    if info is not None:
+        diff = checkpoint_diff(module, info)
+        if diff.shape_mismatches:
+            name, want, got = diff.shape_mismatches[0]
+            raise MaterializeError(
+                f"{info.path!r} does not fit {type(module).__name__}: "
+                f"{len(diff.shape_mismatches)} shape mismatch(es), e.g. {name}: model "
+                f"{list(want)}, checkpoint {list(got)}. Build the model with the checkpoint's "
+                "configuration."
+            )
+        state = load_state_dict_file(info, device)
+    else:
+        state = {k: v.to(device) for k, v in checkpoint.items()}
+    result = module.load_state_dict(state, strict=False, assign=True)
+    report.missing = list(result.missing_keys)
+    report.unexpected = list(result.unexpected_keys)
+    loaded_keys = set(state) - set(report.unexpected)
+    report.loaded = [k for k in state if k in loaded_keys]
+    # assign=True replaced the tensor in the slot named by the key only: re-tie the others
+    for tensor, names in slots:
+        source = next((s for s in names if s[2] in loaded_keys), None)
+        if source is None:
+            continue
+        owner0, attr0, _ = source
+        value = owner0._parameters.get(attr0)
+        if value is None:
+            value = owner0._buffers[attr0]
+        for owner, attr, _key in names:
+            kind = "_parameters" if attr in owner._parameters else "_buffers"
+            getattr(owner, kind)[attr] = value
+        report.missing = [m for m in report.missing if m not in {s[2] for s in names}]
+        filled.add(id(tensor))
+
+
+def load_state_dict_file(info: Any, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The real tensors of the checkpoint ``info`` (a :class:`CheckpointInfo`) on ``device``.
+
+    safetensors files are read with the standard library and ``torch.frombuffer`` (no
+    ``safetensors`` package needed); ``torch.save`` files with ``torch.load(weights_only=True,
+    mmap=True)``.
+    """
+    import torch
+
+    from .checkpoints import sniff
+
+    state: dict[str, torch.Tensor] = {}
+    for file in info.files:
+        if sniff(file) == "safetensors":
+            wanted = [t for t in info.tensors if t.file == file]
+            with open(file, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                base = 8 + n
+                header = json.loads(f.read(n))
+                for t in wanted:
+                    start, end = header[t.name]["data_offsets"]
+                    f.seek(base + start)
+                    raw = bytearray(f.read(end - start))
+                    dtype = getattr(torch, t.dtype)
+                    flat = (
+                        torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+                    )
+                    state[t.name] = flat.reshape(t.shape).to(device)
+        else:
+            zip_format = sniff(file) == "torch-zip"
+            obj = torch.load(file, map_location=device, weights_only=True, mmap=zip_format)
+            _collect(obj, "", state, torch)
+    return state
+
+
+def _collect(obj: Any, prefix: str, out: dict[str, Any], torch: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        out[prefix] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _collect(v, f"{prefix}.{k}" if prefix else str(k), out, torch)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _collect(v, f"{prefix}.{i}" if prefix else str(i), out, torch)
+
+
+def _allocate(
+    slots: list[tuple[torch.Tensor, list[_Slot]]], device: str, filled: set[int], torch: Any
+) -> set[tuple[int, str]]:
+    """Give every tensor still on meta real, uninitialized memory, once per tensor (ties kept).
+
+    Returns the ``(id(module), attribute)`` slots that got fresh memory.
+    """
+    fresh: set[tuple[int, str]] = set()
+    for tensor, names in slots:
+        if id(tensor) in filled or not tensor.is_meta:
+            continue
+        value = torch.empty_like(tensor, device=device)
+        if isinstance(tensor, torch.nn.Parameter):
+            value = torch.nn.Parameter(value, requires_grad=tensor.requires_grad)
+        for owner, attr, _key in names:
+            kind = "_parameters" if attr in owner._parameters else "_buffers"
+            getattr(owner, kind)[attr] = value
+            fresh.add((id(owner), attr))
+    return fresh
+
+
+def _initialize(
+    module: torch.nn.Module, fresh: set[tuple[int, str]], report: MaterializeReport
+) -> None:
+    """Fill the freshly allocated tensors: per module whose own tensors are all fresh."""
+    import torch
+
+    hf_init = getattr(module, "_init_weights", None)
+    is_hf = callable(hf_init) and any(c.__name__ == "PreTrainedModel" for c in type(module).__mro__)
+    for path, m in module.named_modules():
+        own = [*m._parameters.items(), *m._buffers.items()]
+        own = [(n, t) for n, t in own if t is not None]
+        new = [n for n, _ in own if (id(m), n) in fresh]
+        if not new:
+            continue
+        with torch.no_grad():
+            if len(new) == len(own) and is_hf:
+                hf_init(m)  # type: ignore[misc]
+                report.initialized.append(path)
+                continue
+            reset = getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+            if len(new) == len(own) and callable(reset):
+                reset()
+                report.initialized.append(path)
+                continue
+        report.uninitialized.append((path, type(m).__name__, new))
+    if is_hf and report.initialized:
+        how = "transformers _init_weights"
+        report.method = f"{report.method} + {how}" if report.loaded else how
