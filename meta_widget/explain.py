@@ -51,7 +51,7 @@ _EXPLANATIONS: list[tuple[str, _Matcher, str, str, str]] = []
 def register_explanation(
     name: str, matcher: _Matcher | str, *, title: str, explanation: str, fix: str
 ) -> None:
-    """Add an explanation; ``matcher`` is a predicate ``(exc, message)`` or a regex on the message."""
+    """Add an explanation; ``matcher`` is a predicate ``(exc, message)`` or a regex."""
     if isinstance(matcher, str):
         pattern = re.compile(matcher, re.IGNORECASE | re.DOTALL)
 
@@ -61,6 +61,120 @@ def register_explanation(
         matcher = matches
     _EXPLANATIONS.append((name, matcher, title, explanation, fix))
 
+
+# -- specific explanations first: the first matching entry wins ----------------------------------
+
+
+def _frames_mention(exc: BaseException, needle: str) -> bool:
+    """True when a source line of ``exc``'s traceback contains ``needle``."""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        code = frame.line or linecache.getline(frame.filename, frame.lineno or 0)
+        if needle in code:
+            return True
+    return False
+
+
+def _in_module_apply(exc: BaseException) -> bool:
+    """True when ``exc`` was raised inside ``nn.Module._apply`` (``.to()``, ``.cpu()``...)."""
+    return any(
+        frame.name == "_apply"
+        and frame.filename.replace(os.sep, "/").endswith("nn/modules/module.py")
+        for frame in traceback.extract_tb(exc.__traceback__)
+    )
+
+
+register_explanation(
+    "one_hot",
+    lambda exc, message: (
+        "cannot be called on meta tensors" in message and _frames_mention(exc, "one_hot")
+    ),
+    title="F.one_hot needs num_classes on meta",
+    explanation=(
+        "Without num_classes, F.one_hot reads the largest value of its input (an .item() call) "
+        "to size its output; a meta tensor has no values."
+    ),
+    fix="Pass the number of classes: F.one_hot(labels, num_classes=N) (e.g. the vocabulary size).",
+)
+register_explanation(
+    "module_move",
+    lambda exc, message: "Cannot copy out of meta tensor" in message and _in_module_apply(exc),
+    title="A meta module cannot be moved with .to()/.cpu()/.cuda()",
+    explanation=(
+        "The module's parameters live on the meta device: they have shapes but no data, so "
+        "there is nothing to copy to another device."
+    ),
+    fix=(
+        "Please use torch.nn.Module.to_empty(device=...) instead of .to(): it allocates real "
+        "(uninitialized) memory; then call reset_parameters() on each module that has one, or "
+        "load weights with model.load_state_dict(state_dict, assign=True). "
+        "meta_widget.materialize(model) does both and keeps tied weights tied."
+    ),
+)
+register_explanation(
+    "numpy",
+    r"can't convert meta device type tensor to numpy",
+    title="NumPy was asked for the values of a meta tensor",
+    explanation=(
+        "A meta tensor has a shape and dtype but no values, so .numpy() has nothing to give."
+    ),
+    fix=(
+        "Keep the computation in torch (no .numpy() inside forward), or skip that step for meta "
+        "tensors (`if x.is_meta: ...`); for values, build the model for real (to_empty and "
+        "reset_parameters, or meta_widget.materialize)."
+    ),
+)
+register_explanation(
+    "masked_select",
+    r"aten::masked_select\b.*(no fake impl or Meta kernel|Meta)",
+    title="masked_select has no meta kernel",
+    explanation=(
+        "torch.masked_select returns as many elements as the mask has True values, which a meta "
+        "tensor cannot know, and PyTorch registers no meta kernel for it."
+    ),
+    fix=(
+        "Keep the shape: torch.where(mask, x, 0) or x.masked_fill(~mask, 0); or write x[mask], "
+        "which traces with an upper-bound size under mw.analyze(..., assume_nonzero=True) "
+        "(PyTorch's torch.fx.experimental._config.meta_nonzero_assume_all_nonzero switch)."
+    ),
+)
+register_explanation(
+    "unique",
+    r"aten::(_unique2|unique_dim|unique_consecutive|_unique)\b",
+    title="unique has no meta kernel",
+    explanation=(
+        "torch.unique returns as many elements as there are distinct values, which a meta "
+        "tensor cannot know, and PyTorch registers no meta kernel for it."
+    ),
+    fix=(
+        "On meta, use a known upper bound instead (e.g. torch.arange(num_classes, "
+        "device=x.device)), or skip that step when x.is_meta; sizes that depend on values "
+        "cannot be traced without data."
+    ),
+)
+register_explanation(
+    "repeat_interleave",
+    r"cannot repeat_interleave a meta tensor without output_size",
+    title="repeat_interleave needs output_size on meta",
+    explanation=(
+        "With a tensor of repeats, the output length is the sum of the repeats, a value a meta "
+        "tensor does not have."
+    ),
+    fix="Pass the total length: torch.repeat_interleave(x, repeats, output_size=N).",
+)
+register_explanation(
+    "load_state_dict_noop",
+    r"copying from a non-meta parameter in the checkpoint to a meta parameter.*no-op",
+    title="load_state_dict into a meta model did nothing",
+    explanation=(
+        "load_state_dict copies values into the existing tensors, and a meta tensor has no "
+        "memory to copy into: every key 'matches', yet every parameter stays on meta."
+    ),
+    fix=(
+        "Load with model.load_state_dict(state_dict, assign=True), which puts the checkpoint's "
+        "tensors in place of the meta ones (or use meta_widget.materialize(model, "
+        "checkpoint=path))."
+    ),
+)
 
 register_explanation(
     "to_empty",
@@ -171,6 +285,42 @@ register_explanation(
 )
 
 
+#: registry entries for errors the meta device itself raises (the others, e.g. shape errors,
+#: happen on real devices too)
+META_ERRORS = frozenset(
+    {
+        "one_hot",
+        "module_move",
+        "numpy",
+        "masked_select",
+        "unique",
+        "repeat_interleave",
+        "load_state_dict_noop",
+        "to_empty",
+        "copy_out",
+        "item",
+        "nonzero",
+        "no_meta_kernel",
+        "device_mix",
+    }
+)
+
+
+def explanation_name(exc: BaseException) -> str | None:
+    """The name of the registry entry that explains ``exc`` (``None``: only the generic one)."""
+    message = str(exc)
+    for name, matcher, *_ in _EXPLANATIONS:
+        if matcher(exc, message):
+            return name
+    return None
+
+
+def is_meta_error(exc: BaseException) -> bool:
+    """True when ``exc`` is an error the meta device raised (``.item()``, ``nonzero``, ``.cpu()``,
+    a device mix with meta...), as opposed to an error that real devices raise too."""
+    return explanation_name(exc) in META_ERRORS and "meta" in str(exc).lower()
+
+
 def _first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
@@ -185,16 +335,15 @@ def explain(
     """
     message = str(exc)
     file, line, code = user_frame(exc)
-    for _name, matcher, title, explanation, fix in _EXPLANATIONS:
-        if matcher(exc, message):
-            break
-    else:
-        title = "The forward pass raised an error"
-        explanation = "The model's code raised this error while running on meta tensors."
-        fix = (
+    title, explanation, fix = next(
+        ((t, e, f) for _n, matcher, t, e, f in _EXPLANATIONS if matcher(exc, message)),
+        (
+            "The forward pass raised an error",
+            "The model's code raised this error while running on meta tensors.",
             "Read the message and the source line; if the same code works on a real device, "
-            "it depends on tensor values that meta tensors do not have."
-        )
+            "it depends on tensor values that meta tensors do not have.",
+        ),
+    )
     return Explanation(
         type=type(exc).__name__,
         message=message,
