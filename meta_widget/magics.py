@@ -1,0 +1,267 @@
+"""IPython extension: ``%load_ext meta_widget``.
+
+- ``%meta EXPR [--input 1,3,224,224 ...] [--dtype long ...] [--mode inference|training]
+  [--depth N]``: evaluates ``EXPR`` in the notebook's namespace (an ``nn.Module``, a class, a
+  factory, a transformers config, or the path of a checkpoint) and returns its analysis (or the
+  checkpoint's :class:`~meta_widget.checkpoints.CheckpointInfo`), shown as the widget when the
+  magic ends the cell: ``a = %meta model --input 1,3,224,224`` keeps it.
+- ``%%meta [--input ...]``: runs the cell under ``torch.device("meta")`` (a 70B model is built for
+  free) and shows an analysis of every ``nn.Module`` the cell bound to a name.
+- Errors that the meta device raises in *any* cell get the traceback as usual, then
+  ``meta_widget.explain``'s explanation and fix. ``%unload_ext meta_widget`` removes the magics
+  and puts back the exception handler that was there before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+__all__ = ["load_ipython_extension", "parse_magic_line", "unload_ipython_extension"]
+
+USAGE = (
+    "%meta EXPR [--input SHAPE ...] [--dtype DTYPE ...] [--mode inference|training] [--depth N]"
+    " | %%meta [same options] with code in the cell"
+)
+_OPTION_START = re.compile(r"(?:^|\s)(--?[A-Za-z])")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would print and exit
+        raise UsageError(f"%meta: {message}. Usage: {USAGE}")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="%meta", add_help=False, allow_abbrev=False)
+    p.add_argument("--input", action="append", default=[], metavar="SHAPE")
+    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE")
+    p.add_argument("--mode", choices=["inference", "training"], default="inference")
+    p.add_argument("--depth", type=int, default=None)
+    return p
+
+
+@dataclass
+class MagicArgs:
+    """The parsed arguments of ``%meta`` / ``%%meta``."""
+
+    expr: str
+    input_size: Any = None
+    dtypes: list[Any] | None = None
+    mode: str = "inference"
+    depth: int | None = None
+    given: list[str] = field(default_factory=list)
+
+
+def parse_magic_line(line: str) -> MagicArgs:
+    """Split ``EXPR --opt ...`` and parse the options; bad ones raise ``UsageError`` (one line)."""
+    from .cli import UsageError as CliUsageError
+    from .cli import parse_dtype, parse_shape
+
+    match = _OPTION_START.search(line)
+    expr, rest = (line[: match.start(1)], line[match.start(1) :]) if match else (line, "")
+    try:
+        tokens = shlex.split(rest)
+    except ValueError as exc:
+        raise UsageError(f"%meta: cannot split the options {rest!r} ({exc}).") from None
+    ns = _parser().parse_args(tokens)
+    try:
+        shapes = [parse_shape(s) for s in ns.input]
+        dtypes = [parse_dtype(d) for d in ns.dtype] or None
+    except CliUsageError as exc:
+        raise UsageError(f"%meta: {exc}") from None
+    if dtypes is not None and len(dtypes) != len(shapes):
+        raise UsageError(
+            f"%meta: {len(dtypes)} --dtype for {len(shapes)} --input: give one --dtype per "
+            "--input (in the same order), or none."
+        )
+    if ns.depth is not None and ns.depth < 0:
+        raise UsageError("%meta: --depth must be 0 or more.")
+    given = [t for t in tokens if t.startswith("--")]
+    return MagicArgs(
+        expr=expr.strip(),
+        input_size=(shapes[0] if len(shapes) == 1 else shapes) if shapes else None,
+        dtypes=dtypes,
+        mode=ns.mode,
+        depth=ns.depth,
+        given=given,
+    )
+
+
+def _analyze(obj: Any, args: MagicArgs, what: str) -> Any:
+    from .analysis import analyze
+    from .sources import SourceError
+
+    try:
+        return analyze(obj, args.input_size, dtypes=args.dtypes, mode=args.mode, depth=args.depth)
+    except SourceError:
+        raise UsageError(
+            f"%meta: {what} evaluates to {type(obj).__name__}, not a model: give an nn.Module, "
+            "a class or zero-argument function that builds one, a transformers config, or a "
+            "checkpoint path."
+        ) from None
+
+
+def _inspect(path: str, args: MagicArgs) -> Any:
+    from .checkpoints import CheckpointError, inspect_checkpoint
+
+    extra = [g for g in args.given if g in ("--input", "--dtype", "--mode")]
+    if extra:
+        raise UsageError(
+            f"%meta: {', '.join(extra)} do(es) not apply to a checkpoint ({path!r}); to run a "
+            "model on inputs, give the model (mw.analyze(model, checkpoint=path) compares both)."
+        )
+    try:
+        return inspect_checkpoint(path)
+    except CheckpointError as exc:
+        raise UsageError(f"%meta: {exc}") from None
+
+
+def meta_magic(shell: InteractiveShell, line: str, cell: str | None = None) -> Any:
+    """``%meta`` and ``%%meta`` (see the module docstring)."""
+    args = parse_magic_line(line)
+    if cell is None:
+        return _line(shell, args)
+    if args.expr:
+        raise UsageError(
+            f"%%meta takes only options on its line, not {args.expr!r}: put the code that builds "
+            "the model in the cell body."
+        )
+    _cell(shell, args, cell)
+    return None
+
+
+def _line(shell: InteractiveShell, args: MagicArgs) -> Any:
+    if not args.expr:
+        raise UsageError(f"%meta needs a model, e.g. %meta model --input 1,3,224,224. {USAGE}")
+    try:
+        obj = shell.ev(args.expr)
+    except (NameError, SyntaxError, AttributeError) as exc:
+        if os.path.exists(args.expr):
+            return _inspect(args.expr, args)
+        raise UsageError(
+            f"%meta: cannot evaluate {args.expr!r} ({type(exc).__name__}: {exc}); give a name or "
+            "expression of the notebook, or a checkpoint path in quotes."
+        ) from None
+    if isinstance(obj, (str, os.PathLike)):
+        return _inspect(os.fspath(obj), args)
+    return _analyze(obj, args, repr(args.expr))
+
+
+def _cell(shell: InteractiveShell, args: MagicArgs, cell: str) -> None:
+    import torch
+    from IPython.display import display
+
+    ns = shell.user_ns
+    before = {k: v for k, v in ns.items() if not k.startswith("_")}
+    code = shell.transform_cell(cell)
+    filename = shell.compile.cache(code, shell.execution_count, raw_code=cell)
+    compiled = shell.compile(code, filename, "exec")
+    with torch.device("meta"):
+        exec(compiled, shell.user_global_ns, ns)
+    bound = [
+        (k, v)
+        for k, v in ns.items()
+        if not k.startswith("_") and isinstance(v, torch.nn.Module) and before.get(k) is not v
+    ]
+    if not bound:
+        print(
+            "%%meta: the cell bound no nn.Module to a name; assign the model, e.g. "
+            "`model = MyNet()`, to see its analysis."
+        )
+        return
+    for name, module in bound:
+        analysis = _analyze(module, args, name)
+        if len(bound) > 1:
+            print(f"{name}: {type(module).__name__}")
+        display(analysis)
+
+
+# ---------------------------------------------------------------------------------------------
+# the exception hook
+
+
+def _explained_traceback(
+    shell: InteractiveShell, etype: type, value: BaseException, tb: Any, tb_offset: int | None
+) -> Any:
+    """The custom exception handler: the usual traceback, plus the explanation of meta errors."""
+    from .explain import explain, is_meta_error
+
+    state = _STATE.get(id(shell))
+    meta = is_meta_error(value)
+    previous = state.previous if state is not None else None
+    if previous is not None and previous.types and isinstance(value, previous.types):
+        stb = previous.handler(etype, value, tb, tb_offset=tb_offset)
+        if meta:
+            print(_explanation_text(explain(value)))
+        return stb
+    if not meta:
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return None
+    stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    stb = [*stb, _explanation_text(explain(value))]
+    shell._showtraceback(etype, value, stb)  # type: ignore[arg-type]
+    return stb
+
+
+def _explanation_text(explanation: Any) -> str:
+    return f"\nmeta_widget explains: {explanation}"
+
+
+@dataclass
+class _Handler:
+    types: tuple[type[BaseException], ...]
+    handler: Any
+
+
+@dataclass
+class _State:
+    previous: _Handler | None
+    installed: Any
+    magics: dict[str, Any]
+
+
+_STATE: dict[int, _State] = {}
+
+
+def load_ipython_extension(ip: InteractiveShell) -> None:
+    """``%load_ext meta_widget``: add ``%meta``/``%%meta`` and explain meta errors in every cell."""
+    if id(ip) in _STATE:
+        return
+    shell: Any = ip
+    table = shell.magics_manager.magics
+    saved = {kind: table[kind].get("meta") for kind in ("line", "cell")}
+
+    def meta(line: str, cell: str | None = None) -> Any:
+        return meta_magic(ip, line, cell)
+
+    meta.__doc__ = __doc__
+    shell.register_magic_function(meta, magic_kind="line_cell", magic_name="meta")
+    previous = _Handler(tuple(ip.custom_exceptions), getattr(ip, "CustomTB", None))
+    ip.set_custom_exc((Exception,), _explained_traceback)
+    _STATE[id(ip)] = _State(previous=previous, installed=ip.CustomTB, magics=saved)
+
+
+def unload_ipython_extension(ip: InteractiveShell) -> None:
+    """``%unload_ext meta_widget``: remove the magics and restore the previous exception handler."""
+    state = _STATE.pop(id(ip), None)
+    if state is None:
+        return
+    table = ip.magics_manager.magics  # type: ignore[union-attr]
+    for kind, old in state.magics.items():
+        if old is None:
+            table[kind].pop("meta", None)
+        else:
+            table[kind]["meta"] = old
+    if ip.CustomTB is state.installed and state.previous is not None:
+        # (a handler installed by someone else after ours is left in place)
+        ip.CustomTB = state.previous.handler
+        ip.custom_exceptions = state.previous.types
