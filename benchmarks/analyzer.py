@@ -128,8 +128,8 @@ def main() -> None:
         ),
     ]
     print(f"torch {torch.__version__}, medians of {args.runs} interleaved runs, seconds\n")
-    head = "| model | bare meta forward | FlopCounterMode | torchinfo | mw.analyze | analyze/torchinfo |"
-    print(head)
+    print("| model | bare meta forward | FlopCounterMode | torchinfo | mw.analyze |", end="")
+    print(" analyze/torchinfo |")
     print("|---|---|---|---|---|---|")
     for label, model, x in rows:
         t = timings(model, x, args.runs)

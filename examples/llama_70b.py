@@ -1,6 +1,6 @@
 """A Llama-3-70B-shaped model, as a transformers config built in code (nothing is downloaded).
 
-    meta-widget examples/llama_70b.py:config --input 1,4096 --html llama-70b.html
+meta-widget examples/llama_70b.py:config --input 1,4096 --html llama-70b.html
 """
 
 import transformers

@@ -28,7 +28,7 @@ __all__ = [
 
 # explain.py imports only the standard library at the top; importing it here keeps the function
 # (not the submodule of the same name) as ``meta_widget.explain``.
-from .explain import explain  # noqa: E402
+from .explain import explain
 
 _WHERE = {
     "Analysis": "analysis",

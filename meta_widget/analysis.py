@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Any
 from .explain import Explanation
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import pandas as pd
     import plotly.graph_objects as go
     import torch
 
+    from .assume import Assumption
     from .memory import MemoryReport
     from .recorder import CallRecord, TensorInfo
     from .widget import MetaWidget
@@ -59,6 +62,11 @@ class ModuleNode:
     def error(self) -> bool:
         return any(c.error for c in self.calls)
 
+    @property
+    def assumed(self) -> bool:
+        """Whether a call of this module took an assumption or produced assumed shapes."""
+        return any(c.assumed for c in self.calls)
+
     def walk(self) -> Any:
         yield self
         for child in self.children:
@@ -94,6 +102,7 @@ class Analysis:
         traced: bool,
         seconds: float,
         orphan_ops: dict[str, int] | None = None,
+        assumptions: list[Assumption] | None = None,
     ) -> None:
         self.title = title
         self.source = source
@@ -107,6 +116,8 @@ class Analysis:
         self.traced = traced
         self.seconds = seconds
         self.orphan_ops = orphan_ops or {}
+        #: where the trace assumed a value it did not have (see ``meta_widget.assume``)
+        self.assumptions = assumptions or []
 
     # -- totals -------------------------------------------------------------------------------
 
@@ -171,6 +182,7 @@ class Analysis:
             return [info.shape for _, info in items]
 
         err = self.error.message if self.error else None
+        rows: list[dict[str, Any]]
         if per == "module":
             rows = [
                 {
@@ -187,6 +199,7 @@ class Analysis:
                     "activation_bytes": n.activation_bytes,
                     "flops": n.flops,
                     "error": err if n.error and self._error_node() is n else None,
+                    "assumed": n.assumed,
                 }
                 for n in self.modules
             ]
@@ -206,6 +219,7 @@ class Analysis:
                     "activation_bytes": c.activation_bytes,
                     "duration_s": c.duration_s,
                     "error": err if self.error and self.error.call == c.index else None,
+                    "assumed": c.assumed,
                 }
                 for c in self.calls
             ]
@@ -300,9 +314,7 @@ def build_tree(module: torch.nn.Module) -> list[ModuleNode]:
                 param_bytes=sum(p.numel() * p.element_size() for p in params),
                 float_params=sum(p.numel() for p in params if p.is_floating_point()),
                 buffer_bytes=sum(b.numel() * b.element_size() for b in m.buffers()),
-                own_params=[
-                    (n, TensorInfo.of(p)) for n, p in m.named_parameters(recurse=False)
-                ],
+                own_params=[(n, TensorInfo.of(p)) for n, p in m.named_parameters(recurse=False)],
             )
         )
         if parent >= 0:
@@ -323,6 +335,9 @@ def analyze(
     mode: str = "inference",
     depth: int | None = None,
     widget: bool | MetaWidget | None = None,
+    strict: bool = False,
+    assume: Mapping[str, Any] | None = None,
+    assume_nonzero: bool | None = None,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
 ) -> Analysis:
     """Analyze ``model`` on the meta device: its tree, shapes, parameters, FLOPs and memory.
@@ -348,6 +363,17 @@ def analyze(
     widget
         ``True`` shows the widget before tracing and streams calls into it; a ``MetaWidget`` is
         used as is. Default: no widget (display the returned Analysis to see one).
+    strict
+        ``False`` (default): where the trace needs a value a meta tensor has not got, it takes a
+        documented assumption and records it in ``Analysis.assumptions`` (a boolean condition is
+        ``True``; ``nonzero``/``x[mask]`` select every element). ``True``: no assumptions; such
+        code ends the trace with an explained error.
+    assume
+        Values for sites the trace cannot decide, keyed by ``"file.py:LINE"`` or module path:
+        numbers for ``.item()``/``int()``/``float()``, booleans to override a truth assumption.
+    assume_nonzero
+        Whether ``nonzero``, boolean masking and ``masked_select`` get upper-bound shapes
+        (default: on unless ``strict``).
     listeners
         Functions called with each :class:`CallRecord` as it completes.
 
@@ -397,18 +423,26 @@ def analyze(
         stream = view.stream(nodes, title=type(module).__name__, source=meta.source, mode=mode)
         all_listeners.append(stream.add)
     result = trace(
-        module, inputs.args, inputs.kwargs, training=mode == "training", listeners=all_listeners
+        module,
+        inputs.args,
+        inputs.kwargs,
+        training=mode == "training",
+        listeners=all_listeners,
+        policy=_policy(strict, assume, assume_nonzero),
     )
     error = None
     if result.exception is not None:
         from .explain import explain
 
         call = result.error_call
-        error = explain(
-            result.exception,
-            module=result.calls[call].path if call is not None else None,
-            call=call,
-            op=result.failed_op,
+        error = _blame_assumptions(
+            explain(
+                result.exception,
+                module=result.calls[call].path if call is not None else None,
+                call=call,
+                op=result.failed_op,
+            ),
+            result.assumptions,
         )
     for rec in result.calls:
         if rec.module >= 0:
@@ -428,10 +462,39 @@ def analyze(
         traced=True,
         seconds=time.perf_counter() - start,
         orphan_ops=result.orphan_ops,
+        assumptions=result.assumptions,
     )
     if stream is not None:
         stream.finish(analysis)
     return analysis
+
+
+def _policy(strict: bool, assume: Mapping[str, Any] | None, assume_nonzero: bool | None) -> Any:
+    from .assume import Policy
+
+    if not strict:
+        return Policy(truth=True, nonzero=assume_nonzero is not False, values=assume)
+    if assume or assume_nonzero:
+        return Policy(truth=False, nonzero=bool(assume_nonzero), values=assume)
+    return None
+
+
+def _blame_assumptions(error: Explanation, assumptions: Sequence[Assumption]) -> Explanation:
+    """Name the assumptions a failure may follow from, and how to override them."""
+    if not assumptions:
+        return error
+    from dataclasses import replace
+
+    last = assumptions[-1]
+    flip = "False" if last.value == "True" else "True" if last.value == "False" else "VALUE"
+    note = (
+        f" The trace had assumed values it could not know ({len(assumptions)} site(s); the "
+        f"latest: {last}); this error may follow from one of them."
+    )
+    fix = f" To decide that site differently: assume={{{last.site!r}: {flip}}}; strict=True " + (
+        "turns assumptions off."
+    )
+    return replace(error, explanation=error.explanation + note, fix=error.fix + fix)
 
 
 def _resolve_widget(widget: Any) -> Any:
@@ -447,4 +510,6 @@ def _resolve_widget(widget: Any) -> Any:
         return view
     if isinstance(widget, MetaWidget):
         return widget
-    raise TypeError(f"widget must be True, False, None or a MetaWidget, not {type(widget).__name__}")
+    raise TypeError(
+        f"widget must be True, False, None or a MetaWidget, not {type(widget).__name__}"
+    )

@@ -1,7 +1,7 @@
 """``meta-widget``: analyze a model from the terminal, print the summary, write an HTML report.
 
-    meta-widget examples/llama_70b.py:config --input 1,4096 --html llama.html
-    meta-widget torch.nn:Transformer --input 10,2,512 --input 12,2,512
+meta-widget examples/llama_70b.py:config --input 1,4096 --html llama.html
+meta-widget torch.nn:Transformer --input 10,2,512 --input 12,2,512
 """
 
 from __future__ import annotations
@@ -76,11 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("model", help="module:attr of an nn.Module, class, factory or config")
     parser.add_argument(
-        "--input", action="append", default=[], metavar="SHAPE",
+        "--input",
+        action="append",
+        default=[],
+        metavar="SHAPE",
         help="an input shape, batch included, e.g. 1,3,224,224 (repeat for several inputs)",
     )
     parser.add_argument(
-        "--dtype", action="append", default=[], metavar="DTYPE",
+        "--dtype",
+        action="append",
+        default=[],
+        metavar="DTYPE",
         help="dtype of each input (float32, long, ...); default float32, long for token ids",
     )
     parser.add_argument("--mode", choices=["inference", "training"], default="inference")

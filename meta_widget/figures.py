@@ -65,13 +65,16 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
         y=ys,
         mode="lines",
         name="live bytes",
-        customdata=list(zip(modules, ops)),
+        customdata=list(zip(modules, ops, strict=True)),
         hovertemplate="%{y:.2f} MiB<br>%{customdata[0]} (%{customdata[1]})<extra></extra>",
     )
     if points:
         i = max(range(len(points)), key=lambda k: points[k][0])
         fig.add_scatter(
-            x=[i], y=[ys[i]], mode="markers+text", name="peak",
+            x=[i],
+            y=[ys[i]],
+            mode="markers+text",
+            name="peak",
             text=[f"peak {format_bytes(mem.peak_bytes)} in {mem.peak_module or '?'}"],
             textposition="top left",
         )

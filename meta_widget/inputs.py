@@ -108,7 +108,9 @@ def _from_sizes(
                 f"Input 0 was given dtype torch.long because {reason}; pass "
                 "dtypes=[torch.float32] (or another dtype) to override."
             )
-    args = tuple(torch.empty(s, dtype=dt, device="meta") for s, dt in zip(shapes, chosen))
+    args = tuple(
+        torch.empty(s, dtype=dt, device="meta") for s, dt in zip(shapes, chosen, strict=True)
+    )
     return MetaInputs(args, {}, notes)
 
 

@@ -37,6 +37,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
         "ops": [[[op_sid, flops], ...]],  # FLOPs by aten op, own body only, ops with FLOPs > 0
         "duration_us": [int],
         "error": [0 | 1],                 # 1 where the call raised
+        "assumed": [0 | 1],               # 1 where the call took an assumption or holds results
+                                          # computed from one (meta_widget.assume)
       },
       "timeline": {                       # one point per allocation or free, in order
         "bytes": [int],                   # live bytes after the event
@@ -49,6 +51,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "error": {"type", "message", "module", "call", "file", "line", "code",
                 "explanation", "fix"} | null,
       "notes": [str],
+      "assumptions": [{"kind", "op", "value", "module", "call", "file", "line", "code",
+                       "count", "site"}],   # where the trace assumed a value it did not have
     }
 
 Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"args[0]"``,
@@ -103,6 +107,7 @@ CALL_COLUMNS = (
     "ops",
     "duration_us",
     "error",
+    "assumed",
 )
 MESSAGE_TYPES_TO_JS = ("start", "calls", "done", "error")
 MESSAGE_TYPES_FROM_JS = ("select",)
@@ -147,7 +152,7 @@ class Dictionary:
 
     def take_new(self) -> dict[str, list[Any]]:
         s, h, t = self._sent
-        new = {
+        new: dict[str, list[Any]] = {
             "strings": self.strings[s:],
             "shapes": self.shapes[h:],
             "tensors": self.tensors[t:],
@@ -188,6 +193,7 @@ def encode_calls(records: Sequence[CallRecord], d: Dictionary) -> dict[str, list
         "ops": [[[d.string(k), v] for k, v in r.ops.items()] for r in records],
         "duration_us": [round(r.duration_s * 1e6) for r in records],
         "error": [int(r.error) for r in records],
+        "assumed": [int(r.assumed) for r in records],
     }
 
 
@@ -212,6 +218,7 @@ def encode_header(
         "peak": None,
         "error": None,
         "notes": [],
+        "assumptions": [],
     }
     return payload
 
@@ -253,6 +260,7 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     )
     payload["error"] = encode_error(a.error)
     payload["notes"] = list(a.notes)
+    payload["assumptions"] = [x.to_dict() for x in a.assumptions]
     return payload
 
 

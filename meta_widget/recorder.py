@@ -11,6 +11,7 @@ undone on exit, errors included.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 import weakref
@@ -22,6 +23,21 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
+
+from .assume import (
+    DATA_DEPENDENT,
+    META_FIXES,
+    SCALAR_OPS,
+    Assumption,
+    MetaValueNeeded,
+    Policy,
+    caller_site,
+    grid_value,
+    has_mask,
+    index_upper_bound,
+    masked_select_upper_bound,
+    nonzero_upper_bound,
+)
 
 _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 _PRIM_DEVICE = torch.ops.prim.device.default
@@ -75,6 +91,8 @@ class CallRecord:
     duration_s: float = 0.0
     error: bool = False
     phase: str = "forward"
+    #: an assumption was taken during this call, or its outputs derive from an assumed shape
+    assumed: bool = False
 
 
 class Event(NamedTuple):
@@ -98,6 +116,7 @@ class Trace:
     failed_op: str | None
     error_call: int | None
     seconds: float
+    assumptions: list[Assumption] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +194,11 @@ class _OpMode(TorchDispatchMode):
         self.recorder = recorder
 
     def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> Any:
         return self.recorder.on_op(self, func, args, kwargs or {})
 
@@ -193,8 +216,15 @@ class Recorder:
         module: torch.nn.Module,
         listeners: Sequence[Listener] = (),
         existing: Sequence[torch.Tensor] = (),
+        policy: Policy | None = None,
     ) -> None:
         self.root = module
+        self.policy = policy
+        self.assumptions: dict[tuple[Any, ...], Assumption] = {}
+        self._tainted: set[int] = set()  # storages whose shape came from an assumption
+        # values known despite meta: storage -> mask shape of an upper-bound nonzero (its
+        # values are the index grid), or a Python number for a 0-dim result computed from them
+        self._known: dict[int, Any] = {}
         self._mode = _OpMode(self)
         self.listeners = list(listeners)
         self.calls: list[CallRecord] = []
@@ -232,9 +262,7 @@ class Recorder:
     def __enter__(self) -> Recorder:
         try:
             for m in self.root.modules():
-                self._handles.append(
-                    m.register_forward_pre_hook(self._pre, with_kwargs=True)
-                )
+                self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
                 self._handles.append(
                     m.register_forward_hook(self._post, with_kwargs=True, always_call=True)
                 )
@@ -308,13 +336,17 @@ class Recorder:
             named = list(named_tensors(output, caches=not stack))
             rec.outputs = [(name, TensorInfo.of(t)) for name, t in named]
             rec.activation_bytes = self._new_bytes((t for _, t in named), rec.start_event)
+            if self._tainted and any(
+                t.is_meta and t.untyped_storage()._cdata in self._tainted for _, t in named
+            ):
+                rec.assumed = True
         if stack:
             stack[-1].flops += rec.flops
         for listener in self.listeners:
             listener(rec)
 
     def _new_bytes(self, tensors: Iterator[torch.Tensor], start: int) -> int:
-        """Bytes of the distinct storages among ``tensors`` allocated at event ``start`` or later."""
+        """Bytes of the distinct storages among ``tensors`` allocated since event ``start``."""
         total = 0
         seen: set[int] = set()
         for t in tensors:
@@ -346,11 +378,20 @@ class Recorder:
             if r is not NotImplemented:
                 return r
         try:
-            out = func(*args, **kwargs)
+            if func in DATA_DEPENDENT and self.policy is not None:
+                out = self._assume(func, args, kwargs)
+            elif func in META_FIXES:
+                out = META_FIXES[func](*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
         except Exception:
             if self.failed_op is None:
                 self.failed_op = self._op_name(func)
             raise
+        if self._tainted and _any_in(args, self._tainted):
+            self._taint(out)
+        if self._known and func in SCALAR_OPS:
+            self._fold_scalar(func, args, out)
         count = flop_registry.get(func._overloadpacket)
         if count is not None:
             n = count(*args, **kwargs, out_val=out)
@@ -371,6 +412,99 @@ class Recorder:
                 if isinstance(o, torch.Tensor):
                     self._track(o, func)
         return out
+
+    # -- assumptions ---------------------------------------------------------------------------
+
+    def _assume(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Answer a data-dependent op under the policy, recording what was assumed."""
+        policy = self.policy
+        assert policy is not None
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor) or not first.is_meta:
+            return func(*args, **kwargs)
+        if func is torch.ops.aten._local_scalar_dense.default:
+            known = self._known_value(first)
+            if known is not None:
+                return known
+            file, line, code = caller_site()
+            path = self._stack[-1].path if self._stack else ""
+            found, value = policy.lookup(file, line, path)
+            if first.dtype == torch.bool and (found or policy.truth):
+                answer = bool(value) if found else True
+                self._record("truth", "bool(tensor)", answer, file, line, code)
+                return answer
+            if not found:
+                site = f"{os.path.basename(file)}:{line}" if file else path
+                raise MetaValueNeeded(
+                    "Tensor.item() cannot be called on meta tensors: the code needs a number "
+                    f"from a {first.dtype} tensor here. Pass it with assume={{{site!r}: value}}."
+                )
+            number = float(value) if first.dtype.is_floating_point else int(value)
+            self._record("value", "item()", number, file, line, code)
+            return number
+        if not policy.nonzero:
+            return func(*args, **kwargs)
+        if func is torch.ops.aten.nonzero.default:
+            out = nonzero_upper_bound(first)
+            self._known[out.untyped_storage()._cdata] = tuple(first.shape)
+            op = "nonzero"
+        elif func is torch.ops.aten.masked_select.default:
+            out = masked_select_upper_bound(first, args[1])
+            op = "masked_select"
+        elif has_mask(args[1] if len(args) > 1 else None):
+            out = index_upper_bound(func, args, kwargs)
+            op = "x[mask]" if func is torch.ops.aten.index.Tensor else "x[mask] = v"
+            if func is not torch.ops.aten.index.Tensor:  # in place: the shape of x is unchanged
+                file, line, code = caller_site()
+                self._record("nonzero", op, "every element selected", file, line, code)
+                return out
+        else:
+            return func(*args, **kwargs)
+        file, line, code = caller_site()
+        self._record("nonzero", op, "every element selected", file, line, code)
+        self._taint(out)
+        return out
+
+    def _known_value(self, t: torch.Tensor) -> Any:
+        """The value of a one-element tensor read from a known storage, else None."""
+        entry = self._known.get(t.untyped_storage()._cdata)
+        if entry is None or t.numel() != 1:
+            return None
+        if isinstance(entry, tuple):
+            return grid_value(entry, t.storage_offset())
+        return entry
+
+    def _fold_scalar(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+        """Compute a 0-dim result whose inputs are all known values."""
+        if not isinstance(out, torch.Tensor) or out.numel() != 1 or len(args) < 2:
+            return
+        values = []
+        for a in args[:2]:
+            if isinstance(a, torch.Tensor):
+                a = self._known_value(a)
+                if a is None:
+                    return
+            values.append(a)
+        self._known[out.untyped_storage()._cdata] = SCALAR_OPS[func](values[0], values[1])
+
+    def _record(
+        self, kind: str, op: str, value: Any, file: str | None, line: int | None, code: str | None
+    ) -> None:
+        path = self._stack[-1].path if self._stack else ""
+        key = (kind, op, str(value), file, line, path)
+        found = self.assumptions.get(key)
+        if found is not None:
+            found.count += 1
+        else:
+            call = self._stack[-1].index if self._stack else -1
+            self.assumptions[key] = Assumption(kind, op, str(value), path, call, file, line, code)
+        for rec in self._stack:
+            rec.assumed = True
+
+    def _taint(self, out: Any) -> None:
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                self._tainted.add(t.untyped_storage()._cdata)
 
     def _op_name(self, func: Any) -> str:
         name = self._op_names.get(func)
@@ -407,6 +541,19 @@ class Recorder:
         )
 
 
+def _any_in(args: tuple[Any, ...], keys: set[int]) -> bool:
+    """Whether a tensor among ``args`` (or in a list argument) has its storage in ``keys``."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.is_meta and a.untyped_storage()._cdata in keys:
+                return True
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor) and b.is_meta and b.untyped_storage()._cdata in keys:
+                    return True
+    return False
+
+
 def trace(
     module: torch.nn.Module,
     args: tuple[Any, ...],
@@ -414,6 +561,7 @@ def trace(
     *,
     training: bool = False,
     listeners: Sequence[Listener] = (),
+    policy: Policy | None = None,
 ) -> Trace:
     """Run ``module(*args, **kwargs)`` once under a :class:`Recorder` and return what it saw.
 
@@ -421,7 +569,9 @@ def trace(
     records made before it; the module's ``training`` flags are restored and every hook removed.
     """
     flags = [(m, m.training) for m in module.modules()]
-    recorder = Recorder(module, listeners, [t for _, t in named_tensors((args, kwargs))])
+    recorder = Recorder(
+        module, listeners, [t for _, t in named_tensors((args, kwargs))], policy=policy
+    )
     exception: BaseException | None = None
     output = None
     start = time.perf_counter()
@@ -446,6 +596,7 @@ def trace(
         failed_op=recorder.failed_op,
         error_call=recorder.error_call,
         seconds=time.perf_counter() - start,
+        assumptions=list(recorder.assumptions.values()),
     )
 
 

@@ -81,15 +81,15 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
 
     found: list[torch.Tensor] = []
     for m in module.modules():
-        found.extend(m._parameters.values() if m._parameters else ())
-        found.extend(m._buffers.values() if m._buffers else ())
+        found.extend(p for p in m._parameters.values() if p is not None)
+        found.extend(b for b in m._buffers.values() if b is not None)
         # plain tensor attributes (not registered) would otherwise be deep-copied for real
         found.extend(
             v
             for k, v in vars(m).items()
             if isinstance(v, torch.Tensor) and k not in ("_parameters", "_buffers")
         )
-    return [t for t in found if t is not None]
+    return found
 
 
 def meta_copy(module: torch.nn.Module) -> torch.nn.Module:

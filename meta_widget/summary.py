@@ -65,6 +65,7 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
 
     def visit(node: ModuleNode, prefix: str, child_prefix: str) -> None:
         mark = "  ← error here" if error_path is not None and node.path == error_path else ""
+        mark += " *" if node.assumed else ""
         label = f"{node.name} · {node.type}" if node.path else analysis.title
         rows.append(_row(f"{prefix}{label}{mark}", [node]))
         if depth is not None and node.depth >= depth:
@@ -86,18 +87,15 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
     def line(cells: list[str]) -> str:
         left = cells[0].ljust(widths[0])
         mid = cells[1].ljust(widths[1])
-        right = "  ".join(c.rjust(w) for c, w in zip(cells[2:], widths[2:]))
+        right = "  ".join(c.rjust(w) for c, w in zip(cells[2:], widths[2:], strict=True))
         return f"{left}  {mid}  {right}".rstrip()
 
     rule = "─" * (sum(widths) + 2 * (len(widths) - 1))
     mem = analysis.memory
-    header = (
-        f"{analysis.title} ({analysis.source}) · {analysis.mode} · "
-        + (
-            f"{len(analysis.calls)} module calls traced in {analysis.seconds:.2f} s"
-            if analysis.traced
-            else "structure only (no inputs given)"
-        )
+    header = f"{analysis.title} ({analysis.source}) · {analysis.mode} · " + (
+        f"{len(analysis.calls)} module calls traced in {analysis.seconds:.2f} s"
+        if analysis.traced
+        else "structure only (no inputs given)"
     )
     dtypes = ", ".join(f"{d} {format_bytes(b)}" for d, b in mem.params_by_dtype.items())
     out = [header, rule, line(list(_COLUMNS)), rule, *(line(r) for r in rows), rule]
@@ -116,6 +114,12 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
             f" · peak {format_bytes(mem.peak_bytes)}{where}"
         )
     out.extend(f"Note: {n}" for n in analysis.notes)
+    if analysis.assumptions:
+        out.append(
+            f"Assumed ({len(analysis.assumptions)} site(s); rows marked * hold assumed results; "
+            "override with assume={'file.py:LINE': value}, or strict=True):"
+        )
+        out.extend(f"  - {a}" for a in analysis.assumptions)
     if analysis.error is not None:
         out.append("")
         out.append("Error: " + str(analysis.error))

@@ -1,4 +1,4 @@
-"""Numbers for humans: bytes, counts, FLOPs and shapes. Views format with these; they never count."""
+"""Numbers for humans: bytes, counts, FLOPs, shapes. Views format with these; they never count."""
 
 from __future__ import annotations
 

@@ -31,9 +31,10 @@ class Capture:
 
 
 def samples() -> dict[str, Any]:
+    from models import Failing, gpt2_config
+
     import meta_widget as mw
     from meta_widget.widget import CallStream
-    from models import Failing, gpt2_config
 
     torch.manual_seed(0)
     a = mw.analyze(gpt2_config(), input_size=(1, 8))

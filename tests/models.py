@@ -10,8 +10,14 @@ def gpt2_config():  # type: ignore[no-untyped-def]
     import transformers
 
     return transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
-        bos_token_id=0, eos_token_id=0, architectures=["GPT2LMHeadModel"],
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=100,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        architectures=["GPT2LMHeadModel"],
     )
 
 
@@ -19,9 +25,16 @@ def llama_config():  # type: ignore[no-untyped-def]
     import transformers
 
     return transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64,
-        bos_token_id=0, eos_token_id=0, architectures=["LlamaForCausalLM"],
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        architectures=["LlamaForCausalLM"],
     )
 
 
@@ -29,8 +42,13 @@ def bert_config():  # type: ignore[no-untyped-def]
     import transformers
 
     return transformers.BertConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        vocab_size=100, max_position_embeddings=64, architectures=["BertModel"],
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+        architectures=["BertModel"],
     )
 
 
@@ -38,8 +56,16 @@ def t5_config():  # type: ignore[no-untyped-def]
     import transformers
 
     return transformers.T5Config(
-        d_model=32, d_ff=64, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=4,
-        vocab_size=100, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        d_model=32,
+        d_ff=64,
+        d_kv=8,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        vocab_size=100,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
         architectures=["T5ForConditionalGeneration"],
     )
 

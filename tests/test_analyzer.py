@@ -19,53 +19,11 @@ from models import (
     real,
     t5_config,
 )
+from reference import cpu_calls, recorded_calls
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import meta_widget as mw
-from meta_widget.recorder import named_tensors
-
-
-def cpu_calls(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    """(path, output shapes) of every module call of a real CPU forward, seen by plain hooks."""
-    names = {id(m): n for n, m in model.named_modules()}
-    seen: list[tuple[str, list[tuple[int, ...]]]] = []
-    handles = [
-        m.register_forward_hook(
-            lambda mod, _a, out: seen.append(
-                (names[id(mod)], [tuple(t.shape) for _, t in named_tensors(out, caches=False)])
-            )
-        )
-        for m in model.modules()
-    ]
-    try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    return seen
-
-
-def recorded_calls(a: mw.Analysis) -> list[Any]:
-    """The same (path, output shapes) from the analysis, in completion (post-) order."""
-    children: dict[int, list[Any]] = {}
-    for c in a.calls:
-        children.setdefault(c.parent, []).append(c)
-    done: list[Any] = []
-
-    def visit(c: Any) -> None:
-        for k in children.get(c.index, []):
-            visit(k)
-        done.append(c)
-
-    for top in children.get(-1, []):
-        visit(top)
-    return [(c.path, [info.shape for _, info in c.outputs if _not_cache(_)]) for c in done]
-
-
-def _not_cache(name: str) -> bool:
-    return "cache" not in name and "past_key_values" not in name
 
 
 def ids(*shape: int) -> torch.Tensor:
@@ -106,7 +64,7 @@ def test_every_output_shape_equals_a_real_cpu_forward(case: str) -> None:
     ours = recorded_calls(a)
     assert [p for p, _ in ours] == [p for p, _ in truth]
     # the root's output may hold a KV cache; its other tensors are compared
-    for (path, mine), (_, real_shapes) in zip(ours, truth):
+    for (path, mine), (_, real_shapes) in zip(ours, truth, strict=True):
         assert mine == real_shapes, path
 
 
@@ -195,7 +153,7 @@ def test_a_meta_module_of_the_user_is_restored_too() -> None:
     [("item", "RuntimeError"), ("nonzero", None), ("cpu", "NotImplementedError"), ("shape", None)],
 )
 def test_errors_name_the_submodule_and_the_source_line(how: str, kind: str | None) -> None:
-    a = mw.analyze(Failing(how), input_size=(2, 4))
+    a = mw.analyze(Failing(how), input_size=(2, 4), strict=True)
     err = a.error
     assert err is not None
     if kind:
@@ -260,8 +218,19 @@ def test_dataframes_have_the_documented_columns() -> None:
     a = mw.analyze(model, input_size=(3, 8))
     per_module = a.to_dataframe()
     assert list(per_module["module"]) == [n for n, _ in model.named_modules()]
-    for column in ("module", "type", "depth", "calls", "input_shapes", "output_shapes",
-                   "params", "param_bytes", "activation_bytes", "flops", "error"):
+    for column in (
+        "module",
+        "type",
+        "depth",
+        "calls",
+        "input_shapes",
+        "output_shapes",
+        "params",
+        "param_bytes",
+        "activation_bytes",
+        "flops",
+        "error",
+    ):
         assert column in per_module.columns
     row = per_module.set_index("module").loc["shared"]
     assert row["calls"] == 3 and row["output_shapes"][2] == [(12, 8)]
@@ -273,7 +242,9 @@ def test_dataframes_have_the_documented_columns() -> None:
 
 
 def test_memory_numbers_follow_their_definitions() -> None:
-    a = mw.analyze(nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5)), input_size=(4, 10))
+    a = mw.analyze(
+        nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5)), input_size=(4, 10)
+    )
     mem = a.memory
     assert mem.param_bytes == (10 * 20 + 20 + 20 * 5 + 5) * 4
     assert mem.input_bytes == 4 * 10 * 4

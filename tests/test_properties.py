@@ -87,7 +87,9 @@ def _hook_count(model: nn.Module) -> int:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(model=_tree(), batch=st.integers(1, 3))
-def test_random_trees_one_record_per_call_and_consistent_totals(model: nn.Module, batch: int) -> None:
+def test_random_trees_one_record_per_call_and_consistent_totals(
+    model: nn.Module, batch: int
+) -> None:
     model.eval()
     x = torch.randn(batch, WIDTH)
     a = mw.analyze(model, input_data=x)

@@ -41,7 +41,7 @@ def test_payload_columns_follow_the_contract() -> None:
 def test_streamed_messages_rebuild_the_final_calls() -> None:
     messages = _load("gpt2-tiny.messages.json")
     assert isinstance(messages, list)
-    assert [m["type"] for m in messages][0] == "start"
+    assert messages[0]["type"] == "start"
     assert messages[-1]["type"] == "done"
     assert {m["type"] for m in messages} <= set(protocol.MESSAGE_TYPES_TO_JS)
     start = messages[0]["payload"]
