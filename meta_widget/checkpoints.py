@@ -21,6 +21,7 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -130,6 +131,9 @@ class CheckpointInfo:
 
     def __len__(self) -> int:
         return len(self.tensors)
+
+    def __iter__(self) -> Iterator[TensorEntry]:
+        return iter(self.tensors)
 
     def __getitem__(self, name: str) -> TensorEntry:
         for t in self.tensors:
