@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -173,7 +174,7 @@ def test_the_tree_and_the_widget_payload(
     mods = payload["modules"]
     strings = payload["strings"]
     paths: list[str] = []
-    for parent, name in zip(mods["parent"], mods["name"]):
+    for parent, name in zip(mods["parent"], mods["name"], strict=True):
         paths.append(
             strings[name]
             if parent < 0
@@ -226,11 +227,11 @@ def test_a_sharded_index_is_merged(tmp_path: pathlib.Path, small_model: torch.nn
     # an index naming a shard that is not there, and one naming a tensor no shard holds
     weight_map["extra.weight"] = "model-00009-of-00009.safetensors"
     index.write_text(json.dumps({"weight_map": weight_map}))
-    with pytest.raises(CheckpointError, match="model-00009-of-00009.safetensors"):
+    with pytest.raises(CheckpointError, match=re.escape("model-00009-of-00009.safetensors")):
         inspect_checkpoint(index)
     weight_map["extra.weight"] = "model-00001-of-00003.safetensors"
     index.write_text(json.dumps({"weight_map": weight_map}))
-    with pytest.raises(CheckpointError, match="extra.weight"):
+    with pytest.raises(CheckpointError, match=re.escape("extra.weight")):
         inspect_checkpoint(index)
 
 
@@ -279,7 +280,9 @@ def test_not_a_checkpoint_and_missing_files(tmp_path: pathlib.Path) -> None:
         inspect_checkpoint(tmp_path / "nope.safetensors")
     bad = tmp_path / "notes.bin"
     bad.write_text("hello, world")
-    with pytest.raises(CheckpointError, match="neither a safetensors file nor a torch.save"):
+    with pytest.raises(
+        CheckpointError, match=re.escape("neither a safetensors file nor a torch.save")
+    ):
         inspect_checkpoint(bad)
     truncated = tmp_path / "t.safetensors"
     save_file({"w": torch.zeros(100)}, str(truncated))
