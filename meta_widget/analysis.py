@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     import torch
 
     from .assume import Assumption
+    from .flatten import TensorInfo
     from .memory import MemoryReport
-    from .recorder import CallRecord, TensorInfo
+    from .recorder import CallRecord
     from .widget import MetaWidget
 
 MODES = ("inference", "training")
@@ -292,7 +293,7 @@ class Analysis:
 
 def build_tree(module: torch.nn.Module) -> list[ModuleNode]:
     """Nodes for ``module.named_modules()``, with subtree parameter counts (each tensor once)."""
-    from .recorder import TensorInfo
+    from .flatten import TensorInfo
 
     nodes: list[ModuleNode] = []
     row_by_path: dict[str, int] = {}
@@ -333,6 +334,9 @@ def analyze(
     input_data: Any = None,
     dtypes: Sequence[torch.dtype] | None = None,
     mode: str = "inference",
+    optimizer: str | None = "adamw",
+    loss: Callable[[Any], Any] | None = None,
+    device: str = "cuda",
     depth: int | None = None,
     widget: bool | MetaWidget | None = None,
     strict: bool = False,
@@ -357,7 +361,19 @@ def analyze(
         One dtype per ``input_size`` shape (default float32; integer ids for models whose first
         layer is an embedding, with a note).
     mode
-        ``"inference"`` (``eval()``, no autograd) or ``"training"`` (``train()``, autograd on).
+        ``"inference"`` (``eval()``, no autograd, one forward pass) or ``"training"``
+        (``train()``: forward, loss, backward and one optimizer step, each a phase of the
+        memory timeline).
+    optimizer
+        In training: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd-momentum"`` or None
+        (no step).
+    loss
+        In training: ``loss(output) -> scalar tensor``; default the sum of every floating output.
+    device
+        The device the memory numbers are for; it picks the attention kernel that
+        ``scaled_dot_product_attention`` is accounted as: ``"cuda"`` (flash / memory-efficient,
+        default), ``"cpu"`` (the CPU flash kernel) or ``"math"`` (the math path, which keeps the
+        whole score matrix; what meta itself runs).
     depth
         The depth the widget and summary open at (default 3).
     widget
@@ -383,9 +399,10 @@ def analyze(
         Also when the forward pass fails: ``error`` then explains it, and the records made
         before the failure are kept.
     """
+    from .flatten import named_tensors
     from .inputs import make_inputs
     from .memory import memory_report
-    from .recorder import named_tensors, trace
+    from .passes import trace
     from .sources import to_meta
 
     if mode not in MODES:
@@ -427,6 +444,9 @@ def analyze(
         inputs.args,
         inputs.kwargs,
         training=mode == "training",
+        optimizer=optimizer,
+        loss=loss,
+        device=device,
         listeners=all_listeners,
         policy=_policy(strict, assume, assume_nonzero),
     )
@@ -447,7 +467,7 @@ def analyze(
     for rec in result.calls:
         if rec.module >= 0:
             nodes[rec.module].calls.append(rec)
-    report = memory_report(module, input_tensors, result.calls, result.events)
+    report = memory_report(module, input_tensors, result.calls, result, mode == "training")
     total = result.orphan_flops + sum(c.self_flops for c in result.calls)
     analysis = Analysis(
         title=type(module).__name__,

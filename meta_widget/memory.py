@@ -10,7 +10,12 @@ Definitions (the README repeats them):
   later or not; per call, the bytes of *new* storage its outputs hold (views allocate nothing).
 - **live bytes** after an event: parameters + buffers + inputs + the storage allocated during the
   pass and not yet freed; **peak** is their maximum over the recorded timeline, with the module
-  call and the aten op that allocated at that moment.
+  call, the aten op that allocated at that moment and the phase (forward, backward, optimizer).
+- **categories** of the bytes live at the peak: parameters, buffers, inputs, gradients (the
+  ``.grad`` of each trainable parameter after backward), optimizer state (what ``step()`` keeps,
+  e.g. AdamW's two moments, plus its step counters kept on the CPU), activations (in inference
+  everything the forward pass allocated; in training what autograd saved for backward and the
+  outputs still alive when the forward pass ends), temporaries (everything else).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from .recorder import CallRecord, Event
+    from .passes import Trace
+    from .recorder import Allocation, CallRecord
 
 #: bytes per element of the dtypes offered as what-ifs; int4 packs two weights in a byte
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -45,6 +51,14 @@ class MemoryReport:
     peak_call: int | None = None
     peak_module: str | None = None
     peak_op: str | None = None
+    peak_phase: str | None = None
+    #: bytes live at the peak, by category (see the module docstring)
+    categories: dict[str, int] = field(default_factory=dict)
+    #: timeline index where each phase begins
+    phases: dict[str, int] = field(default_factory=dict)
+    mode: str = "inference"
+    #: optimizer state kept in host memory, not on the device (AdamW's step counters)
+    optimizer_host_bytes: int = 0
 
     @property
     def baseline_bytes(self) -> int:
@@ -62,13 +76,8 @@ class MemoryReport:
         return int(self.param_bytes - float_bytes + self.float_params * DTYPE_BYTES[dtype])
 
     def by_category(self) -> dict[str, int]:
-        """Bytes at the peak, by category: parameters, buffers, inputs, activations."""
-        return {
-            "parameters": self.param_bytes,
-            "buffers": self.buffer_bytes,
-            "inputs": self.input_bytes,
-            "activations": self.peak_bytes - self.baseline_bytes,
-        }
+        """Bytes live at the peak, by category; they add up to ``peak_bytes``."""
+        return dict(self.categories)
 
 
 def _is_float(dtype: str) -> bool:
@@ -101,35 +110,78 @@ def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+CATEGORIES = (
+    "parameters",
+    "buffers",
+    "inputs",
+    "gradients",
+    "optimizer state",
+    "activations",
+    "temporaries",
+)
+
+
+def category(a: Allocation, trace: Trace, training: bool) -> str:
+    """The category of one allocation (see the module docstring)."""
+    if a.freed < 0 and a.key in trace.grad_keys:
+        return "gradients"
+    if a.freed < 0 and a.key in trace.state_keys:
+        return "optimizer state"
+    if a.phase != "forward":
+        return "temporaries"
+    if not training:
+        return "activations"
+    forward_end = trace.phase_starts.get("backward", len(trace.events))
+    return "activations" if a.saved or a.freed < 0 or a.freed >= forward_end else "temporaries"
+
+
 def memory_report(
     module: torch.nn.Module,
     inputs: Sequence[torch.Tensor],
     calls: Sequence[CallRecord] = (),
-    events: Sequence[Event] = (),
+    trace: Trace | None = None,
+    training: bool = False,
 ) -> MemoryReport:
-    """Build the :class:`MemoryReport` of ``module`` run on ``inputs`` (events may be empty)."""
+    """Build the :class:`MemoryReport` of ``module`` run on ``inputs`` (``trace`` may be None)."""
     params = list(module.parameters())
     params_by_dtype = unique_bytes(params)
     buffers_by_dtype = unique_bytes(list(module.buffers()))
+    events = trace.events if trace is not None else []
     report = MemoryReport(
         param_bytes=sum(params_by_dtype.values()),
         buffer_bytes=sum(buffers_by_dtype.values()),
         input_bytes=storage_bytes(inputs),
-        activation_bytes=sum(e.nbytes for e in events if e.nbytes > 0),
+        activation_bytes=sum(e.nbytes for e in events if e.nbytes > 0 and e.phase == "forward"),
         params_by_dtype=params_by_dtype,
         buffers_by_dtype=buffers_by_dtype,
         float_params=sum(p.numel() for p in params if p.is_floating_point()),
+        mode="training" if training else "inference",
     )
     base = report.baseline_bytes
+    other_state = trace.state_other_bytes if trace is not None else 0
     report.timeline = [(base + e.live_bytes, e.call, e.op) for e in events]
+    report.phases = dict(trace.phase_starts) if trace is not None else {}
+    static = {
+        "parameters": report.param_bytes,
+        "buffers": report.buffer_bytes,
+        "inputs": report.input_bytes,
+    }
     report.peak_bytes = base
-    if events:
-        i = max(range(len(events)), key=lambda k: events[k].live_bytes)
-        report.peak_bytes = base + events[i].live_bytes
-        report.peak_call = events[i].call if events[i].call >= 0 else None
-        report.peak_op = events[i].op
-        if report.peak_call is not None and report.peak_call < len(calls):
-            report.peak_module = calls[report.peak_call].path
+    report.categories = {c: static.get(c, 0) for c in CATEGORIES}
+    if not events or trace is None:
+        return report
+    i = max(range(len(events)), key=lambda k: events[k].live_bytes)
+    peak = events[i]
+    report.peak_bytes = base + peak.live_bytes
+    report.peak_call = peak.call if peak.call >= 0 else None
+    report.peak_op = peak.op
+    report.peak_phase = peak.phase
+    if report.peak_call is not None and report.peak_call < len(calls):
+        report.peak_module = calls[report.peak_call].path
+    for a in trace.allocations:
+        if a.event <= i and (a.freed < 0 or a.freed > i):
+            report.categories[category(a, trace, training)] += a.nbytes
+    report.optimizer_host_bytes = other_state
     return report
 
 

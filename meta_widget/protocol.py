@@ -81,7 +81,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .analysis import Analysis, ModuleNode
     from .explain import Explanation
-    from .recorder import CallRecord, TensorInfo
+    from .flatten import TensorInfo
+    from .recorder import CallRecord
 
 VERSION = 1
 

@@ -10,7 +10,6 @@ undone on exit, errors included.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -38,28 +37,13 @@ from .assume import (
     masked_select_upper_bound,
     nonzero_upper_bound,
 )
+from .flatten import TensorInfo, describe_inputs, named_tensors
+from .kernels import EXTRA_FLOPS
 
 _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+#: FLOP formulas by overload packet: FlopCounterMode's registry, plus kernels it lacks
+_FLOPS = {**flop_registry, **EXTRA_FLOPS}
 _PRIM_DEVICE = torch.ops.prim.device.default
-
-
-class TensorInfo(NamedTuple):
-    """What is recorded of a tensor: never its data."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    stride: tuple[int, ...]
-    requires_grad: bool
-
-    @staticmethod
-    def of(t: torch.Tensor) -> TensorInfo:
-        dtype = _DTYPE_NAMES.get(t.dtype)
-        if dtype is None:
-            dtype = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
-        return TensorInfo(tuple(t.shape), dtype, tuple(t.stride()), t.requires_grad)
-
-
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 @dataclass(slots=True)
@@ -102,81 +86,24 @@ class Event(NamedTuple):
     live_bytes: int
     call: int
     op: str
+    phase: str
 
 
-@dataclass
-class Trace:
-    """What one recorded forward pass produced."""
+@dataclass(slots=True)
+class Allocation:
+    """One storage allocated during the trace: when (event indices), by whom, and its fate.
 
-    calls: list[CallRecord]
-    events: list[Event]
-    orphan_flops: int
-    orphan_ops: dict[str, int]
-    exception: BaseException | None
-    failed_op: str | None
-    error_call: int | None
-    seconds: float
-    assumptions: list[Assumption] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------------------------
-# flattening arguments and outputs into named tensors
-
-
-def _cache_like(value: Any) -> bool:
-    module = type(value).__module__
-    return module.startswith("transformers.cache_utils") or type(value).__name__.endswith("Cache")
-
-
-def named_tensors(
-    value: Any, prefix: str = "", depth: int = 0, caches: bool = True
-) -> Iterator[tuple[str, Any]]:
-    """Yield ``(path, tensor)`` for every tensor inside ``value``.
-
-    Walks tuples, lists, dicts (``ModelOutput`` included), namedtuples, dataclasses and, when
-    ``caches``, transformers cache objects; paths look like ``args[0]``, ``logits``,
-    ``cache.layers[0].keys``.
+    ``freed`` is the index of its free event, or -1 when it was still alive at the end; ``saved``
+    says autograd saved it for the backward pass.
     """
-    if isinstance(value, torch.Tensor):
-        yield (prefix or "output"), value
-        return
-    if depth > 8 or value is None or isinstance(value, (int, float, bool, str, bytes)):
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from named_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1, caches)
-    elif isinstance(value, (tuple, list)):
-        fields = getattr(value, "_fields", None)
-        for i, v in enumerate(value):
-            key = f".{fields[i]}" if fields else f"[{i}]"
-            if not prefix and fields:
-                key = key[1:]
-            yield from named_tensors(v, prefix + key, depth + 1, caches)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            v = getattr(value, f.name, None)
-            name = f"{prefix}.{f.name}" if prefix else f.name
-            yield from named_tensors(v, name, depth + 1, caches)
-    elif caches and _cache_like(value):
-        for k, v in vars(value).items():
-            if not k.startswith("_"):
-                yield from named_tensors(v, f"{prefix}.{k}" if prefix else k, depth + 1, caches)
 
-
-def describe(value: Any, prefix: str = "", caches: bool = True) -> list[tuple[str, TensorInfo]]:
-    return [(name, TensorInfo.of(t)) for name, t in named_tensors(value, prefix, 0, caches)]
-
-
-def _describe_inputs(
-    args: tuple[Any, ...], kwargs: dict[str, Any], caches: bool
-) -> list[tuple[str, TensorInfo]]:
-    """Tensors of a call's arguments. A KV cache handed down through every layer is described
-    only where it enters and leaves the model (``caches`` at the root call): flattening it in
-    each of 80 layers would cost 80 x 160 entries and say nothing new."""
-    found = describe(args, "args", caches) if args else []
-    if kwargs:
-        found.extend(describe(kwargs, "", caches))
-    return found
+    key: int
+    nbytes: int
+    event: int
+    call: int
+    phase: str
+    freed: int = -1
+    saved: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +163,10 @@ class Recorder:
         self.error_call: int | None = None
         self._stack: list[CallRecord] = []
         self._stack_ids: list[int] = []
-        self._live: dict[int, tuple[int, int, weakref.ref[Any]]] = {}
+        self.allocations: list[Allocation] = []
+        self.phase = "forward"
+        # storage key -> (its Allocation, the weak reference that reports its free)
+        self._live: dict[int, tuple[Allocation, weakref.ref[Any]]] = {}
         # storage that existed before the trace (parameters, buffers, inputs): never "new"
         self._existing = {
             t.untyped_storage()._cdata
@@ -307,7 +237,7 @@ class Recorder:
             module=self._rows.get(id(mod), -1),
             parent=stack[-1].index if stack else -1,
             depth=len(stack),
-            inputs=_describe_inputs(args, kwargs, caches=not stack),
+            inputs=describe_inputs(args, kwargs, caches=not stack),
             start_event=len(self.events),
         )
         rec.duration_s = time.perf_counter()
@@ -357,8 +287,8 @@ class Recorder:
                 continue
             seen.add(key)
             entry = self._live.get(key)
-            if entry is not None and entry[0] >= start:
-                total += entry[1]
+            if entry is not None and entry[0].event >= start:
+                total += entry[0].nbytes
         return total
 
     # -- the dispatch mode --------------------------------------------------------------------
@@ -392,7 +322,7 @@ class Recorder:
             self._taint(out)
         if self._known and func in SCALAR_OPS:
             self._fold_scalar(func, args, out)
-        count = flop_registry.get(func._overloadpacket)
+        count = _FLOPS.get(func._overloadpacket)
         if count is not None:
             n = count(*args, **kwargs, out_val=out)
             if n:
@@ -471,7 +401,7 @@ class Recorder:
         if entry is None or t.numel() != 1:
             return None
         if isinstance(entry, tuple):
-            return grid_value(entry, t.storage_offset())
+            return grid_value(entry, int(t.storage_offset()))
         return entry
 
     def _fold_scalar(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
@@ -523,22 +453,35 @@ class Recorder:
         if not n:
             return
         call = self._stack[-1] if self._stack else None
-        self._live[key] = (len(self.events), n, weakref.ref(st, partial(self._free, key)))
+        index = call.index if call is not None else -1
+        alloc = Allocation(key, n, len(self.events), index, self.phase)
+        self.allocations.append(alloc)
+        self._live[key] = (alloc, weakref.ref(st, partial(self._free, key)))
         self.live_bytes += n
         if call is not None:
             call.alloc_bytes += n
-        self.events.append(
-            Event(n, self.live_bytes, call.index if call else -1, self._op_name(func))
-        )
+        self.events.append(Event(n, self.live_bytes, index, self._op_name(func), self.phase))
 
     def _free(self, key: int, _ref: Any) -> None:
         entry = self._live.pop(key, None)
         if entry is None or not self._active:
             return
-        self.live_bytes -= entry[1]
-        self.events.append(
-            Event(-entry[1], self.live_bytes, self._stack[-1].index if self._stack else -1, "free")
-        )
+        alloc = entry[0]
+        alloc.freed = len(self.events)
+        self.live_bytes -= alloc.nbytes
+        call = self._stack[-1].index if self._stack else -1
+        self.events.append(Event(-alloc.nbytes, self.live_bytes, call, "free", self.phase))
+
+    def mark_saved(self, t: torch.Tensor) -> None:
+        """Note that autograd saved ``t`` for the backward pass (a saved-tensors pack hook)."""
+        if t.is_meta:
+            entry = self._live.get(t.untyped_storage()._cdata)
+            if entry is not None:
+                entry[0].saved = True
+
+    def live_keys(self) -> set[int]:
+        """Storage keys of allocations alive now."""
+        return set(self._live)
 
 
 def _any_in(args: tuple[Any, ...], keys: set[int]) -> bool:
@@ -552,54 +495,3 @@ def _any_in(args: tuple[Any, ...], keys: set[int]) -> bool:
                 if isinstance(b, torch.Tensor) and b.is_meta and b.untyped_storage()._cdata in keys:
                     return True
     return False
-
-
-def trace(
-    module: torch.nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    training: bool = False,
-    listeners: Sequence[Listener] = (),
-    policy: Policy | None = None,
-) -> Trace:
-    """Run ``module(*args, **kwargs)`` once under a :class:`Recorder` and return what it saw.
-
-    An exception raised by the forward pass is caught and returned in ``Trace.exception`` with the
-    records made before it; the module's ``training`` flags are restored and every hook removed.
-    """
-    flags = [(m, m.training) for m in module.modules()]
-    recorder = Recorder(
-        module, listeners, [t for _, t in named_tensors((args, kwargs))], policy=policy
-    )
-    exception: BaseException | None = None
-    output = None
-    start = time.perf_counter()
-    try:
-        module.train(training)
-        with torch.set_grad_enabled(training), recorder:
-            output = module(*args, **kwargs)  # kept alive: the timeline ends with outputs live
-    except Exception as exc:
-        exception = exc
-    finally:
-        for m, flag in flags:
-            m.training = flag
-    del output
-    if exception is not None and recorder.error_call is None and recorder.calls:
-        recorder.error_call = _deepest_unfinished(recorder.calls)
-    return Trace(
-        calls=recorder.calls,
-        events=recorder.events,
-        orphan_flops=recorder.orphan_flops,
-        orphan_ops=recorder.orphan_ops,
-        exception=exception,
-        failed_op=recorder.failed_op,
-        error_call=recorder.error_call,
-        seconds=time.perf_counter() - start,
-        assumptions=list(recorder.assumptions.values()),
-    )
-
-
-def _deepest_unfinished(calls: list[CallRecord]) -> int | None:
-    failed = [c for c in calls if c.error]
-    return max(failed, key=lambda c: c.depth).index if failed else None
