@@ -289,6 +289,14 @@ def _load(
         state = load_state_dict_file(info, device)
     else:
         state = {k: v.to(device) for k, v in checkpoint.items()}
+    expected = module.state_dict(keep_vars=True)
+    if state and not any(k in expected for k in state):
+        raise MaterializeError(
+            f"none of the checkpoint's {len(state)} keys (e.g. {next(iter(state))!r}) is a key "
+            f"of {type(module).__name__} (e.g. {next(iter(expected), '')!r}): it belongs to "
+            "another model, or its keys carry a prefix; compare them with "
+            "meta_widget.checkpoints.checkpoint_diff."
+        )
     result = module.load_state_dict(state, strict=False, assign=True)
     report.missing = list(result.missing_keys)
     report.unexpected = list(result.unexpected_keys)
