@@ -1,0 +1,194 @@
+"""The IPython extension, driven through a real InteractiveShell."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from models import SmallCNN, llama_config
+from safetensors.torch import save_file
+
+import meta_widget as mw
+from meta_widget.checkpoints import CheckpointInfo
+from meta_widget.magics import parse_magic_line
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture
+def ip() -> Iterator[InteractiveShell]:
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("colors", "nocolor")
+    before = (shell.custom_exceptions, shell.CustomTB)
+    shell.run_line_magic("load_ext", "meta_widget")
+    shell.user_ns.update(torch=torch, nn=torch.nn, SmallCNN=SmallCNN, llama_config=llama_config)
+    yield shell
+    shell.run_line_magic("unload_ext", "meta_widget")
+    assert (shell.custom_exceptions, shell.CustomTB) == before
+
+
+def run(ip: InteractiveShell, cell: str) -> tuple[Any, Any]:
+    with capture_output() as cap:
+        result = ip.run_cell(cell)
+    return result, cap
+
+
+def test_meta_line_magic_on_a_module(ip: InteractiveShell) -> None:
+    net = SmallCNN()
+    ip.user_ns["net"] = net
+    result, _ = run(ip, "a = %meta net --input 2,3,32,32")
+    assert result.success
+    a = ip.user_ns["a"]
+    assert isinstance(a, mw.Analysis)
+    assert a.total_params == sum(p.numel() for p in net.parameters())
+    with torch.no_grad():
+        out = net(torch.randn(2, 3, 32, 32))
+    assert a.calls[0].path == "" and a.calls[0].outputs[0][1].shape == tuple(out.shape)
+    assert all(not p.is_meta for p in net.parameters())  # the user's module stays real
+    # as the cell's last line, the analysis is the cell's result (displayed as the widget)
+    result, _ = run(ip, "%meta net --input 1,3,32,32 --mode training")
+    assert isinstance(result.result, mw.Analysis) and result.result.mode == "training"
+    assert result.result.calls[0].inputs[0][1].shape == (1, 3, 32, 32)
+
+
+def test_meta_on_a_class_a_factory_a_config_and_dtypes(ip: InteractiveShell) -> None:
+    result, _ = run(ip, "%meta SmallCNN --input 1,3,32,32")
+    assert result.result.total_params == sum(p.numel() for p in SmallCNN().parameters())
+    result, _ = run(ip, "%meta lambda: nn.Linear(8, 4) --input 3,8")
+    assert result.result.calls[0].outputs[0][1].shape == (3, 4)
+    result, _ = run(ip, "%meta llama_config() --input 1,5 --dtype long")
+    a = result.result
+    assert a.error is None and a.title == "LlamaForCausalLM"
+    assert a.calls[0].inputs[0][1].dtype == "int64"
+    args = parse_magic_line(
+        "model(3, x=1) --input 1,2 --input 3x4 --dtype long --dtype half --depth 2"
+    )
+    assert args.expr == "model(3, x=1)" and args.input_size == [(1, 2), (3, 4)]
+    assert args.dtypes == [torch.int64, torch.float16] and args.depth == 2
+
+
+def test_meta_on_a_checkpoint_path(ip: InteractiveShell, tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "w.safetensors"
+    save_file({"a.weight": torch.zeros(3, 4), "a.bias": torch.zeros(3)}, str(path))
+    ip.user_ns["ckpt"] = str(path)
+    for line in ("%meta ckpt", f"%meta '{path}'", f"%meta {path}"):
+        result, _ = run(ip, line)
+        info = result.result
+        assert isinstance(info, CheckpointInfo), line
+        assert {t.name: t.shape for t in info} == {"a.weight": (3, 4), "a.bias": (3,)}
+
+
+def test_cell_magic_builds_on_meta_and_shows_every_new_module(ip: InteractiveShell) -> None:
+    keep = torch.nn.Linear(2, 2)
+    ip.user_ns.update(keep=keep, net=torch.nn.Linear(2, 2))
+    cell = (
+        "%%meta --input 1,100000\n"
+        "big = nn.Linear(100_000, 100_000)  # 40 GB if it were real\n"
+        "small = nn.Linear(100_000, 3)\n"
+        "net = nn.Sequential(nn.Linear(100_000, 4))  # a name bound again\n"
+        "count = 5\n"
+    )
+    result, cap = run(ip, cell)
+    assert result.success, result.error_in_exec
+    assert ip.user_ns["big"].weight.is_meta and ip.user_ns["keep"] is keep
+    shown = [line.split(":")[0] for line in cap.stdout.splitlines() if ":" in line]
+    assert shown == ["net", "big", "small"]  # the namespace's order; `keep` and `count` not shown
+    assert len(cap.outputs) == 3 and all(WIDGET in o.data for o in cap.outputs)
+    texts = [o.data["text/plain"] for o in cap.outputs]
+    assert "10.00 B" in texts[1]  # 100,000 x 100,000 + 100,000 parameters
+    # the modules are analyzed with the inputs: the Linear's output shape is there
+    assert "[1, 3]" in texts[2]
+    result, cap = run(ip, "%%meta\nn = 3")
+    assert result.success and "bound no nn.Module" in cap.stdout
+
+
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        ("%meta net --bogus 3", "unrecognized arguments: --bogus"),
+        ("%meta net --input 1,a", "cannot read the shape '1,a'"),
+        ("%meta net --input 1,2 --dtype float32 --dtype long", "give one --dtype per --input"),
+        ("%meta net --dtype quarter", "unknown dtype 'quarter'"),
+        ("%meta net --mode fast", "invalid choice: 'fast'"),
+        ("%meta net --depth x", "invalid int value: 'x'"),
+        ("%meta count", "'count' evaluates to int, not a model"),
+        ("%meta nothing_here", "cannot evaluate 'nothing_here' (NameError"),
+        ("%meta", "%meta needs a model"),
+        ("%%meta net\nx = 1", "%%meta takes only options on its line"),
+        ("%meta ckpt --input 1,2", "--input do(es) not apply to a checkpoint"),
+        ("%meta bad_path", "neither a safetensors file nor a torch.save file"),
+    ],
+)
+def test_bad_arguments_give_one_line_usage_errors(
+    ip: InteractiveShell, tmp_path: pathlib.Path, cell: str, message: str
+) -> None:
+    ckpt = tmp_path / "c.safetensors"
+    save_file({"w": torch.zeros(2)}, str(ckpt))
+    bad = tmp_path / "bad.bin"
+    bad.write_text("not a checkpoint")
+    ip.user_ns.update(net=SmallCNN(), count=3, ckpt=str(ckpt), bad_path=str(bad))
+    result, cap = run(ip, cell)
+    err = result.error_in_exec
+    assert isinstance(err, UsageError), err
+    assert message in str(err) and "\n" not in str(err)
+    assert "UsageError" in cap.stderr + cap.stdout and "Traceback" not in cap.stdout
+
+
+def test_meta_errors_in_other_cells_are_explained_below_the_traceback(
+    ip: InteractiveShell,
+) -> None:
+    result, cap = run(ip, "x = torch.ones(2, device='meta')\nvalues = x.tolist()")
+    assert isinstance(result.error_in_exec, NotImplementedError)
+    out = cap.stdout
+    trace = out.index("NotImplementedError")
+    assert "values = x.tolist()" in out  # the usual traceback, with the cell's line
+    explained = out.index("meta_widget explains: Data was read from a meta tensor")
+    assert trace < explained and "Fix: Keep the computation on tensors" in out
+    result, cap = run(ip, "lin = nn.Linear(2, 2, device='meta')\nlin.to('cpu')")
+    assert "Please use torch.nn.Module.to_empty()" in cap.stdout
+    assert "Fix: Please use torch.nn.Module.to_empty(device=...)" in cap.stdout
+    # other errors: the usual traceback only
+    result, cap = run(ip, "1 / 0")
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    assert "ZeroDivisionError" in cap.stdout and "meta_widget explains" not in cap.stdout
+    result, cap = run(ip, "nn.Linear(2, 3)(torch.ones(4, 5))")
+    assert "mat1 and mat2 shapes cannot be multiplied" in cap.stdout
+    assert "meta_widget explains" not in cap.stdout
+
+
+def test_unload_removes_everything_and_restores_the_previous_handler() -> None:
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("colors", "nocolor")
+    seen: list[str] = []
+
+    def mine(self: Any, etype: Any, value: Any, tb: Any, tb_offset: Any = None) -> list[str]:
+        seen.append(str(value))
+        return ["handled by mine"]
+
+    shell.set_custom_exc((ValueError,), mine)
+    previous = shell.CustomTB
+    try:
+        shell.run_line_magic("load_ext", "meta_widget")
+        assert shell.CustomTB is not previous
+        assert "meta" in shell.magics_manager.magics["line"]
+        assert "meta" in shell.magics_manager.magics["cell"]
+        run(shell, "raise ValueError('for mine')")
+        assert seen == ["for mine"]  # the handler that was there still gets its exceptions
+        shell.run_line_magic("unload_ext", "meta_widget")
+        assert shell.CustomTB is previous and shell.custom_exceptions == (ValueError,)
+        assert "meta" not in shell.magics_manager.magics["line"]
+        assert "meta" not in shell.magics_manager.magics["cell"]
+        _, cap = run(shell, "import torch\ntorch.ones(2, device='meta').tolist()")
+        assert "Cannot copy out of meta tensor" in cap.stdout
+        assert "meta_widget explains" not in cap.stdout
+        result, _ = run(shell, "%meta x")
+        assert not result.success and "meta" in str(result.error_in_exec)  # no such magic
+    finally:
+        shell.set_custom_exc((), None)
+        shell.custom_exceptions = ()
