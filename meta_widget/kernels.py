@@ -8,7 +8,9 @@ ones do:
 
 - ``"cuda"`` (default): flash attention when there is no mask, memory-efficient attention with one
   (PyTorch's priority on recent GPUs); neither keeps the score matrix.
-- ``"cpu"``: ``_scaled_dot_product_flash_attention_for_cpu``, what PyTorch runs on the CPU.
+- ``"cpu"``: ``_scaled_dot_product_flash_attention_for_cpu``, what PyTorch runs on the CPU
+  (grouped-query attention natively), except with dropout, which the CPU flash kernel does not
+  support: then the math path, as PyTorch does.
 - ``"math"``: the math path itself (what a CPU without flash support, or a custom mask
   function, would run).
 
@@ -91,13 +93,17 @@ class AttentionKernels(TorchFunctionMode):
             return _SDPA(
                 q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )
-        if enable_gqa:
-            k, v = _expand_heads(q, k), _expand_heads(q, v)
         if self.device == "cpu":
+            if dropout_p > 0:  # no dropout in the CPU flash kernel: PyTorch takes the math path
+                return _SDPA(
+                    q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+                )
             out, _ = aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
             )
             return out  # type: ignore[no-any-return]
+        if enable_gqa and attn_mask is not None:  # memory-efficient attention needs equal heads
+            k, v = _expand_heads(q, k), _expand_heads(q, v)
         if attn_mask is None:
             out = aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, is_causal, False, scale=scale

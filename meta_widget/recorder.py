@@ -295,13 +295,12 @@ class Recorder:
 
     def on_op(self, mode: _OpMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run one aten op; credit its FLOPs and new storage to the innermost module call."""
-        # Decompose composite ops first, exactly as FlopCounterMode does, so FLOPs agree with it.
+        # FlopCounterMode decomposes composite ops to count the matmuls inside; so do we, but only
+        # where the decomposition holds counted ops: elsewhere (silu_backward...) the fused
+        # kernel runs, as on a real device, without the decomposition's temporaries.
         decomposable = self._decomposable.get(func)
         if decomposable is None:
-            decomposable = self._decomposable[func] = func is not _PRIM_DEVICE and (
-                _COMPOSITE in func.py_kernels
-                or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
-            )
+            decomposable = self._decomposable[func] = _decomposition_counts(func, args, kwargs)
         if decomposable:
             with mode:
                 r = func.decompose(*args, **kwargs)
@@ -482,6 +481,37 @@ class Recorder:
     def live_keys(self) -> set[int]:
         """Storage keys of allocations alive now."""
         return set(self._live)
+
+
+class _FlopProbe(TorchDispatchMode):
+    """Sees whether any op with a FLOP formula runs (used once per composite op)."""
+
+    found = False
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        if func._overloadpacket in _FLOPS:
+            self.found = True
+        return func(*args, **(kwargs or {}))
+
+
+def _decomposition_counts(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``func`` has a composite decomposition holding ops that count FLOPs."""
+    if func is _PRIM_DEVICE or not (
+        _COMPOSITE in func.py_kernels
+        or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
+    ):
+        return False
+    if func._schema.is_mutable:
+        return True  # never run twice; decompose as FlopCounterMode does
+    probe = _FlopProbe()
+    try:
+        with probe:
+            func.decompose(*args, **kwargs)
+    except Exception:
+        return True
+    return probe.found
 
 
 def _any_in(args: tuple[Any, ...], keys: set[int]) -> bool:
