@@ -621,7 +621,7 @@ def _flatten(
 
 
 def _unsafe_message(path: str, exc: BaseException) -> str:
-    match = re.search(r"unsupported GLOBAL ([\w.]+)", str(exc))
+    match = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(exc))
     what = f"the global {match.group(1)}" if match else "a Python object that is not a tensor"
     return (
         f"Refused to load {path!r}: its pickle would call {what} when loaded, which can run "
@@ -763,8 +763,10 @@ class CheckpointDiff:
             lines.append(f"unexpected ({len(self.unexpected)}): {some(self.unexpected)}")
         lines.extend(
             f"shape mismatch: {n}: model {list(m)}, checkpoint {list(c)}"
-            for n, m, c in self.shape_mismatches
+            for n, m, c in self.shape_mismatches[:8]
         )
+        if len(self.shape_mismatches) > 8:
+            lines.append(f"… and {len(self.shape_mismatches) - 8} more shape mismatches")
         if self.dtype_mismatches:
             n, m, c = self.dtype_mismatches[0]
             lines.append(

@@ -177,6 +177,22 @@ register_explanation(
 )
 
 register_explanation(
+    "matmul_shape",
+    r"must have same reduction dim|mat1 and mat2 shapes cannot be multiplied",
+    title="The input's last dimension does not fit this layer",
+    explanation=(
+        "A matrix multiplication (an nn.Linear, or x @ w) got an input whose last dimension "
+        "differs from the weight's: on meta the message reads 'a and b must have same reduction "
+        "dim, but got [.., IN] X [WANT, OUT]'. Usually the layer before produces another size "
+        "than this layer was built for (a flatten after a conv sized for another image size)."
+    ),
+    fix=(
+        "Make the layer's in_features equal the input's last dimension (the first number after "
+        "'X' must equal the last number before it), or fix input_size; the failing call's input "
+        "shapes are shown with the error."
+    ),
+)
+register_explanation(
     "to_empty",
     r"Please use torch\.nn\.Module\.to_empty",
     title="A meta module cannot be moved with .to()",

@@ -101,7 +101,7 @@ class MaterializeReport:
         if self.loaded:
             lines.append(f"  {len(self.loaded)} tensors loaded from the checkpoint.")
         if self.initialized:
-            lines.append(f"  {len(self.initialized)} modules initialized ({self.method}).")
+            lines.append(f"  {len(self.initialized)} module(s) initialized ({self.method}).")
         if self.missing:
             lines.append(f"  missing from the checkpoint: {', '.join(self.missing[:8])}")
         if self.unexpected:

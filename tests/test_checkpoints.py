@@ -258,6 +258,7 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path: pathlib.Path, how: st
         inspect_checkpoint(path)
     message = str(info.value)
     assert str(path) in message and "nothing was executed" in message
+    assert "would call the global " in message
     assert "torch.save(model.state_dict()" in message and "weights_only=False" in message
     assert not marker.exists()
     if how == "torch.save":

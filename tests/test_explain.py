@@ -184,7 +184,12 @@ def test_a_zero_dim_cpu_scalar_mixes_fine_and_real_errors_are_not_meta_errors() 
     with pytest.raises(RuntimeError) as shape_error:
         nn.Linear(3, 2)(torch.ones(4, 5))
     assert not is_meta_error(shape_error.value)
-    assert mw.explain(shape_error.value).title == "The input's shape does not fit this layer"
+    assert "in_features" in mw.explain(shape_error.value).fix
+    with pytest.raises(RuntimeError) as meta_shape_error:
+        nn.Linear(3, 2, device="meta")(torch.ones(4, 5, device="meta"))
+    assert "same reduction dim" in str(meta_shape_error.value)
+    assert explanation_name(meta_shape_error.value) == "matmul_shape"
+    assert not is_meta_error(meta_shape_error.value)  # a real bug: it fails on CPU too
     with pytest.raises(ZeroDivisionError) as zero:
         _ = 1 / 0
     assert explanation_name(zero.value) is None and not is_meta_error(zero.value)
