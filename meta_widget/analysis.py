@@ -337,6 +337,7 @@ def analyze(
     optimizer: str | None = "adamw",
     loss: Callable[[Any], Any] | None = None,
     device: str = "cuda",
+    activation_checkpointing: bool | Sequence[str] = False,
     depth: int | None = None,
     widget: bool | MetaWidget | None = None,
     strict: bool = False,
@@ -374,6 +375,9 @@ def analyze(
         ``scaled_dot_product_attention`` is accounted as: ``"cuda"`` (flash / memory-efficient,
         default), ``"cpu"`` (the CPU flash kernel) or ``"math"`` (the math path, which keeps the
         whole score matrix; what meta itself runs).
+    activation_checkpointing
+        In training: ``True`` checkpoints every block (each child of a ``ModuleList``, e.g. the
+        decoder layers of a transformer); a list of module paths or class names picks them.
     depth
         The depth the widget and summary open at (default 3).
     widget
@@ -401,12 +405,15 @@ def analyze(
     """
     from .flatten import named_tensors
     from .inputs import make_inputs
+    from .kernels import DEVICES
     from .memory import memory_report
     from .passes import trace
     from .sources import to_meta
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
     start = time.perf_counter()
     meta = to_meta(model)
     module = meta.module
@@ -447,6 +454,7 @@ def analyze(
         optimizer=optimizer,
         loss=loss,
         device=device,
+        checkpointed=_checkpointed(module, activation_checkpointing),
         listeners=all_listeners,
         policy=_policy(strict, assume, assume_nonzero),
     )
@@ -465,7 +473,7 @@ def analyze(
             result.assumptions,
         )
     for rec in result.calls:
-        if rec.module >= 0:
+        if rec.module >= 0 and rec.phase == "forward":  # not the recomputation of checkpoints
             nodes[rec.module].calls.append(rec)
     report = memory_report(module, input_tensors, result.calls, result, mode == "training")
     total = result.orphan_flops + sum(c.self_flops for c in result.calls)
@@ -487,6 +495,29 @@ def analyze(
     if stream is not None:
         stream.finish(analysis)
     return analysis
+
+
+def _checkpointed(module: torch.nn.Module, which: bool | Sequence[str]) -> list[torch.nn.Module]:
+    """The modules to run under activation checkpointing."""
+    import torch
+
+    if which is False or not which:
+        return []
+    if which is True:
+        return [
+            child
+            for m in module.modules()
+            if isinstance(m, torch.nn.ModuleList)
+            for child in m.children()
+        ]
+    names = set(which)
+    found = [m for p, m in module.named_modules() if p in names or type(m).__name__ in names]
+    if not found:
+        raise ValueError(
+            f"activation_checkpointing={sorted(names)} matches no module path or class name of "
+            f"{type(module).__name__}; use paths from a.to_dataframe()['module'] or class names."
+        )
+    return found
 
 
 def _policy(strict: bool, assume: Mapping[str, Any] | None, assume_nonzero: bool | None) -> Any:

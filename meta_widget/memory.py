@@ -59,6 +59,10 @@ class MemoryReport:
     mode: str = "inference"
     #: optimizer state kept in host memory, not on the device (AdamW's step counters)
     optimizer_host_bytes: int = 0
+    #: after a training step: the gradients (``.grad`` of trainable parameters) and the
+    #: optimizer state on the device, whether or not they are live at the peak
+    gradient_bytes: int = 0
+    optimizer_state_bytes: int = 0
 
     @property
     def baseline_bytes(self) -> int:
@@ -74,6 +78,19 @@ class MemoryReport:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, not {dtype!r}")
         float_bytes = sum(b for d, b in self.params_by_dtype.items() if _is_float(d))
         return int(self.param_bytes - float_bytes + self.float_params * DTYPE_BYTES[dtype])
+
+    def timeline_phases(self) -> list[str]:
+        """The phase of each timeline point."""
+        starts = sorted((i, name) for name, i in self.phases.items())
+        out: list[str] = []
+        current = starts[0][1] if starts else "forward"
+        k = 0
+        for i in range(len(self.timeline)):
+            while k < len(starts) and starts[k][0] <= i:
+                current = starts[k][1]
+                k += 1
+            out.append(current)
+        return out
 
     def by_category(self) -> dict[str, int]:
         """Bytes live at the peak, by category; they add up to ``peak_bytes``."""
@@ -182,6 +199,9 @@ def memory_report(
         if a.event <= i and (a.freed < 0 or a.freed > i):
             report.categories[category(a, trace, training)] += a.nbytes
     report.optimizer_host_bytes = other_state
+    alive = [a for a in trace.allocations if a.freed < 0]
+    report.gradient_bytes = sum(a.nbytes for a in alive if a.key in trace.grad_keys)
+    report.optimizer_state_bytes = sum(a.nbytes for a in alive if a.key in trace.state_keys)
     return report
 
 

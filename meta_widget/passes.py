@@ -82,11 +82,14 @@ def trace(
     listeners: Sequence[Listener] = (),
     policy: Policy | None = None,
     device: str = "cuda",
+    checkpointed: Sequence[torch.nn.Module] = (),
 ) -> Trace:
     """Run the pass once under a :class:`Recorder` and return what it saw.
 
     An exception raised by the model is caught and returned in ``Trace.exception`` with the
-    records made before it. ``device`` picks the attention kernel (``meta_widget.kernels``).
+    records made before it. ``device`` picks the attention kernel (``meta_widget.kernels``);
+    the forward of each module in ``checkpointed`` runs under activation checkpointing
+    (``torch.utils.checkpoint``, non-reentrant): its activations are recomputed in backward.
     """
     if training and optimizer is not None and optimizer not in OPTIMIZERS:
         raise ValueError(
@@ -105,6 +108,7 @@ def trace(
     start = time.perf_counter()
     params = [p for p in module.parameters() if p.requires_grad]
     grads = [p.grad for p in params]  # restored afterwards: a user's meta module is left as it was
+    patched = [_checkpoint_forward(m, device) for m in checkpointed] if training else []
     try:
         module.train(training)
         with torch.set_grad_enabled(training), recorder, AttentionKernels(device):
@@ -136,6 +140,8 @@ def trace(
     finally:
         for m, flag in flags:
             m.training = flag
+        for m in patched:
+            del m.forward  # back to the class's forward
         for p, g in zip(params, grads, strict=True):
             p.grad = g
     del output, opt
@@ -157,6 +163,27 @@ def trace(
         state_keys=state_keys,
         state_other_bytes=state_other,
     )
+
+
+def _checkpoint_forward(m: torch.nn.Module, device: str) -> torch.nn.Module:
+    """Make ``m``'s forward run under activation checkpointing (an instance attribute).
+
+    The recomputation runs inside the autograd engine, where the attention mode of the trace is
+    not active: it is entered again around the forward, so both runs use the same kernels.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    forward = m.forward
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with AttentionKernels(device):
+            return forward(*args, **kwargs)
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+    m.forward = checkpointed  # type: ignore[method-assign]
+    return m
 
 
 def _pack(recorder: Recorder) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -44,7 +44,11 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
         "bytes": [int],                   # live bytes after the event
         "call": [int],                    # innermost call running at the event (-1: none)
         "op": [sid],                      # aten op that allocated (or "free")
+        "phase": [sid],                   # forward | backward | optimizer
       },
+      "memory": {"categories": {name: bytes},   # live at the peak; they add up to peak_bytes
+                 "phases": {phase: first timeline index}, "peak_phase": str | null,
+                 "gradient_bytes", "optimizer_state_bytes", "optimizer_host_bytes"},
       "totals": {"params", "trainable_params", "flops", "param_bytes", "buffer_bytes",
                  "input_bytes", "activation_bytes", "peak_bytes"},
       "peak": {"bytes": int, "call": int, "module": str, "op": str} | null,
@@ -214,7 +218,8 @@ def encode_header(
         "tensors": d.tensors,
         "modules": modules,
         "calls": {k: [] for k in CALL_COLUMNS},
-        "timeline": {"bytes": [], "call": [], "op": []},
+        "timeline": {"bytes": [], "call": [], "op": [], "phase": []},
+        "memory": {},
         "totals": {},
         "peak": None,
         "error": None,
@@ -238,6 +243,15 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
         "bytes": [b for b, _, _ in mem.timeline],
         "call": [c for _, c, _ in mem.timeline],
         "op": [d.string(op) for _, _, op in mem.timeline],
+        "phase": [d.string(phase) for phase in mem.timeline_phases()],
+    }
+    payload["memory"] = {
+        "categories": dict(mem.categories),
+        "phases": dict(mem.phases),
+        "peak_phase": mem.peak_phase,
+        "gradient_bytes": mem.gradient_bytes,
+        "optimizer_state_bytes": mem.optimizer_state_bytes,
+        "optimizer_host_bytes": mem.optimizer_host_bytes,
     }
     payload["totals"] = {
         "params": a.total_params,

@@ -239,6 +239,7 @@ class Recorder:
             depth=len(stack),
             inputs=describe_inputs(args, kwargs, caches=not stack),
             start_event=len(self.events),
+            phase=self.phase,
         )
         rec.duration_s = time.perf_counter()
         self.calls.append(rec)

@@ -113,6 +113,18 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
             f" · activations allocated {format_bytes(mem.activation_bytes)}"
             f" · peak {format_bytes(mem.peak_bytes)}{where}"
         )
+    if analysis.traced and analysis.mode == "training":
+        cats = " · ".join(f"{k} {format_bytes(v)}" for k, v in mem.categories.items() if v)
+        out.append(f"Peak ({mem.peak_phase}) by category: {cats}")
+        out.append(
+            f"After the step: gradients {format_bytes(mem.gradient_bytes)} · optimizer state "
+            f"{format_bytes(mem.optimizer_state_bytes)} on the device"
+            + (
+                f" (+{format_bytes(mem.optimizer_host_bytes)} on the host)"
+                if mem.optimizer_host_bytes
+                else ""
+            )
+        )
     out.extend(f"Note: {n}" for n in analysis.notes)
     if analysis.assumptions:
         out.append(

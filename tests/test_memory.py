@@ -1,0 +1,114 @@
+"""Training memory: categories, gradients, optimizer state, checkpointing, attention kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import gpt2_config, llama_config, real
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+import meta_widget as mw
+from meta_widget.memory import CATEGORIES
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.Linear(128, 4))
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_categories_add_up_to_the_peak(mode: str) -> None:
+    for model, size in ((mlp(), (16, 32)), (gpt2_config(), (2, 16))):
+        a = mw.analyze(model, input_size=size, mode=mode)
+        assert a.error is None
+        cats = a.memory.by_category()
+        assert set(cats) == set(CATEGORIES)
+        assert sum(cats.values()) == a.peak_bytes
+        assert max(b for b, _, _ in a.memory.timeline) == a.peak_bytes
+        if mode == "inference":
+            assert cats["gradients"] == cats["optimizer state"] == 0
+
+
+def test_gradients_match_trainable_parameter_bytes_and_adamw_state_is_two_fp32_copies() -> None:
+    model = mlp()
+    model[1].requires_grad_(False)  # no parameters: nothing changes
+    model[0].bias.requires_grad_(False)  # a frozen parameter gets no gradient and no state
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
+    a = mw.analyze(model, input_size=(16, 32), mode="training", optimizer="adamw")
+    assert a.memory.gradient_bytes == trainable_bytes
+    assert a.memory.optimizer_state_bytes == 2 * sum(p.numel() * 4 for p in trainable)
+    # AdamW's step counters: one float32 scalar per trainable tensor, kept on the host
+    assert a.memory.optimizer_host_bytes == 4 * len(trainable)
+    sgd = mw.analyze(model, input_size=(16, 32), mode="training", optimizer="sgd-momentum")
+    assert sgd.memory.optimizer_state_bytes == trainable_bytes
+    plain = mw.analyze(model, input_size=(16, 32), mode="training", optimizer="sgd")
+    assert plain.memory.optimizer_state_bytes == 0
+    assert plain.memory.gradient_bytes == trainable_bytes
+    assert plain.memory.peak_phase in ("backward", "optimizer")
+    # the user's module is untouched: no gradients left behind
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_bf16_gradients_are_half_the_bytes() -> None:
+    model = mlp().to(torch.bfloat16)
+    a = mw.analyze(model, input_data=torch.randn(16, 32, dtype=torch.bfloat16), mode="training")
+    assert a.memory.gradient_bytes == sum(p.numel() * 2 for p in model.parameters())
+
+
+def test_activation_checkpointing_lowers_the_training_peak() -> None:
+    config = llama_config()
+    config.num_hidden_layers = 4
+    plain = mw.analyze(config, input_size=(4, 64), mode="training", optimizer=None)
+    ckpt = mw.analyze(
+        config, input_size=(4, 64), mode="training", optimizer=None, activation_checkpointing=True
+    )
+    assert plain.error is None and ckpt.error is None
+    assert ckpt.peak_bytes < plain.peak_bytes
+    assert ckpt.memory.categories["activations"] < plain.memory.categories["activations"]
+    # recomputation runs the blocks again in backward: more FLOPs, the same forward records
+    assert ckpt.total_flops > plain.total_flops
+    assert len(ckpt["model.layers.0"].calls) == 1
+    assert any(c.phase == "backward" for c in ckpt.calls)
+    with pytest.raises(ValueError, match="matches no module"):
+        mw.analyze(config, input_size=(1, 8), mode="training", activation_checkpointing=["nope"])
+
+
+def _real_peak(model: nn.Module, ids: torch.Tensor) -> int:
+    tracker = MemTracker()
+    tracker.track_external(model, ids)
+    with torch.no_grad(), tracker:
+        out = model(input_ids=ids)
+    del out
+    return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+
+
+def test_attention_is_accounted_as_the_target_kernel() -> None:
+    config = gpt2_config()
+    config.n_positions = 512
+    model = real(config)
+    ids = torch.randint(0, 90, (2, 512))
+    math = mw.analyze(model, input_data=ids, device="math")
+    cpu = mw.analyze(model, input_data=ids, device="cpu")
+    cuda = mw.analyze(model, input_data=ids, device="cuda")
+    # the math path materializes the (2, 2, 512, 512) float32 score matrix; the kernels do not
+    scores = 2 * 2 * 512 * 512 * 4
+    assert math.peak_bytes - cpu.peak_bytes >= scores
+    assert cuda.peak_bytes < math.peak_bytes
+    assert math.total_flops == cpu.total_flops == cuda.total_flops
+    # device="cpu" is what a real CPU run allocates
+    assert cpu.peak_bytes == _real_peak(model.eval(), ids)
+    with pytest.raises(ValueError, match="device must be one of"):
+        mw.analyze(model, input_data=ids, device="tpu")
+
+
+def test_training_summary_and_payload_show_phases_and_categories() -> None:
+    a = mw.analyze(mlp(), input_size=(16, 32), mode="training")
+    text = a.summary()
+    assert "training" in text and "gradients" in text and "optimizer state" in text
+    payload = a.to_payload()
+    assert payload["mode"] == "training"
+    assert payload["memory"]["categories"]["gradients"] == a.memory.categories["gradients"]
+    assert set(payload["memory"]["phases"]) == {"forward", "backward", "optimizer"}
+    assert len(payload["timeline"]["phase"]) == len(payload["timeline"]["bytes"])
