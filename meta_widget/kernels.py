@@ -73,10 +73,9 @@ class AttentionKernels(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        kwargs = kwargs or {}
-        if func is not _SDPA or self.device == "math":
-            return func(*args, **kwargs)
-        return self._attention(*args, **kwargs)
+        if func is not _SDPA:
+            return func(*args, **(kwargs or {}))
+        return self._attention(*args, **(kwargs or {}))
 
     def _attention(
         self,

@@ -8,6 +8,7 @@ optimizer step, each recorded as a phase of the live-bytes timeline (``forward``
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -111,7 +112,8 @@ def trace(
     patched = [_checkpoint_forward(m, device) for m in checkpointed] if training else []
     try:
         module.train(training)
-        with torch.set_grad_enabled(training), recorder, AttentionKernels(device):
+        kernels = AttentionKernels(device) if device != "math" else contextlib.nullcontext()
+        with torch.set_grad_enabled(training), recorder, kernels:
             if not training:
                 output = module(*args, **kwargs)  # kept alive: the timeline ends with outputs
             else:
