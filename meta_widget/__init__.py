@@ -20,9 +20,11 @@ __all__ = [
     "Analysis",
     "MetaWidget",
     "analyze",
+    "checkpoint_diff",
     "explain",
     "inspect_checkpoint",
     "load_ipython_extension",
+    "materialize",
     "unload_ipython_extension",
 ]
 
@@ -35,14 +37,17 @@ _WHERE = {
     "analyze": "analysis",
     "MetaWidget": "widget",
     "inspect_checkpoint": "checkpoints",
+    "checkpoint_diff": "checkpoints",
+    "materialize": "materialize",
     "load_ipython_extension": "magics",
     "unload_ipython_extension": "magics",
 }
 
 if TYPE_CHECKING:
     from .analysis import Analysis, analyze
-    from .checkpoints import inspect_checkpoint
+    from .checkpoints import checkpoint_diff, inspect_checkpoint
     from .magics import load_ipython_extension, unload_ipython_extension
+    from .materialize import materialize
     from .widget import MetaWidget
 
 

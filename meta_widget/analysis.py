@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,9 +19,12 @@ if TYPE_CHECKING:
     import torch
 
     from .assume import Assumption
+    from .checkpoints import CheckpointDiff, CheckpointInfo
     from .flatten import TensorInfo
+    from .materialize import MaterializeReport
     from .memory import MemoryReport
     from .recorder import CallRecord
+    from .sources import MetaModel
     from .widget import MetaWidget
 
 MODES = ("inference", "training")
@@ -104,6 +108,8 @@ class Analysis:
         seconds: float,
         orphan_ops: dict[str, int] | None = None,
         assumptions: list[Assumption] | None = None,
+        checkpoint_diff: CheckpointDiff | None = None,
+        source_model: MetaModel | None = None,
     ) -> None:
         self.title = title
         self.source = source
@@ -119,6 +125,10 @@ class Analysis:
         self.orphan_ops = orphan_ops or {}
         #: where the trace assumed a value it did not have (see ``meta_widget.assume``)
         self.assumptions = assumptions or []
+        #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
+        self.checkpoint_diff = checkpoint_diff
+        # the meta model (no data) that ``materialize`` builds a real copy of
+        self._source = source_model
 
     # -- totals -------------------------------------------------------------------------------
 
@@ -271,6 +281,27 @@ class Analysis:
                 f.write(html)
         return html
 
+    def materialize(
+        self,
+        device: str = "cpu",
+        checkpoint: Any = None,
+        *,
+        available_bytes: int | None = None,
+    ) -> tuple[torch.nn.Module, MaterializeReport]:
+        """A real copy of the analyzed model on ``device``: initialized, or loaded.
+
+        Tensors are allocated once each (ties kept), then ``reset_parameters()`` (or the
+        transformers initializer) fills them, or ``checkpoint`` (a path or a state dict) is
+        loaded with ``load_state_dict(assign=True)``. Refused with ``InsufficientMemoryError``,
+        before allocating anything, when it does not fit in the free memory. The user's module
+        is never touched. See ``meta_widget.materialize.materialize``.
+        """
+        from .materialize import materialize
+
+        if self._source is None:
+            raise ValueError("this Analysis has no model to materialize (it was loaded from JSON)")
+        return materialize(self._source, device, checkpoint, available_bytes=available_bytes)
+
     def widget(self) -> MetaWidget:
         from .widget import MetaWidget
 
@@ -382,6 +413,7 @@ def analyze(
     strict: bool = False,
     assume: Mapping[str, Any] | None = None,
     assume_nonzero: bool | None = None,
+    checkpoint: Any = None,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
 ) -> Analysis:
     """Analyze ``model`` on the meta device: its tree, shapes, parameters, FLOPs and memory.
@@ -433,6 +465,10 @@ def analyze(
     assume_nonzero
         Whether ``nonzero``, boolean masking and ``masked_select`` get upper-bound shapes
         (default: on unless ``strict``).
+    checkpoint
+        A checkpoint path (``.safetensors``, ``torch.save`` file, sharded ``*.index.json``) to
+        compare with the model, read without loading data: ``Analysis.checkpoint_diff`` lists
+        missing, unexpected and mis-shaped keys.
     listeners
         Functions called with each :class:`CallRecord` as it completes.
 
@@ -440,7 +476,8 @@ def analyze(
     -------
     Analysis
         Also when the forward pass fails: ``error`` then explains it, and the records made
-        before the failure are kept.
+        before the failure are kept. Given a checkpoint path as ``model``, the
+        :class:`~meta_widget.checkpoints.CheckpointInfo` of ``inspect_checkpoint`` instead.
     """
     from .flatten import named_tensors
     from .inputs import make_inputs
@@ -453,9 +490,14 @@ def analyze(
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
+    if isinstance(model, (str, os.PathLike)):
+        from .checkpoints import inspect_checkpoint
+
+        return inspect_checkpoint(model)  # type: ignore[return-value]
     start = time.perf_counter()
     meta = to_meta(model)
     module = meta.module
+    diff = _checkpoint_diff(module, checkpoint) if checkpoint is not None else None
     inputs = make_inputs(module, input_size, input_data, dtypes)
     notes = [*meta.notes, *inputs.notes]
     nodes = build_tree(module)
@@ -475,6 +517,8 @@ def analyze(
             notes=[*notes, "No inputs given: structural analysis only (no forward pass)."],
             traced=False,
             seconds=time.perf_counter() - start,
+            checkpoint_diff=diff,
+            source_model=meta,
         )
         if view is not None:
             view.show(analysis)
@@ -530,10 +574,19 @@ def analyze(
         seconds=time.perf_counter() - start,
         orphan_ops=result.orphan_ops,
         assumptions=result.assumptions,
+        checkpoint_diff=diff,
+        source_model=meta,
     )
     if stream is not None:
         stream.finish(analysis)
     return analysis
+
+
+def _checkpoint_diff(module: torch.nn.Module, path: Any) -> CheckpointDiff:
+    from .checkpoints import checkpoint_diff, inspect_checkpoint
+
+    info: CheckpointInfo = inspect_checkpoint(path)
+    return checkpoint_diff(module, info)
 
 
 def _checkpointed(module: torch.nn.Module, which: bool | Sequence[str]) -> list[torch.nn.Module]:

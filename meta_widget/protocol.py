@@ -276,6 +276,8 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     payload["error"] = encode_error(a.error)
     payload["notes"] = list(a.notes)
     payload["assumptions"] = [x.to_dict() for x in a.assumptions]
+    if a.checkpoint_diff is not None:
+        payload["checkpoint"] = a.checkpoint_diff.to_dict()
     return payload
 
 

@@ -125,6 +125,8 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
                 else ""
             )
         )
+    if analysis.checkpoint_diff is not None:
+        out.append("Checkpoint: " + str(analysis.checkpoint_diff).replace("\n", "\n  "))
     out.extend(f"Note: {n}" for n in analysis.notes)
     if analysis.assumptions:
         out.append(

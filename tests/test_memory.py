@@ -112,3 +112,28 @@ def test_training_summary_and_payload_show_phases_and_categories() -> None:
     assert payload["memory"]["categories"]["gradients"] == a.memory.categories["gradients"]
     assert set(payload["memory"]["phases"]) == {"forward", "backward", "optimizer"}
     assert len(payload["timeline"]["phase"]) == len(payload["timeline"]["bytes"])
+
+
+def test_checkpoint_diff_and_materialize_from_an_analysis(tmp_path: object) -> None:
+    import os
+
+    model = real(gpt2_config())
+    path = os.path.join(str(tmp_path), "gpt2.pt")
+    state = model.state_dict()
+    state.pop("transformer.ln_f.bias")
+    state["extra.weight"] = torch.zeros(3)
+    torch.save(state, path)
+    a = mw.analyze(model, input_size=(1, 8), checkpoint=path)
+    assert a.checkpoint_diff is not None
+    assert a.checkpoint_diff.missing == ["transformer.ln_f.bias"]
+    assert a.checkpoint_diff.unexpected == ["extra.weight"]
+    assert "Checkpoint:" in a.summary() and a.to_payload()["checkpoint"]["ok"] is False
+    info = mw.analyze(path)  # a path is inspected, not loaded
+    assert isinstance(info, mw.inspect_checkpoint(path).__class__)
+    real_copy, report = a.materialize(checkpoint=model.state_dict())
+    assert report.method.startswith("load_state_dict")
+    ids = torch.randint(0, 90, (1, 8))
+    with torch.no_grad():
+        logits = real_copy.eval()(ids).logits
+    assert tuple(logits.shape) == a.calls[0].outputs[0][1].shape
+    assert torch.allclose(logits, model.eval()(ids).logits)
