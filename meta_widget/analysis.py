@@ -281,6 +281,33 @@ class Analysis:
                 f.write(html)
         return html
 
+    def what_if(self) -> pd.DataFrame:
+        """Peak bytes by category at other precisions (an estimate scaled from this trace).
+
+        Training: float32, bfloat16, float16, mixed bfloat16/float16 (fp32 master weights and
+        optimizer state). Inference: float32, bfloat16, float16, int8 and int4 weights. The
+        formulas are in ``meta_widget.estimates`` and ``docs/estimates.md``.
+        """
+        from .estimates import what_if_table
+
+        return what_if_table(self)
+
+    def distributed(
+        self,
+        sizes: tuple[int, ...] = (1, 2, 8),
+        *,
+        dtype: str = "float32",
+        mixed_precision: bool = False,
+    ) -> pd.DataFrame:
+        """Per-device bytes under DDP, ZeRO-1/2/3 (FSDP) and tensor parallelism: an estimate.
+
+        Computed from the recorded categories (``meta_widget.estimates.distributed``); the
+        formulas and a measured FSDP2 comparison are in ``docs/estimates.md``.
+        """
+        from .estimates import distributed_table
+
+        return distributed_table(self, sizes, dtype=dtype, mixed_precision=mixed_precision)
+
     def materialize(
         self,
         device: str = "cpu",

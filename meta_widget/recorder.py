@@ -43,6 +43,8 @@ from .kernels import EXTRA_FLOPS
 _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 #: FLOP formulas by overload packet: FlopCounterMode's registry, plus kernels it lacks
 _FLOPS = {**flop_registry, **EXTRA_FLOPS}
+# how an op runs: as is, under the assumption policy, or through a fixed meta kernel
+_RUN, _ASSUME, _FIX = "run", "assume", "fix"
 _PRIM_DEVICE = torch.ops.prim.device.default
 
 
@@ -176,7 +178,8 @@ class Recorder:
         self._handles: list[Any] = []
         self._active = False
         self._op_names: dict[Any, str] = {}
-        self._decomposable: dict[Any, bool] = {}
+        # per aten op: (decompose it?, how to run it, its FLOP formula, its name)
+        self._ops: dict[Any, tuple[bool, str, Any, str]] = {}
         rows: dict[int, int] = {}
         for i, m in enumerate(module.modules()):
             rows[id(m)] = i
@@ -299,34 +302,42 @@ class Recorder:
         # FlopCounterMode decomposes composite ops to count the matmuls inside; so do we, but only
         # where the decomposition holds counted ops: elsewhere (silu_backward...) the fused
         # kernel runs, as on a real device, without the decomposition's temporaries.
-        decomposable = self._decomposable.get(func)
-        if decomposable is None:
-            decomposable = self._decomposable[func] = _decomposition_counts(func, args, kwargs)
+        info = self._ops.get(func)
+        if info is None:  # what to do with this op, decided once per op
+            info = self._ops[func] = (
+                _decomposition_counts(func, args, kwargs),
+                _ASSUME
+                if func in DATA_DEPENDENT and self.policy is not None
+                else _FIX
+                if func in META_FIXES
+                else _RUN,
+                _FLOPS.get(func._overloadpacket),
+                self._op_name(func),
+            )
+        decomposable, how, count, name = info
         if decomposable:
             with mode:
                 r = func.decompose(*args, **kwargs)
             if r is not NotImplemented:
                 return r
         try:
-            if func in DATA_DEPENDENT and self.policy is not None:
-                out = self._assume(func, args, kwargs)
-            elif func in META_FIXES:
-                out = META_FIXES[func](*args, **kwargs)
-            else:
+            if how is _RUN:
                 out = func(*args, **kwargs)
+            elif how is _ASSUME:
+                out = self._assume(func, args, kwargs)
+            else:
+                out = META_FIXES[func](*args, **kwargs)
         except Exception:
             if self.failed_op is None:
-                self.failed_op = self._op_name(func)
+                self.failed_op = name
             raise
         if self._tainted and _any_in(args, self._tainted):
             self._taint(out)
         if self._known and func in SCALAR_OPS:
             self._fold_scalar(func, args, out)
-        count = _FLOPS.get(func._overloadpacket)
         if count is not None:
             n = count(*args, **kwargs, out_val=out)
             if n:
-                name = self._op_name(func)
                 if self._stack:
                     rec = self._stack[-1]
                     rec.flops += n
