@@ -88,3 +88,123 @@ def page(browser_context: Any) -> Iterator[Any]:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+KERNEL_NAME = "meta-widget-test"
+
+
+@pytest.fixture(scope="session")
+def jupyter_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A real JupyterLab on loopback, with its own config/data/runtime dirs and no token.
+
+    The kernel is this interpreter (``sys.executable``, i.e. the venv's python in CI) through a
+    kernelspec written into the server's own data dir, with the repository on ``PYTHONPATH``;
+    only that kernelspec is allowed, so removing it leaves the server with no kernel to start.
+    Widget state is saved with the notebook (``saveState``) and announcements are off.
+    Yields ``url``, ``root`` (the server's root dir), ``kernel_dir`` and ``env``.
+    """
+    import json
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    for mod in ("jupyterlab", "ipykernel", "anywidget"):
+        try:
+            __import__(mod)
+        except ImportError:
+            _missing(f"{mod} is not installed: pip install -e '.[test]'")
+    base = tmp_path_factory.mktemp("lab")
+    root, config, data, runtime = (base / d for d in ("root", "config", "data", "runtime"))
+    for d in (root, config, data, runtime):
+        d.mkdir()
+    kernel_dir = data / "kernels" / KERNEL_NAME
+    kernel_dir.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(config),
+        "JUPYTER_DATA_DIR": str(data),
+        "JUPYTER_RUNTIME_DIR": str(runtime),
+        "JUPYTERLAB_SETTINGS_DIR": str(config / "lab" / "user-settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(config / "lab" / "workspaces"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+        ),
+    }
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "meta_widget test (Python)",
+        "language": "python",
+        "env": {"PYTHONPATH": env["PYTHONPATH"]},
+    }
+    (kernel_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+    settings = Path(env["JUPYTERLAB_SETTINGS_DIR"])
+    widgets = settings / "@jupyter-widgets" / "jupyterlab-manager"
+    widgets.mkdir(parents=True)
+    (widgets / "plugin.jupyterlab-settings").write_text('{"saveState": true}', encoding="utf-8")
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "jupyter", "labextension", "disable", "--level=user"),
+            "@jupyterlab/apputils-extension:announcements",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    port = _free_port()
+    log = (base / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}"),
+            *("--port-retries=0", "--IdentityProvider.token=", "--ServerApp.password="),
+            *("--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={root}"),
+            *("--no-browser", "--allow-root", "--LabApp.expose_app_in_browser=True"),
+            f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}",
+            "--KernelSpecManager.ensure_native_kernel=False",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                raise RuntimeError(
+                    "JupyterLab did not start:\n"
+                    + (base / "server.log").read_text(encoding="utf-8", errors="replace")[-3000:]
+                )
+            time.sleep(0.5)
+        yield {
+            "url": url,
+            "root": root,
+            "kernel": KERNEL_NAME,
+            "kernel_dir": kernel_dir,
+            "env": env,
+            "log": base / "server.log",
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -1,0 +1,321 @@
+"""The widget in a real JupyterLab, driven by a real Chromium.
+
+A notebook analyzes a tiny transformers GPT-2 with ``widget=True`` (the widget shows before the
+trace and the calls stream in), then displays the returned ``Analysis``. The test runs it, checks
+the tree, saves the notebook with the widget state, and reopens it with a fresh kernel that runs
+nothing: the widgets must render from the saved state alone. Reopening with no kernel at all is
+checked too; JupyterLab 4's widget manager does not restore saved state then (an upstream bug,
+marked xfail below). A tutorial notebook, when present, runs top to bottom in Lab.
+Screenshots (light and dark) land in ``test-artifacts/``; look at them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+KERNEL_NAME = "meta-widget-test"  # the kernelspec the jupyter_lab fixture writes
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+nbformat = pytest.importorskip("nbformat")
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT2 = (
+    "transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,\n"
+    '                                  architectures=["GPT2LMHeadModel"])'
+)
+CELLS = [
+    "import transformers\nimport meta_widget as mw",
+    f"config = {GPT2}\na = mw.analyze(config, input_size=(1, 16), widget=True)",
+    "a",
+    "print(a.total_params, len(a.calls))",
+]
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+STREAM_ERRORS = re.compile(r"Error|Traceback", re.IGNORECASE)
+
+
+def api(lab: dict[str, Any], path: str, method: str = "GET") -> Any:
+    req = urllib.request.Request(f"{lab['url']}{path}", method=method)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+def delete_sessions(lab: dict[str, Any]) -> None:
+    for s in api(lab, "/api/sessions"):
+        api(lab, f"/api/sessions/{s['id']}", "DELETE")
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {
+        "name": KERNEL_NAME,
+        "display_name": "meta_widget test (Python)",
+        "language": "python",
+    }
+    nbformat.write(nb, str(path))
+
+
+def command(page: Any, name: str, args: dict[str, Any] | None = None) -> Any:
+    return page.evaluate("([n, a]) => window.jupyterapp.commands.execute(n, a)", [name, args or {}])
+
+
+def open_notebook(page: Any, lab: dict[str, Any], name: str) -> None:
+    page.goto(f"{lab['url']}/lab/tree/{name}?reset")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=60_000)
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+
+
+def wait_idle(page: Any, timeout: float = 90_000) -> None:
+    """Wait for "| Idle" in the status bar (the toolbar indicator alone is not enough)."""
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('#jp-main-statusbar *')]
+            .some(e => e.children.length === 0 && /\\|\\s*Idle/.test(e.textContent))""",
+        timeout=timeout,
+    )
+
+
+def prompts(page: Any) -> list[str]:
+    return page.eval_on_selector_all(
+        ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt",
+        "ps => ps.map(p => p.textContent.trim())",
+    )
+
+
+def run_all(page: Any, n_cells: int, timeout_ms: int = 180_000) -> None:
+    """Run every cell; retry once when a prompt stays empty (seen once on a fresh server)."""
+    for _attempt in range(2):
+        command(page, "notebook:run-all-cells")
+        try:
+            page.wait_for_function(
+                """n => {
+                  const ps = [...document.querySelectorAll(
+                    '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')];
+                  return ps.length === n && ps.every(p => /\\[\\d+\\]/.test(p.textContent));
+                }""",
+                arg=n_cells,
+                timeout=timeout_ms,
+            )
+            wait_idle(page)
+            return
+        except Exception:
+            if _attempt:
+                raise
+            wait_idle(page)
+    raise AssertionError(f"cells did not run: {prompts(page)}")
+
+
+def widget_rows(page: Any, nth: int) -> list[tuple[str, str]]:
+    """(name, type) of the rows the nth widget shows, in row order."""
+    rows = page.evaluate(
+        """n => {
+          const root = document.querySelectorAll('.mw-root')[n];
+          return [...root.querySelectorAll('.mw-row')]
+            .filter(r => r.style.display !== 'none')
+            .sort((a, b) => Number(a.dataset.row) - Number(b.dataset.row))
+            .map(r => [r.querySelector('.mw-mname').textContent,
+                       r.querySelector('.mw-mtype')?.textContent ?? '']);
+        }""",
+        nth,
+    )
+    return [(name, kind) for name, kind in rows]
+
+
+def luminance(css: str) -> float:
+    r, g, b = (int(x) for x in re.findall(r"\d+", css)[:3])
+    return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+
+def check_tree(page: Any, nth: int) -> None:
+    rows = widget_rows(page, nth)
+    names = [n for n, _ in rows]
+    assert names[0] == "GPT2LMHeadModel", rows
+    assert {"transformer", "wte", "wpe", "h", "ln_f", "lm_head"} <= set(names), rows
+    # the two identical GPT2Block layers fold into one group row
+    assert ("0–1", "2 × GPT2Block") in rows, rows
+
+
+def expected_params() -> int:
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
+    return sum(p.numel() for p in transformers.GPT2LMHeadModel(cfg).parameters())
+
+
+def test_stream_save_and_reopen(page: Any, jupyter_lab: dict[str, Any], artifacts: Path) -> None:
+    lab = jupyter_lab
+    delete_sessions(lab)
+    nb_path = lab["root"] / "stream.ipynb"
+    write_notebook(nb_path, CELLS)
+    page.set_viewport_size({"width": 1400, "height": 1400})
+    open_notebook(page, lab, nb_path.name)
+    wait_idle(page)
+    assert page.evaluate(
+        "id => window.jupyterapp.commands.isToggled(id)",
+        "@jupyter-widgets/jupyterlab-manager:saveWidgetState",
+    ), "widget state would not be saved with the notebook"
+
+    run_all(page, len(CELLS))
+    page.wait_for_function("() => document.querySelectorAll('.mw-root').length === 2")
+    # the streamed widget: the stream completed (no spinner; "N calls recorded in X s")
+    page.wait_for_function(
+        """() => { const p = document.querySelector('.mw-root .mw-progress');
+                   return p && /calls recorded in/.test(p.textContent)
+                     && !p.querySelector('.mw-spinner'); }""",
+        timeout=30_000,
+    )
+    n_calls = int(page.locator(".jp-OutputArea-output pre").last.inner_text().split()[1])
+    progress = page.locator(".mw-root .mw-progress").first.inner_text()
+    assert f"{n_calls} calls recorded in" in progress, progress
+    for nth in (0, 1):
+        check_tree(page, nth)
+    totals = page.locator(".mw-root .mw-totals").first.inner_text()
+    assert f"{expected_params() / 1000:.1f} K" in totals or f"{expected_params():,}" in totals, (
+        totals
+    )
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    assert errors.count() == 0, errors.all_inner_texts()
+    page.screenshot(path=str(artifacts / "lab-light.png"), full_page=True)
+
+    # dark theme: the widget follows JupyterLab's theme variables
+    command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=20_000)
+    page.wait_for_timeout(500)
+    bg = page.eval_on_selector(".mw-root", "r => getComputedStyle(r).backgroundColor")
+    fg = page.eval_on_selector(".mw-root .mw-mname", "r => getComputedStyle(r).color")
+    assert luminance(bg) < 0.3 < luminance(fg), (bg, fg)
+    page.screenshot(path=str(artifacts / "lab-dark.png"), full_page=True)
+    command(page, "apputils:change-theme", {"theme": "JupyterLab Light"})
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'true'", timeout=20_000)
+
+    # save: the widget state goes into the notebook's metadata
+    command(page, "docmanager:save")
+    page.wait_for_function(
+        "() => !document.querySelector('.jp-NotebookPanel-toolbar')"
+        " || !document.title.startsWith('*')",
+        timeout=20_000,
+    )
+    page.wait_for_timeout(1000)
+    saved = nbformat.read(str(nb_path), as_version=4)
+    state = saved.metadata["widgets"][WIDGET_STATE]["state"]
+    payloads = [m["state"]["payload"] for m in state.values() if m["state"].get("payload")]
+    assert len(payloads) == 2, [m["model_name"] for m in state.values()]
+    assert all(p["status"] == "done" for p in payloads)
+    assert all(len(p["calls"]["module"]) == n_calls for p in payloads)
+    views = [
+        o["data"][WIDGET_VIEW]["model_id"]
+        for c in saved.cells
+        for o in c.get("outputs", [])
+        if WIDGET_VIEW in o.get("data", {})
+    ]
+    assert len(views) == 2 and all(v in state for v in views)
+
+    # reopen with a fresh kernel that runs nothing: the widgets come from the saved state
+    delete_sessions(lab)
+    assert api(lab, "/api/kernels") == []
+    open_notebook(page, lab, nb_path.name)
+    wait_idle(page)
+    wait_rendered(page, artifacts / "lab-saved-fresh-kernel-failed.png")
+    assert page.locator(".mw-root").count() == 2
+    for nth in (0, 1):
+        check_tree(page, nth)
+    assert prompts(page) == ["[1]:", "[2]:", "[3]:", "[4]:"]  # the saved counts: nothing ran
+    assert "calls recorded" not in page.locator(".mw-root").first.inner_text()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(artifacts / "lab-saved-fresh-kernel.png"), full_page=True)
+    shutil.copy(nb_path, lab["root"] / "saved.ipynb")
+    # the details panel's label/value pairs sit side by side (JupyterLab's output-area CSS
+    # floats <dt>/<dd> at 20%/80% unless the widget's own rules win)
+    misaligned = page.evaluate(
+        """() => [...document.querySelectorAll('.mw-root .mw-kv dt')].filter(dt => {
+              const dd = dt.nextElementSibling, a = dt.getBoundingClientRect();
+              const b = dd ? dd.getBoundingClientRect() : null;
+              return !b || Math.abs(a.top - b.top) > 2 || b.left < a.right;
+            }).map(dt => dt.textContent)"""
+    )
+    assert not misaligned, f"details labels not beside their values: {misaligned}"
+
+
+class SavedWidgetNotRestored(AssertionError):
+    """The saved widget state was not rendered."""
+
+
+def wait_rendered(page: Any, screenshot: Path) -> None:
+    try:
+        page.wait_for_function(
+            "() => document.querySelectorAll('.mw-root .mw-row').length > 0", timeout=30_000
+        )
+    except Exception as e:
+        page.screenshot(path=str(screenshot))
+        raise SavedWidgetNotRestored(
+            f"the saved widget did not render; console: {page.errors}"
+        ) from e
+
+
+@pytest.mark.xfail(
+    raises=SavedWidgetNotRestored,
+    reason="JupyterLab 4 + jupyterlab_widgets 5.0 render no saved widget state without a kernel: "
+    "restoreWidgets() loads the kernel's widgets first and gives up when there is no kernel "
+    "(jupyter-widgets/ipywidgets#3773, jupyterlab/jupyterlab#15361)",
+)
+def test_saved_notebook_without_kernel(
+    page: Any, jupyter_lab: dict[str, Any], artifacts: Path
+) -> None:
+    lab = jupyter_lab
+    saved = lab["root"] / "saved.ipynb"
+    if not saved.exists():
+        pytest.fail("test_stream_save_and_reopen did not leave its saved notebook")
+    delete_sessions(lab)
+    page.set_viewport_size({"width": 1400, "height": 1400})
+    # the only kernelspec removed: no kernel can start; the notebook opens with "No Kernel"
+    hidden = lab["kernel_dir"].with_name(KERNEL_NAME + ".off")
+    shutil.move(str(lab["kernel_dir"]), str(hidden))
+    try:
+        open_notebook(page, lab, saved.name)
+        dialog = page.locator(".jp-Dialog")
+        dialog.wait_for(timeout=20_000)
+        dialog.locator("button", has_text=re.compile("^No Kernel$")).click()
+        page.wait_for_function(
+            """() => [...document.querySelectorAll('#jp-main-statusbar *')]
+                .some(e => e.children.length === 0 && /No Kernel/.test(e.textContent))"""
+        )
+        assert api(lab, "/api/kernels") == [], "a kernel was started"
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(artifacts / "lab-saved-no-kernel.png"), full_page=True)
+        wait_rendered(page, artifacts / "lab-saved-no-kernel.png")
+        assert page.locator(".mw-root").count() == 2
+        for nth in (0, 1):
+            check_tree(page, nth)
+    finally:
+        shutil.move(str(hidden), str(lab["kernel_dir"]))
+
+
+TUTORIAL = ROOT / "notebooks" / "01-meta-tensors-101.ipynb"
+
+
+@pytest.mark.skipif(not TUTORIAL.exists(), reason=f"{TUTORIAL.name} is not written yet")
+def test_tutorial_runs_in_lab(page: Any, jupyter_lab: dict[str, Any], artifacts: Path) -> None:
+    lab = jupyter_lab
+    delete_sessions(lab)
+    nb = nbformat.read(str(TUTORIAL), as_version=4)
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "test", "language": "python"}
+    nbformat.write(nb, str(lab["root"] / TUTORIAL.name))
+    n_code = sum(1 for c in nb.cells if c.cell_type == "code")
+    page.set_viewport_size({"width": 1400, "height": 1400})
+    open_notebook(page, lab, TUTORIAL.name)
+    wait_idle(page)
+    run_all(page, n_code, timeout_ms=300_000)
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    texts = [t for t in errors.all_inner_texts() if STREAM_ERRORS.search(t)]
+    assert not texts, texts
+    assert page.locator(".jp-OutputArea-output .jp-RenderedText", has_text="Traceback").count() == 0
+    page.screenshot(path=str(artifacts / "lab-tutorial-01.png"), full_page=True)
