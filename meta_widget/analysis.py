@@ -129,6 +129,8 @@ class Analysis:
         self.checkpoint_diff = checkpoint_diff
         # the meta model (no data) that ``materialize`` builds a real copy of
         self._source = source_model
+        # the options of analyze (meta inputs included), for ``rerun``
+        self._options: dict[str, Any] | None = None
 
     # -- totals -------------------------------------------------------------------------------
 
@@ -329,10 +331,24 @@ class Analysis:
             raise ValueError("this Analysis has no model to materialize (it was loaded from JSON)")
         return materialize(self._source, device, checkpoint, available_bytes=available_bytes)
 
+    def rerun(self, **changes: Any) -> Analysis:
+        """Analyze the same (meta) model and inputs again with some options changed.
+
+        ``a.rerun(mode="training", optimizer="sgd")``, ``a.rerun(device="cpu")``: the keyword
+        arguments of :func:`analyze`. The widget's mode, optimizer and device switches call this.
+        """
+        if self._source is None or self._options is None:
+            raise ValueError("this Analysis cannot be re-run (it was not made by mw.analyze)")
+        options = {**self._options, **changes}
+        return analyze(self._source.module, **options)
+
     def widget(self) -> MetaWidget:
+        """A widget showing this analysis (its mode/optimizer switches re-run it)."""
         from .widget import MetaWidget
 
-        return MetaWidget(payload=self.to_payload())
+        view = MetaWidget(payload=self.to_payload())
+        view.analysis = self
+        return view
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = self.widget()._repr_mimebundle_(**kwargs)
@@ -527,6 +543,19 @@ def analyze(
     diff = _checkpoint_diff(module, checkpoint) if checkpoint is not None else None
     inputs = make_inputs(module, input_size, input_data, dtypes)
     notes = [*meta.notes, *inputs.notes]
+    options: dict[str, Any] = {  # what rerun() passes again: meta inputs, no data
+        "input_data": inputs.kwargs if inputs.kwargs and not inputs.args else inputs.args,
+        "mode": mode,
+        "optimizer": optimizer,
+        "loss": loss,
+        "device": device,
+        "activation_checkpointing": activation_checkpointing,
+        "strict": strict,
+        "assume": assume,
+        "assume_nonzero": assume_nonzero,
+    }
+    if inputs.empty:
+        options["input_data"] = None
     nodes = build_tree(module)
     input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
     view = _resolve_widget(widget)
@@ -547,7 +576,9 @@ def analyze(
             checkpoint_diff=diff,
             source_model=meta,
         )
+        analysis._options = options
         if view is not None:
+            view.analysis = analysis
             view.show(analysis)
         return analysis
 
@@ -604,7 +635,9 @@ def analyze(
         checkpoint_diff=diff,
         source_model=meta,
     )
+    analysis._options = options
     if stream is not None:
+        view.analysis = analysis
         stream.finish(analysis)
     return analysis
 

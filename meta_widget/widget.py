@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 
 STATIC = pathlib.Path(__file__).parent / "static"
 
+#: what the front end may change when it asks for a re-run, and the values it may send
+RERUN_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "mode": ("inference", "training"),
+    "optimizer": ("adamw", "adam", "sgd", "sgd-momentum", None),
+    "device": ("cuda", "cpu", "math"),
+}
+
 _NOT_BUILT = """
 export default { render({ el }) {
   el.textContent = "meta_widget: the front end is not built (run `npm install && npm run build`).";
@@ -49,11 +56,43 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.on_msg(self._on_message)
 
+    #: the Analysis shown, when the kernel has it (the mode/optimizer/device switches re-run it)
+    analysis: Analysis | None = None
+
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        if isinstance(content, dict) and content.get("type") == "select":
+        if not isinstance(content, dict):
+            return
+        if content.get("type") == "select":
             module = content.get("module")
             if isinstance(module, int):
                 self.selected = module
+        elif content.get("type") == "rerun":
+            self.rerun(**{k: content[k] for k in RERUN_OPTIONS if k in content})
+
+    def rerun(self, **changes: Any) -> None:
+        """Re-analyze with ``changes`` (mode, optimizer, device), streaming into this widget."""
+        if self.analysis is None:
+            self.send(
+                {
+                    "type": "error",
+                    "error": {
+                        "type": "NoKernelModel",
+                        "message": (
+                            "This view has no model in the kernel to re-run (a saved notebook "
+                            "or a page): run the cell again."
+                        ),
+                        "title": "Cannot re-run",
+                        "explanation": "",
+                        "fix": "",
+                    },
+                }
+            )
+            return
+        for key, value in changes.items():
+            allowed = RERUN_OPTIONS[key]
+            if value not in allowed:
+                raise ValueError(f"{key} must be one of {allowed}, not {value!r}")
+        self.analysis = self.analysis.rerun(widget=self, **changes)
 
     def show(self, analysis: Analysis) -> None:
         """Show a finished analysis (sets the ``payload`` trait)."""
@@ -64,6 +103,21 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
     ) -> CallStream:
         """Start a live view: send the module table now, then calls in batches."""
         return CallStream(self, nodes, title=title, source=source, mode=mode)
+
+
+#: Containers that hold modules but have no ``forward``: they are never called.
+CONTAINERS = frozenset({"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
+
+
+def estimate_calls(nodes: Sequence[ModuleNode]) -> int:
+    """The number of module calls expected before the trace runs: an estimate, never exact.
+
+    One call per module that is not a container without ``forward`` (``CONTAINERS``). The real
+    count is known only after the forward pass: modules that are never called (a dropout that
+    scaled-dot-product attention bypasses, an unused head) make it smaller, modules called
+    several times (shared blocks, loops) larger. The front end shows it as an estimate.
+    """
+    return sum(1 for n in nodes if n.type not in CONTAINERS)
 
 
 class CallStream:
@@ -90,8 +144,7 @@ class CallStream:
             nodes, self.dictionary, title=title, source=source, mode=mode, status="running"
         )
         self.dictionary.take_new()  # the header carries the dictionary so far
-        expected = sum(1 for n in nodes if n.type not in ("ModuleList", "ModuleDict"))
-        widget.send({"type": "start", "expected_calls": expected, "payload": header})
+        widget.send({"type": "start", "expected_calls": estimate_calls(nodes), "payload": header})
 
     def add(self, record: CallRecord) -> None:
         self.pending.append(record)

@@ -137,3 +137,23 @@ def test_checkpoint_diff_and_materialize_from_an_analysis(tmp_path: object) -> N
         logits = real_copy.eval()(ids).logits
     assert tuple(logits.shape) == a.calls[0].outputs[0][1].shape
     assert torch.allclose(logits, model.eval()(ids).logits)
+
+
+def test_the_widget_reruns_in_training_mode_on_request() -> None:
+    from meta_widget.widget import MetaWidget
+
+    sent: list[dict[str, object]] = []
+
+    class Recording(MetaWidget):  # type: ignore[misc]
+        def send(self, content: dict[str, object], buffers: object = None) -> None:
+            sent.append(content)
+
+    view = Recording()
+    a = mw.analyze(mlp(), input_size=(16, 32), widget=view)
+    assert view.payload["mode"] == "inference" and [m["type"] for m in sent][-1] == "done"
+    view._on_message(view, {"type": "rerun", "mode": "training", "optimizer": "sgd"}, [])
+    assert view.payload["mode"] == "training"
+    assert view.payload["memory"]["gradient_bytes"] == a.param_bytes
+    assert view.analysis is not None and view.analysis.memory.optimizer_state_bytes == 0
+    with pytest.raises(ValueError, match="mode must be one of"):
+        view.rerun(mode="fast")
