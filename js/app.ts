@@ -615,7 +615,12 @@ export class App {
       const elapsed = (performance.now() - this.startedAt) / 1000;
       const n = a.callCount;
       const m = this.expectedCalls;
-      const text = `${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected` : ""} · ${elapsed.toFixed(1)} s`;
+      // `expected_calls` is estimated before the trace (one call per module that is not a
+      // container): modules never called or called several times make the real count differ
+      const text = `${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""} · ${elapsed.toFixed(1)} s`;
+      this.progressEl.title = m
+        ? "Expected calls are estimated before the trace as one per module; modules never called or called several times make the real count differ."
+        : "";
       const bar = h("div", "mw-progress-bar");
       const fill = h("div", "mw-progress-fill");
       fill.style.width = m ? `${Math.min(100, (100 * n) / m).toFixed(1)}%` : "0%";

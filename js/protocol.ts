@@ -230,6 +230,7 @@ export interface Analysis {
 
 export interface StartMessage {
   type: "start";
+  /** An estimate made before the trace (one call per non-container module), never exact. */
   expectedCalls: number;
   payload: Analysis | null;
 }
