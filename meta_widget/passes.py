@@ -9,6 +9,7 @@ optimizer step, each recorded as a phase of the live-bytes timeline (``forward``
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,11 @@ def trace(
     params = [p for p in module.parameters() if p.requires_grad]
     grads = [p.grad for p in params]  # restored afterwards: a user's meta module is left as it was
     patched = [_checkpoint_forward(m, device) for m in checkpointed] if training else []
+    # The cyclic garbage collector is paused while tracing: it would scan the growing records
+    # again and again (a third of the time on a 20,000-module model). Reference counting still
+    # frees storages the moment they die, so the memory timeline is unchanged.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         module.train(training)
         kernels = AttentionKernels(device) if device != "math" else contextlib.nullcontext()
@@ -142,6 +148,8 @@ def trace(
     finally:
         for m, flag in flags:
             m.training = flag
+        if collecting:
+            gc.enable()
         for m in patched:
             del m.forward  # back to the class's forward
         for p, g in zip(params, grads, strict=True):
