@@ -87,14 +87,17 @@ def timings(model: nn.Module, x: torch.Tensor, runs: int) -> dict[str, float]:
 
 
 _RSS_SCRIPT = """
-import resource, torch, transformers, meta_widget as mw
+import torch, transformers, meta_widget as mw
+def peak_mib():  # this process's own high-water mark (ru_maxrss would inherit the parent's)
+    with open("/proc/self/status") as f:
+        return int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024
 config = transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672,
     num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
     max_position_embeddings=8192, architectures=["LlamaForCausalLM"])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_mib()
 a = mw.analyze(config, input_size=(1, {seq}))
 assert a.error is None, a.error
-print(before / 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+print(before, peak_mib())
 """
 
 

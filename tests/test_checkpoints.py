@@ -55,12 +55,16 @@ def big_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
 _MEASURE = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     import torch, pandas
     from meta_widget.checkpoints import inspect_checkpoint
     path = sys.argv[1]
     def peak():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # VmHWM: this process's own high-water mark. (getrusage's ru_maxrss would start at the
+        # parent's peak: Linux carries it over fork + exec, and pytest's process is large.)
+        with open("/proc/self/status") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
     base = peak()
     info = inspect_checkpoint(path)
     grown = peak() - base
