@@ -40,7 +40,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
         "assumed": [0 | 1],               # 1 where the call took an assumption or holds results
                                           # computed from one (meta_widget.assume)
       },
-      "timeline": {                       # one point per allocation or free, in order
+      "timeline": {                       # live bytes over the pass: its envelope, at most
+                                          # TIMELINE_POINTS points (see timeline_points)
         "bytes": [int],                   # live bytes after the event
         "call": [int],                    # innermost call running at the event (-1: none)
         "op": [sid],                      # aten op that allocated (or "free")
@@ -58,6 +59,9 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "assumptions": [{"kind", "op", "value", "module", "call", "file", "line", "code",
                        "count", "site"}],   # where the trace assumed a value it did not have
     }
+
+The integer columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``) are
+left out of a payload when all their values are 0: a missing column reads as zeros.
 
 Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"args[0]"``,
 ``"attention_mask"``, ``"[0]"``, ``"logits"``, ``"past_key_values.layers[0].keys"``.
@@ -237,17 +241,23 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     )
     calls = encode_calls(a.calls, d)
     del calls["index"]
-    payload["calls"] = calls
+    payload["calls"] = _drop_zeros(calls)
+    payload["modules"] = _drop_zeros(payload["modules"])
     mem = a.memory
+    phases = mem.timeline_phases()
+    keep = timeline_points([b for b, _, _ in mem.timeline], phases)
     payload["timeline"] = {
-        "bytes": [b for b, _, _ in mem.timeline],
-        "call": [c for _, c, _ in mem.timeline],
-        "op": [d.string(op) for _, _, op in mem.timeline],
-        "phase": [d.string(phase) for phase in mem.timeline_phases()],
+        "bytes": [mem.timeline[i][0] for i in keep],
+        "call": [mem.timeline[i][1] for i in keep],
+        "op": [d.string(mem.timeline[i][2]) for i in keep],
+        "phase": [d.string(phases[i]) for i in keep],
     }
+    first_kept: dict[str, int] = {}
+    for j, i in enumerate(keep):
+        first_kept.setdefault(phases[i], j)
     payload["memory"] = {
         "categories": dict(mem.categories),
-        "phases": dict(mem.phases),
+        "phases": {name: first_kept.get(name, 0) for name in mem.phases},
         "peak_phase": mem.peak_phase,
         "gradient_bytes": mem.gradient_bytes,
         "optimizer_state_bytes": mem.optimizer_state_bytes,
@@ -279,6 +289,47 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     if a.checkpoint_diff is not None:
         payload["checkpoint"] = a.checkpoint_diff.to_dict()
     return payload
+
+
+#: integer columns left out of a payload when every value is 0 (they read as zeros)
+OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed")
+
+
+def _drop_zeros(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    return {k: v for k, v in columns.items() if not (k in OPTIONAL_COLUMNS and not any(v))}
+
+
+#: the most timeline points sent: about the pixels of a chart's width
+TIMELINE_POINTS = 512
+
+
+def timeline_points(
+    values: Sequence[int], phases: Sequence[str], limit: int = TIMELINE_POINTS
+) -> list[int]:
+    """Indices of the timeline points worth drawing, at most about ``limit`` of them.
+
+    The ends and the first point of each phase always; then the turning points (a run of rises
+    or falls draws the same line from its ends); if still too many, the lowest and the highest
+    point of each of ``limit / 2`` equal slices. The peak is always kept, exactly. (A 70B
+    forward records ~6,000 events: sent whole, they were half the payload.)
+    """
+    n = len(values)
+    turns = [
+        i
+        for i in range(n)
+        if i in (0, n - 1)
+        or (values[i] - values[i - 1]) * (values[i + 1] - values[i]) <= 0
+        or phases[i] != phases[i - 1]
+    ]
+    if len(turns) <= limit:
+        return turns
+    must = {i for i in turns if i in (0, n - 1) or phases[i] != phases[i - 1]}
+    size = -(-len(turns) // (limit // 2))
+    for start in range(0, len(turns), size):
+        chunk = turns[start : start + size]
+        must.add(min(chunk, key=lambda i: values[i]))
+        must.add(max(chunk, key=lambda i: values[i]))
+    return sorted(must)
 
 
 def encode_error(error: Explanation | None) -> dict[str, Any] | None:

@@ -26,9 +26,15 @@ def test_payload_columns_follow_the_contract() -> None:
     payload = _load("gpt2-tiny.json")
     assert isinstance(payload, dict)
     assert payload["version"] == protocol.VERSION
-    assert tuple(payload["modules"]) == protocol.MODULE_COLUMNS
-    # the recorded samples leave out the timings (duration_us), which change from run to run
-    assert tuple(payload["calls"]) == tuple(c for c in protocol.CALL_COLUMNS if c != "duration_us")
+    # all-zero optional columns are left out; the samples also leave out the timings
+    optional = (*protocol.OPTIONAL_COLUMNS, "duration_us")
+    assert tuple(payload["modules"]) == tuple(
+        c for c in protocol.MODULE_COLUMNS if c in payload["modules"] or c not in optional
+    )
+    assert tuple(payload["calls"]) == tuple(
+        c for c in protocol.CALL_COLUMNS if c in payload["calls"] or c not in optional
+    )
+    assert "error" not in payload["calls"] and "buffer_bytes" not in payload["modules"]
     n_modules, n_calls = len(payload["modules"]["name"]), len(payload["calls"]["module"])
     assert all(len(col) == n_modules for col in payload["modules"].values())
     assert all(len(col) == n_calls for col in payload["calls"].values())
