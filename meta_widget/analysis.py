@@ -251,14 +251,17 @@ class Analysis:
         return render_summary(self, depth)
 
     def figure(self, kind: str = "memory", depth: int = 1) -> go.Figure:
-        """A plotly figure: ``"memory"`` (bytes per module at ``depth``) or ``"timeline"``."""
-        from .figures import memory_figure, timeline_figure
+        """A plotly figure: ``"memory"`` (bytes per module at ``depth``), ``"timeline"`` (live
+        bytes over the pass, phases shaded) or ``"categories"`` (the peak by category)."""
+        from .figures import categories_figure, memory_figure, timeline_figure
 
         if kind == "memory":
             return memory_figure(self, depth)
         if kind == "timeline":
             return timeline_figure(self)
-        raise ValueError(f"kind must be 'memory' or 'timeline', not {kind!r}")
+        if kind == "categories":
+            return categories_figure(self)
+        raise ValueError(f"kind must be 'memory', 'timeline' or 'categories', not {kind!r}")
 
     def to_payload(self) -> dict[str, Any]:
         """The analysis as the widget's payload (see ``meta_widget.protocol``)."""
@@ -334,12 +337,16 @@ class Analysis:
     def rerun(self, **changes: Any) -> Analysis:
         """Analyze the same (meta) model and inputs again with some options changed.
 
-        ``a.rerun(mode="training", optimizer="sgd")``, ``a.rerun(device="cpu")``: the keyword
-        arguments of :func:`analyze`. The widget's mode, optimizer and device switches call this.
+        ``a.rerun(mode="training", optimizer="sgd")``, ``a.rerun(device="cpu")``, and other
+        inputs: ``a.rerun(input_size=(8, 4096))`` (batch size, sequence length), traced again
+        (``widget=True`` shows its progress). The keyword arguments of :func:`analyze`; the
+        widget's mode, optimizer and device switches call this.
         """
         if self._source is None or self._options is None:
             raise ValueError("this Analysis cannot be re-run (it was not made by mw.analyze)")
         options = {**self._options, **changes}
+        if "input_size" in changes and "input_data" not in changes:
+            options.pop("input_data", None)
         return analyze(self._source.module, **options)
 
     def widget(self) -> MetaWidget:

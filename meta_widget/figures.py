@@ -52,7 +52,8 @@ def memory_figure(analysis: Analysis, depth: int = 1) -> go.Figure:
 
 
 def timeline_figure(analysis: Analysis) -> go.Figure:
-    """Live bytes after each allocation and free of the pass, the peak marked with its module."""
+    """Live bytes after each allocation and free of the pass: phases shaded (in training), the
+    peak marked with its module, op and phase, and its bytes by category in the hover."""
     import plotly.graph_objects as go
 
     mem = analysis.memory
@@ -68,20 +69,66 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
         customdata=list(zip(modules, ops, strict=True)),
         hovertemplate="%{y:.2f} MiB<br>%{customdata[0]} (%{customdata[1]})<extra></extra>",
     )
+    starts = sorted((i, name) for name, i in mem.phases.items())
+    shades = {
+        "forward": "rgba(99,110,250,0.07)",
+        "backward": "rgba(239,85,59,0.07)",
+        "optimizer": "rgba(0,204,150,0.09)",
+    }
+    for k, (i, name) in enumerate(starts if len(starts) > 1 else []):
+        end = starts[k + 1][0] if k + 1 < len(starts) else len(points)
+        fig.add_vrect(
+            x0=i,
+            x1=max(end - 1, i),
+            fillcolor=shades.get(name, "rgba(0,0,0,0.05)"),
+            line_width=0,
+            annotation_text=name,
+            annotation_position="top left",
+        )
     if points:
         i = max(range(len(points)), key=lambda k: points[k][0])
+        where = mem.peak_module or "?"
+        phase = f", {mem.peak_phase}" if mem.peak_phase else ""
+        parts = "<br>".join(f"{k}: {format_bytes(v)}" for k, v in mem.categories.items() if v)
         fig.add_scatter(
             x=[i],
             y=[ys[i]],
             mode="markers+text",
             name="peak",
-            text=[f"peak {format_bytes(mem.peak_bytes)} in {mem.peak_module or '?'}"],
+            text=[f"peak {format_bytes(mem.peak_bytes)} in {where} ({mem.peak_op}{phase})"],
             textposition="top left",
+            hovertext=[parts],
+            hoverinfo="text",
         )
     fig.update_layout(
         title=f"{analysis.title}: live memory over the {analysis.mode} pass",
         xaxis_title="allocation / free event",
         yaxis_title="MiB live",
         showlegend=False,
+    )
+    return fig
+
+
+def categories_figure(analysis: Analysis) -> go.Figure:
+    """One stacked bar: the bytes live at the peak, by category (they add up to the peak)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, value in analysis.memory.categories.items():
+        if value:
+            fig.add_bar(
+                name=name,
+                x=[value / _MIB],
+                y=["peak"],
+                orientation="h",
+                hovertext=[format_bytes(value)],
+                hoverinfo="name+text",
+            )
+    fig.update_layout(
+        barmode="stack",
+        height=220,
+        xaxis_title="MiB",
+        title=f"{analysis.title}: peak {format_bytes(analysis.peak_bytes)} by category"
+        + (f" ({analysis.memory.peak_phase})" if analysis.memory.peak_phase else ""),
     )
     return fig

@@ -157,3 +157,17 @@ def test_the_widget_reruns_in_training_mode_on_request() -> None:
     assert view.analysis is not None and view.analysis.memory.optimizer_state_bytes == 0
     with pytest.raises(ValueError, match="mode must be one of"):
         view.rerun(mode="fast")
+
+
+def test_figures_show_phases_and_categories_and_rerun_changes_inputs() -> None:
+    a = mw.analyze(mlp(), input_size=(16, 32), mode="training")
+    timeline = a.figure("timeline")
+    labels = {s.label.text for s in timeline.layout.shapes if s.label is not None} | {
+        x.text for x in timeline.layout.annotations
+    }
+    assert {"forward", "backward", "optimizer"} <= labels
+    bars = a.figure("categories")
+    assert sum(b.x[0] for b in bars.data) * 2**20 == pytest.approx(a.peak_bytes)
+    bigger = a.rerun(input_size=(64, 32))
+    assert bigger.calls[0].inputs[0][1].shape == (64, 32) and bigger.mode == "training"
+    assert bigger.memory.categories["activations"] > a.memory.categories["activations"]
