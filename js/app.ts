@@ -51,6 +51,13 @@ export interface AppOptions {
 
 type Tab = "details" | "memory" | "timeline";
 
+interface Scales {
+  params: number;
+  paramBytes: number;
+  acts: number;
+  flops: number;
+}
+
 const MAX_BARS = 300;
 const DEFAULT_DEPTH = 2;
 
@@ -72,6 +79,7 @@ export class App {
   private selectedKey: string | null = null;
   private dtype: DtypeChoice = "recorded";
   private recordedBpe = 4;
+  private scaleCache: Scales | null = null;
   private tab: Tab = "details";
   private expectedCalls = 0;
   private startedAt = 0;
@@ -214,6 +222,7 @@ export class App {
     this.analysis = a;
     this.tree = a ? buildTree(a) : null;
     this.recordedBpe = a ? recordedFloatBytes(a) : 4;
+    this.scaleCache = null;
     if (a && a.status !== "running") this.stopTimer();
     if (!same) {
       const maxDepth = a ? Math.max(0, ...a.modules.map((m) => m.depth)) : 0;
@@ -311,6 +320,7 @@ export class App {
 
   private setDtype(d: DtypeChoice): void {
     this.dtype = d;
+    this.scaleCache = null;
     this.chartsDirty = true;
     this.schedule();
   }
@@ -404,6 +414,7 @@ export class App {
   /** Render now (tests call this instead of waiting for a frame). */
   render(): void {
     this.aggs = this.analysis ? aggregate(this.analysis) : [];
+    this.scaleCache = null;
     this.reached = this.aggs.map((g) => g.calls > 0);
     const mods = this.analysis?.modules ?? [];
     for (let i = mods.length - 1; i > 0; i--) {
@@ -435,8 +446,11 @@ export class App {
       return;
     }
     const a = this.tree.analysis;
-    const aggs = this.aggs.length === a.modules.length ? this.aggs : aggregate(a);
-    this.aggs = aggs;
+    if (this.aggs.length !== a.modules.length) {
+      this.aggs = aggregate(a);
+      this.scaleCache = null;
+    }
+    const aggs = this.aggs;
     const streaming = a.status === "running";
     this.rows = flatten(this.tree, {
       expanded: this.expanded,
@@ -451,7 +465,13 @@ export class App {
     this.rows.forEach((r, i) => this.rowOfKey.set(r.node.key, i));
   }
 
-  private scales(): { params: number; paramBytes: number; acts: number; flops: number } {
+  /** Largest values, for the inline bars: cached per aggregate/dtype change (not per row). */
+  private scales(): Scales {
+    this.scaleCache ??= this.computeScales();
+    return this.scaleCache;
+  }
+
+  private computeScales(): Scales {
     const a = this.analysis;
     const root = a?.modules[0];
     if (!a || !root) return { params: 1, paramBytes: 1, acts: 1, flops: 1 };

@@ -73,7 +73,10 @@ export function formatDuration(us: number): string {
   return `${min} min ${String(rest).padStart(2, "0")} s`;
 }
 
+/** One formatter for the module: `toLocaleString` builds a new one per call (slow per cell). */
+const EXACT = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+
 /** Thousands separators for exact values in tooltips: 1234567 -> "1,234,567". */
 export function formatExact(n: number): string {
-  return Math.round(n).toLocaleString("en-US");
+  return EXACT.format(Math.round(n));
 }

@@ -8,6 +8,8 @@
 import { visibleWindow, type Row, type SortColumn } from "./tree";
 
 export const ROW_HEIGHT = 26;
+/** Rows rendered beyond each edge of the viewport. */
+const OVERSCAN = 4;
 
 export interface Cell {
   text: string;
@@ -68,6 +70,37 @@ const COLUMNS: Column[] = [
   { key: "flops", label: "FLOPs", sort: "flops", numeric: true, bar: "flops" },
 ];
 
+/** Widths of the numeric columns (params, param mem, activations, FLOPs), pixels. */
+const FIXED_COLUMNS = [80, 104, 100, 108];
+/** Minimum widths of the module, input-shape and output-shape columns, and their shares. */
+const FLEX_MIN = [260, 130, 130];
+const FLEX_SHARE = [2.4, 1, 1];
+export const MIN_TABLE_WIDTH =
+  FLEX_MIN.reduce((x, y) => x + y, 0) + FIXED_COLUMNS.reduce((x, y) => x + y, 0);
+
+/**
+ * `grid-template-columns` in whole pixels for a table `width` wide: what the fr/minmax template
+ * gave, computed once per width instead of by the layout engine for every row.
+ */
+export function columnTemplate(width: number): string {
+  const fixed = FIXED_COLUMNS.reduce((x, y) => x + y, 0);
+  const shares = FLEX_SHARE.reduce((x, y) => x + y, 0);
+  const free = Math.max(0, width - fixed);
+  let flex = FLEX_SHARE.map((s) => Math.floor((free * s) / shares));
+  // a column below its minimum takes its minimum; the others share the rest
+  if (flex.some((x, i) => x < (FLEX_MIN[i] as number))) {
+    const floor = FLEX_MIN.map((m, i) => Math.max(m, flex[i] as number));
+    const over = floor.reduce((x, y) => x + y, 0) - free;
+    if (over > 0) {
+      const room = floor.map((x, i) => x - (FLEX_MIN[i] as number));
+      const total = room.reduce((x, y) => x + y, 0);
+      flex = floor.map((x, i) => (total > 0 ? x - Math.ceil((over * (room[i] as number)) / total) : x));
+      flex = flex.map((x, i) => Math.max(FLEX_MIN[i] as number, x));
+    } else flex = floor;
+  }
+  return [...flex, ...FIXED_COLUMNS].map((x) => `${x}px`).join(" ");
+}
+
 function div(cls: string, text?: string): HTMLDivElement {
   const d = document.createElement("div");
   d.className = cls;
@@ -92,6 +125,9 @@ interface RowEl {
   assumed: HTMLSpanElement;
   nameCell: HTMLDivElement;
   cells: { el: HTMLDivElement; text: HTMLSpanElement; bar: HTMLDivElement | null }[];
+  /** Row index it shows (-1: hidden) and the view version it was filled at. */
+  shown: number;
+  version: number;
 }
 
 export class TreeView {
@@ -108,6 +144,10 @@ export class TreeView {
     descending: true,
   };
   private headCells = new Map<SortColumn, HTMLDivElement>();
+  /** Bumped whenever rows' content may have changed: rows filled at an older one are refilled. */
+  private version = 0;
+  private resizeObs: ResizeObserver | null = null;
+  private colsWidth = -1;
 
   constructor(
     parent: HTMLElement,
@@ -135,6 +175,11 @@ export class TreeView {
     this.el.append(this.head, this.body);
     parent.append(this.el);
 
+    this.layoutColumns(parent.clientWidth);
+    if (typeof ResizeObserver !== "undefined") {
+      this.resizeObs = new ResizeObserver(() => this.layoutColumns(this.el.clientWidth));
+      this.resizeObs.observe(this.el);
+    }
     this.el.addEventListener("scroll", this.onScroll, { passive: true });
     this.el.addEventListener("keydown", this.onKey);
     this.body.addEventListener("click", this.onClick);
@@ -158,17 +203,20 @@ export class TreeView {
     this.selected = selected;
     this.highlighted = new Set(highlighted);
     this.body.style.height = `${rows.length * ROW_HEIGHT}px`;
+    this.version += 1;
     this.render();
   }
 
   /** Refill the visible rows (numbers changed, e.g. while streaming or a dtype switch). */
   refresh(): void {
+    this.version += 1;
     this.render();
   }
 
   setSelected(index: number, scroll = true): void {
     this.selected = index;
     if (scroll) this.scrollTo(index);
+    this.version += 1;
     this.render();
   }
 
@@ -186,7 +234,20 @@ export class TreeView {
     this.el.focus({ preventScroll: true });
   }
 
+  /**
+   * Column widths in pixels for a table `width` wide (`--mw-cols` on the table): the fixed
+   * columns keep their widths; the module and shape columns share what is left 2.4 : 1 : 1,
+   * never below their minimums. Recomputed only when the width changes.
+   */
+  layoutColumns(width: number): void {
+    const w = Math.max(MIN_TABLE_WIDTH, Math.floor(width) - 2);
+    if (w === this.colsWidth) return;
+    this.colsWidth = w;
+    this.el.style.setProperty("--mw-cols", columnTemplate(w));
+  }
+
   destroy(): void {
+    this.resizeObs?.disconnect();
     cancelAnimationFrame(this.frame);
     this.el.removeEventListener("scroll", this.onScroll);
     this.el.removeEventListener("keydown", this.onKey);
@@ -299,7 +360,7 @@ export class TreeView {
       el.append(cell);
       cells.push({ el: cell, text, bar });
     }
-    return { el, caret, name, type, badge, err, assumed, nameCell, cells };
+    return { el, caret, name, type, badge, err, assumed, nameCell, cells, shown: -1, version: -1 };
   }
 
   private render(): void {
@@ -309,6 +370,7 @@ export class TreeView {
       this.el.clientHeight || 420,
       ROW_HEIGHT,
       this.rows.length,
+      OVERSCAN,
     );
     const count = win.end - win.start;
     while (this.pool.length < count) {
@@ -316,15 +378,26 @@ export class TreeView {
       this.pool.push(r);
       this.body.append(r.el);
     }
-    for (let k = 0; k < this.pool.length; k++) {
-      const r = this.pool[k] as RowEl;
-      if (k >= count) {
-        r.el.style.display = "none";
-        r.el.dataset.row = "";
-        continue;
-      }
-      const i = win.start + k;
+    // row i always goes to slot i % pool size: a row still in view keeps its element and, when
+    // nothing changed since it was filled, is not rewritten (scrolling by a few rows touches few)
+    const n = this.pool.length;
+    const used = new Uint8Array(n);
+    for (let i = win.start; i < win.end; i++) {
+      const slot = i % n;
+      used[slot] = 1;
+      const r = this.pool[slot] as RowEl;
+      if (r.shown === i && r.version === this.version) continue;
       this.fill(r, this.rows[i] as Row, i);
+      r.shown = i;
+      r.version = this.version;
+    }
+    for (let k = 0; k < n; k++) {
+      if (used[k]) continue;
+      const r = this.pool[k] as RowEl;
+      if (r.shown === -1) continue;
+      r.el.style.display = "none";
+      r.el.dataset.row = "";
+      r.shown = -1;
     }
   }
 
