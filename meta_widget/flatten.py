@@ -78,6 +78,8 @@ def describe_inputs(
     """Tensors of a call's arguments. A KV cache handed down through every layer is described
     only where it enters and leaves the model (``caches`` at the root call): flattening it in
     each of 80 layers would cost 80 x 160 entries and say nothing new."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):  # the common case
+        return [("args[0]", TensorInfo.of(args[0]))]
     found = describe(args, "args", caches) if args else []
     if kwargs:
         found.extend(describe(kwargs, "", caches))

@@ -267,7 +267,11 @@ class Recorder:
             if self.error_call is None:
                 self.error_call = rec.index
         else:
-            named = list(named_tensors(output, caches=not stack))
+            named = (
+                [("output", output)]
+                if isinstance(output, torch.Tensor)
+                else list(named_tensors(output, caches=not stack))
+            )
             rec.outputs = [(name, TensorInfo.of(t)) for name, t in named]
             rec.activation_bytes = self._new_bytes((t for _, t in named), rec.start_event)
             if self._tainted and any(
