@@ -12,6 +12,7 @@ import {
   TimelineChart,
   memoryBars,
   paramBytesAt,
+  renderCategoryBar,
   recordedFloatBytes,
   type DtypeChoice,
 } from "./charts";
@@ -23,7 +24,18 @@ import {
   formatFlops,
   formatShapes,
 } from "./format";
-import { applyCalls, emptyAnalysis, type Analysis, type CallInfo, type Message, type ModuleInfo } from "./protocol";
+import {
+  applyCalls,
+  emptyAnalysis,
+  type Analysis,
+  type CallInfo,
+  type Device,
+  type Message,
+  type Mode,
+  type ModuleInfo,
+  type Optimizer,
+  type RerunMessage,
+} from "./protocol";
 import {
   aggregate,
   buildTree,
@@ -46,7 +58,44 @@ import { TreeView, type Cell, type RowCells } from "./treeview";
 export interface AppOptions {
   /** The user selected a module row (a folded group selects its first member). */
   onSelect?: (module: number) => void;
+  /** Ask the kernel to analyze again; absent when there is no kernel (the standalone page). */
+  onRerun?: (msg: RerunMessage) => void;
   standalone?: boolean;
+}
+
+export const OPTIMIZERS: [Optimizer | "none", string][] = [
+  ["adamw", "AdamW"],
+  ["adam", "Adam"],
+  ["sgd", "SGD"],
+  ["sgd-momentum", "SGD + momentum"],
+  ["none", "none"],
+];
+export const DEVICES: [Device, string][] = [
+  ["cuda", "CUDA kernels"],
+  ["cpu", "CPU"],
+  ["math", "math path"],
+];
+const NO_KERNEL = "No kernel: this page cannot re-run the analysis (run the cell in a notebook)";
+
+/**
+ * Parameter paths with a checkpoint problem, by module path: a parameter `a.b.weight` belongs to
+ * module `a.b` (`name.rpartition(".")[0]`). Values say what is wrong, for the row's tooltip.
+ */
+export function checkpointProblems(a: Analysis): Map<string, string[]> {
+  const out = new Map<string, string[]>();
+  const c = a.checkpoint;
+  if (!c) return out;
+  const add = (name: string, what: string): void => {
+    const k = name.lastIndexOf(".");
+    const module = k < 0 ? "" : name.slice(0, k);
+    const list = out.get(module) ?? [];
+    list.push(`${name}: ${what}`);
+    out.set(module, list);
+  };
+  for (const n of c.missing) add(n, "missing from the checkpoint");
+  for (const m of c.shapeMismatches)
+    add(m.name, `shape [${m.model.join(", ")}] in the model, [${m.checkpoint.join(", ")}] in the checkpoint`);
+  return out;
 }
 
 type Tab = "details" | "memory" | "timeline";
@@ -111,6 +160,18 @@ export class App {
   private memoryNote = h("div", "mw-muted mw-chart-note");
   private timelineNote = h("div", "mw-muted mw-chart-note");
   private toast = h("div", "mw-toast");
+  private modeBox = h("div", "mw-seg mw-mode");
+  private optimizerSel = h("select", "mw-select mw-optimizer");
+  private deviceSel = h("select", "mw-select mw-device");
+  private switches = h("div", "mw-switches");
+  private checkpointEl = h("div", "mw-checkpoint");
+  private categoryEl = h("div", "mw-categories");
+  private mode: Mode = "inference";
+  /** A re-run was asked for and its `done` (or an error) has not arrived. */
+  private rerunning = false;
+  private rerunError = "";
+  /** Module path -> checkpoint problems of its own parameters. */
+  private ckpt = new Map<string, string[]>();
   private memoryChart: MemoryChart | null = null;
   private timelineChart: TimelineChart | null = null;
   private tabButtons = new Map<Tab, HTMLButtonElement>();
@@ -151,7 +212,9 @@ export class App {
       this.expanded = new Set(this.tree?.root ? [this.tree.root.key] : []);
       this.schedule();
     });
-    toolbar.append(this.search, depthLabel, dtypeLabel, collapse);
+    this.buildSwitches();
+    // after the depth menu: tests and the benchmark find the depth menu as the first .mw-select
+    toolbar.append(this.search, depthLabel, dtypeLabel, collapse, this.switches);
 
     this.view = new TreeView(this.tableWrap, {
       describe: (row) => this.describe(row),
@@ -175,13 +238,14 @@ export class App {
       this.tabsEl.append(b);
     }
     this.tabsEl.setAttribute("role", "tablist");
-    this.memoryEl.append(this.memoryNote);
+    this.memoryEl.append(this.categoryEl, this.memoryNote);
     this.timelineEl.append(this.timelineNote);
     this.panel.append(this.detailsEl, this.memoryEl, this.timelineEl);
 
     this.root.append(
       header,
       this.banner,
+      this.checkpointEl,
       this.notesEl,
       this.progressEl,
       toolbar,
@@ -223,6 +287,8 @@ export class App {
     this.tree = a ? buildTree(a) : null;
     this.recordedBpe = a ? recordedFloatBytes(a) : 4;
     this.scaleCache = null;
+    this.ckpt = a ? checkpointProblems(a) : new Map();
+    if (a && !this.rerunning && (a.mode === "inference" || a.mode === "training")) this.mode = a.mode;
     if (a && a.status !== "running") this.stopTimer();
     if (!same) {
       const maxDepth = a ? Math.max(0, ...a.modules.map((m) => m.depth)) : 0;
@@ -256,6 +322,7 @@ export class App {
         this.schedule();
         break;
       case "done":
+        this.rerunning = false;
         this.elapsedS = msg.elapsedS;
         this.stopTimer();
         if (this.analysis && this.analysis.status === "running") this.analysis.status = "done";
@@ -264,6 +331,16 @@ export class App {
         break;
       case "error":
         this.stopTimer();
+        if (this.rerunning && this.analysis?.status !== "running") {
+          // the kernel refused the re-run before starting it (no model in this kernel): the
+          // analysis shown is still valid, so say why here instead of marking it failed
+          this.rerunning = false;
+          this.rerunError = msg.error.message || msg.error.type;
+          if (this.analysis) this.mode = this.analysis.mode === "training" ? "training" : "inference";
+          this.schedule();
+          break;
+        }
+        this.rerunning = false;
         if (this.analysis) {
           this.analysis.error = msg.error;
           this.analysis.status = "error";
@@ -274,6 +351,9 @@ export class App {
   }
 
   destroy(): void {
+    for (const b of this.modeBox.querySelectorAll("button")) b.removeEventListener("click", this.onModeClick);
+    this.optimizerSel.removeEventListener("change", this.onSwitch);
+    this.deviceSel.removeEventListener("change", this.onSwitch);
     this.stopTimer();
     cancelAnimationFrame(this.frame);
     this.resizeObs?.disconnect();
@@ -300,6 +380,88 @@ export class App {
   /** Bars' screen positions, for browser tests that click a real bar. */
   barCenters(): { module: number; x: number; y: number }[] {
     return this.memoryChart?.barCenters() ?? [];
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Kernel switches: mode, optimizer, target device
+  // -------------------------------------------------------------------------------------------
+
+  private buildSwitches(): void {
+    const kernel = this.opts.onRerun !== undefined;
+    const modeLabel = h("span", "mw-label", "Mode ");
+    for (const m of ["inference", "training"] as Mode[]) {
+      const b = h("button", "mw-seg-btn", m);
+      b.type = "button";
+      b.dataset.mode = m;
+      b.addEventListener("click", this.onModeClick);
+      this.modeBox.append(b);
+    }
+    modeLabel.append(this.modeBox);
+    for (const [v, label] of OPTIMIZERS) {
+      const o = h("option", "", label);
+      o.value = v;
+      this.optimizerSel.append(o);
+    }
+    for (const [v, label] of DEVICES) {
+      const o = h("option", "", label);
+      o.value = v;
+      this.deviceSel.append(o);
+    }
+    this.optimizerSel.setAttribute("aria-label", "Optimizer (training)");
+    this.deviceSel.setAttribute("aria-label", "Target device");
+    const optLabel = h("label", "mw-label", "Optimizer ");
+    optLabel.append(this.optimizerSel);
+    const devLabel = h("label", "mw-label", "Device ");
+    devLabel.append(this.deviceSel);
+    devLabel.title = "The device the memory numbers are for: it picks the attention kernel";
+    this.optimizerSel.addEventListener("change", this.onSwitch);
+    this.deviceSel.addEventListener("change", this.onSwitch);
+    this.switches.append(modeLabel, optLabel, devLabel);
+    if (!kernel) {
+      this.switches.classList.add("mw-no-kernel");
+      this.switches.title = NO_KERNEL;
+      for (const el of [this.optimizerSel, this.deviceSel]) el.title = NO_KERNEL;
+      for (const b of this.modeBox.querySelectorAll("button")) b.title = NO_KERNEL;
+    }
+  }
+
+  private onModeClick = (e: Event): void => {
+    const m = (e.currentTarget as HTMLElement).dataset.mode as Mode;
+    if (m === this.mode) return;
+    this.mode = m;
+    this.requestRerun();
+  };
+
+  private onSwitch = (): void => this.requestRerun();
+
+  /** Send `{type: "rerun", mode, optimizer, device}`; the view shows "re-running…" until done. */
+  private requestRerun(): void {
+    if (!this.opts.onRerun || this.rerunning) return;
+    const opt = this.optimizerSel.value;
+    const msg: RerunMessage = {
+      type: "rerun",
+      mode: this.mode,
+      optimizer: opt === "none" ? null : (opt as Optimizer),
+      device: this.deviceSel.value as Device,
+    };
+    this.rerunning = true;
+    this.rerunError = "";
+    this.opts.onRerun(msg);
+    this.schedule();
+  }
+
+  private renderSwitches(): void {
+    const kernel = this.opts.onRerun !== undefined;
+    const off = !kernel || this.rerunning || this.analysis?.status === "running";
+    for (const b of this.modeBox.querySelectorAll<HTMLButtonElement>("button")) {
+      b.classList.toggle("mw-active", b.dataset.mode === this.mode);
+      b.setAttribute("aria-pressed", String(b.dataset.mode === this.mode));
+      b.disabled = off;
+    }
+    this.optimizerSel.disabled = off || this.mode !== "training";
+    this.deviceSel.disabled = off;
+    if (kernel) this.optimizerSel.title = this.mode === "training" ? "" : "Used in training mode";
+    this.switches.classList.toggle("mw-busy", this.rerunning);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -426,7 +588,9 @@ export class App {
     this.view.setSort(this.sort.column, this.sort.descending);
     this.view.setRows(this.rows, sel);
     this.renderHeader();
+    this.renderSwitches();
     this.renderBanner();
+    this.renderCheckpoint();
     this.renderProgress();
     this.renderEmpty();
     this.renderDetails();
@@ -527,6 +691,7 @@ export class App {
       error: v.error,
       assumed: v.assumed,
       dim: traced && v.calls === 0 && !container,
+      checkpoint: this.checkpointMarker(node, row.hasChildren && !row.expanded),
       group: node.kind === "group",
       inputs: this.shapesCell(calls, "inputs"),
       outputs: this.shapesCell(calls, "outputs"),
@@ -553,6 +718,66 @@ export class App {
         fraction: v.flops / s.flops,
       },
     };
+  }
+
+  /**
+   * Checkpoint problems of the row's own parameters (a group: of any member); a collapsed row
+   * also shows those of the modules it hides, so that a folded problem is not lost.
+   */
+  private checkpointMarker(node: TreeNode, collapsed: boolean): string {
+    if (this.ckpt.size === 0 || !this.analysis) return "";
+    const members = node.kind === "module" ? [node.module] : node.members;
+    const lines: string[] = [];
+    for (const i of members) {
+      const path = this.analysis.modules[i]?.path;
+      if (path === undefined) continue;
+      for (const [k, p] of this.ckpt) {
+        if (k === path || (collapsed && (path === "" || k.startsWith(`${path}.`)))) lines.push(...p);
+      }
+    }
+    if (lines.length === 0) return "";
+    return lines.slice(0, 8).join("\n") + (lines.length > 8 ? `\n… ${lines.length - 8} more` : "");
+  }
+
+  private renderCheckpoint(): void {
+    const c = this.analysis?.checkpoint;
+    this.checkpointEl.textContent = "";
+    this.checkpointEl.style.display = c ? "" : "none";
+    if (!c) return;
+    this.checkpointEl.classList.toggle("mw-checkpoint-ok", c.ok);
+    const head = h(
+      "div",
+      "mw-checkpoint-head",
+      c.ok
+        ? `Checkpoint fits the model: ${formatExact(c.matched.length)} keys match.`
+        : `Checkpoint does not fit the model: ${formatExact(c.matched.length)} keys match.`,
+    );
+    this.checkpointEl.append(head);
+    const some = (names: string[]): string =>
+      names.slice(0, 5).join(", ") + (names.length > 5 ? `, … (${names.length} in all)` : "");
+    const lines: [string, number, string][] = [
+      ["missing from the checkpoint", c.missing.length, some(c.missing)],
+      ["unexpected in the checkpoint", c.unexpected.length, some(c.unexpected)],
+      [
+        "shape mismatches",
+        c.shapeMismatches.length,
+        some(c.shapeMismatches.map((m) => `${m.name} (model [${m.model.join(", ")}], checkpoint [${m.checkpoint.join(", ")}])`)),
+      ],
+      [
+        "dtype mismatches",
+        c.dtypeMismatches.length,
+        some(c.dtypeMismatches.map((m) => `${m.name} (${m.model} vs ${m.checkpoint})`)),
+      ],
+    ];
+    for (const [label, n, names] of lines) {
+      if (n === 0) continue;
+      const line = h("div", "mw-checkpoint-line");
+      line.dataset.kind = label;
+      line.append(h("span", "mw-checkpoint-count", `${formatExact(n)} ${label}`), h("span", "mw-checkpoint-names", `: ${names}`));
+      this.checkpointEl.append(line);
+    }
+    for (const hint of c.hints) this.checkpointEl.append(h("div", "mw-checkpoint-hint", hint));
+    if (this.ckpt.size) this.checkpointEl.append(h("div", "mw-muted", "Rows marked ✕ hold parameters that are missing or mis-shaped."));
   }
 
   private renderHeader(): void {
@@ -584,9 +809,22 @@ export class App {
       [
         "peak",
         running ? "…" : formatBytes(t.peak_bytes),
-        "maximum of live bytes over the forward pass, at the recorded dtypes",
+        a.mode === "training"
+          ? `maximum of live bytes over forward, backward and optimizer step${a.memory.peakPhase ? ` (reached in ${a.memory.peakPhase})` : ""}, at the recorded dtypes`
+          : "maximum of live bytes over the forward pass, at the recorded dtypes",
       ],
     ];
+    if (a.mode === "training") {
+      const m = a.memory;
+      items.push(
+        ["gradients", running ? "…" : formatBytes(m.gradientBytes), "gradient memory: one gradient per trainable parameter"],
+        [
+          "optimizer state",
+          running ? "…" : formatBytes(m.optimizerStateBytes),
+          `optimizer state on the device${m.optimizerHostBytes ? `; ${formatBytes(m.optimizerHostBytes)} more on the host` : ""}`,
+        ],
+      );
+    }
     for (const [label, value, title] of items) {
       const item = h("span", "mw-total");
       item.title = title;
@@ -629,7 +867,18 @@ export class App {
     const a = this.analysis;
     this.progressEl.textContent = "";
     const running = a?.status === "running";
-    this.progressEl.style.display = running || this.elapsedS !== null ? "" : "none";
+    const waiting = this.rerunning && !running;
+    this.progressEl.style.display =
+      running || waiting || this.rerunError || this.elapsedS !== null ? "" : "none";
+    this.progressEl.classList.toggle("mw-rerunning", this.rerunning);
+    if (waiting) {
+      this.progressEl.append(h("span", "mw-spinner"), h("span", "", `Re-running (${this.mode})…`));
+      return;
+    }
+    if (this.rerunError && !running) {
+      this.progressEl.append(h("span", "mw-rerun-error", `Cannot re-run: ${this.rerunError}`));
+      return;
+    }
     if (!a) return;
     if (running) {
       const elapsed = (performance.now() - this.startedAt) / 1000;
@@ -637,7 +886,7 @@ export class App {
       const m = this.expectedCalls;
       // `expected_calls` is estimated before the trace (one call per module that is not a
       // container): modules never called or called several times make the real count differ
-      const text = `${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""} · ${elapsed.toFixed(1)} s`;
+      const text = `${this.rerunning ? "Re-running · " : ""}${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""} · ${elapsed.toFixed(1)} s`;
       this.progressEl.title = m
         ? "Expected calls are estimated before the trace as one per module; modules never called or called several times make the real count differ."
         : "";
@@ -712,6 +961,7 @@ export class App {
         note += ` Showing the ${MAX_BARS} largest.`;
       }
       this.memoryNote.textContent = note;
+      renderCategoryBar(this.categoryEl, a.memory, a.totals.peak_bytes);
       const legend = h("span", "mw-legend");
       for (const [cls, label] of [
         ["mw-bar-params", "parameters"],
@@ -728,8 +978,9 @@ export class App {
     } else if (this.tab === "timeline") {
       this.timelineChart ??= new TimelineChart(this.timelineEl);
       const p = a.peak;
+      const phase = a.memory.peakPhase;
       this.timelineNote.textContent = p
-        ? `Live bytes after each allocation and free. Peak ${formatBytes(p.bytes)} during ${p.module || a.title}${p.op ? ` (${p.op})` : ""}.`
+        ? `Live bytes after each allocation and free${a.mode === "training" ? " (forward, backward, optimizer step)" : ""}. Peak ${formatBytes(p.bytes)} during ${p.module || a.title}${p.op ? ` (${p.op})` : ""}${phase ? `, in the ${phase} phase` : ""}.`
         : "Live bytes after each allocation and free over the forward pass.";
       this.timelineChart.setData(a, this.chartWidth());
     }

@@ -11,7 +11,7 @@
  */
 import uPlot from "uplot";
 import { formatBytes } from "./format";
-import type { Analysis, ModuleInfo } from "./protocol";
+import { MEMORY_CATEGORIES, type Analysis, type Memory, type ModuleInfo } from "./protocol";
 import type { Aggregate } from "./tree";
 
 // ---------------------------------------------------------------------------------------------
@@ -127,6 +127,114 @@ export function memoryBars(
   return out;
 }
 
+export interface PhaseSpan {
+  phase: string;
+  /** First and one-past-last timeline event of the phase. */
+  start: number;
+  end: number;
+}
+
+/**
+ * Contiguous runs of one phase over the timeline (forward, backward, optimizer), from the
+ * per-event `timeline.phase`, else from `memory.phases` (phase -> first event). Empty when the
+ * payload carries neither (older kernels, inference without phases).
+ */
+export function phaseSpans(a: Analysis): PhaseSpan[] {
+  const n = a.timeline.bytes.length;
+  const out: PhaseSpan[] = [];
+  const ph = a.timeline.phase;
+  if (ph.length === n && n > 0) {
+    for (let i = 0; i < n; i++) {
+      const p = ph[i] as string;
+      const last = out[out.length - 1];
+      if (last && last.phase === p) last.end = i + 1;
+      else out.push({ phase: p, start: i, end: i + 1 });
+    }
+    return out;
+  }
+  const starts = Object.entries(a.memory.phases)
+    .filter(([, i]) => i >= 0 && i < n)
+    .sort((x, y) => x[1] - y[1]);
+  starts.forEach(([phase, start], k) => {
+    const next = starts[k + 1];
+    out.push({ phase, start, end: next ? next[1] : n });
+  });
+  return out;
+}
+
+export interface CategorySegment {
+  category: string;
+  bytes: number;
+  /** 0..1 of the sum of all categories. */
+  fraction: number;
+  /** CSS class of its color (`mw-cat-0` … `mw-cat-6`). */
+  cls: string;
+}
+
+/**
+ * The peak split by category, in `MEMORY_CATEGORIES` order (categories the kernel adds later
+ * follow, in its order). Empty when the payload has no categories.
+ */
+export function categorySegments(memory: Memory): CategorySegment[] {
+  const cats = memory.categories;
+  const names = [
+    ...MEMORY_CATEGORIES.filter((c) => c in cats),
+    ...Object.keys(cats).filter((c) => !(MEMORY_CATEGORIES as readonly string[]).includes(c)),
+  ];
+  const total = names.reduce((s, c) => s + Math.max(0, cats[c] ?? 0), 0);
+  return names.map((category, k) => {
+    const known = (MEMORY_CATEGORIES as readonly string[]).indexOf(category);
+    const bytes = cats[category] ?? 0;
+    return {
+      category,
+      bytes,
+      fraction: total > 0 ? Math.max(0, bytes) / total : 0,
+      cls: `mw-cat-${known >= 0 ? known : (k % MEMORY_CATEGORIES.length)}`,
+    };
+  });
+}
+
+/** "Peak by category": one horizontal stacked bar and a table of the categories. */
+export function renderCategoryBar(parent: HTMLElement, memory: Memory, peakBytes: number): void {
+  parent.textContent = "";
+  const segs = categorySegments(memory);
+  if (segs.length === 0) return;
+  const head = document.createElement("div");
+  head.className = "mw-subhead";
+  head.textContent = `Peak by category (${formatBytes(peakBytes || segs.reduce((s, x) => s + x.bytes, 0))}${memory.peakPhase ? `, during ${memory.peakPhase}` : ""})`;
+  const bar = document.createElement("div");
+  bar.className = "mw-catbar";
+  bar.setAttribute("role", "img");
+  bar.setAttribute(
+    "aria-label",
+    segs.map((x) => `${x.category} ${formatBytes(x.bytes)}`).join(", "),
+  );
+  const table = document.createElement("table");
+  table.className = "mw-dtable mw-cattable";
+  for (const x of segs) {
+    const seg = document.createElement("div");
+    seg.className = `mw-catseg ${x.cls}`;
+    seg.dataset.category = x.category;
+    seg.style.width = `${(x.fraction * 100).toFixed(2)}%`;
+    seg.title = `${x.category}: ${formatBytes(x.bytes)} (${(x.fraction * 100).toFixed(1)}%)`;
+    if (x.bytes > 0) bar.append(seg);
+    const tr = document.createElement("tr");
+    const name = document.createElement("td");
+    const sw = document.createElement("span");
+    sw.className = `mw-swatch ${x.cls}`;
+    name.append(sw, document.createTextNode(x.category));
+    const val = document.createElement("td");
+    val.className = "mw-num";
+    val.textContent = formatBytes(x.bytes);
+    const pct = document.createElement("td");
+    pct.className = "mw-num";
+    pct.textContent = `${(x.fraction * 100).toFixed(1)}%`;
+    tr.append(name, val, pct);
+    table.append(tr);
+  }
+  parent.append(head, bar, table);
+}
+
 /** Index of the first maximum of the timeline, or -1 when it is empty. */
 export function timelinePeak(bytes: readonly number[]): number {
   let best = -1;
@@ -182,6 +290,13 @@ function truncate(s: string, max: number): string {
 }
 
 export const BAR_HEIGHT = 22;
+
+/** Translucent phase bands: readable on light and dark backgrounds alike. */
+const PHASE_FILL: Record<string, string> = {
+  forward: "rgba(100, 168, 232, 0.10)",
+  backward: "rgba(242, 163, 58, 0.13)",
+  optimizer: "rgba(116, 196, 122, 0.15)",
+};
 
 /** Axis steps for bytes: 1, 2, 4 ... 512 times a power of 1024, so ticks read 256 KiB, 1 MiB. */
 export const BYTE_INCRS: number[] = (() => {
@@ -395,6 +510,9 @@ export class TimelineChart {
     }
     const p = palette(this.el);
     const peakI = timelinePeak(bytes);
+    const spans = phaseSpans(a);
+    const phaseAt = (i: number): string => spans.find((s) => i >= s.start && i < s.end)?.phase ?? "";
+    const peakPhase = a.memory.peakPhase || phaseAt(peakI);
     const moduleOfEvent = (i: number): string => {
       const c = a.calls[a.timeline.call[i] ?? -1];
       const m = c ? a.modules[c.module] : undefined;
@@ -404,6 +522,7 @@ export class TimelineChart {
       a.peak && a.peak.module !== undefined
         ? `peak ${formatBytes(a.peak.bytes || (bytes[peakI] ?? 0))} · ${a.peak.module || a.title}`
         : `peak ${formatBytes(bytes[peakI] ?? 0)} · ${moduleOfEvent(peakI)}`;
+    const peakText = peakPhase ? `${peakLabel} · ${peakPhase}` : peakLabel;
     const xs = bytes.map((_, i) => i);
     const self = this;
     const opts: uPlot.Options = {
@@ -421,7 +540,7 @@ export class TimelineChart {
           grid: { stroke: p.grid, width: 1 },
           ticks: { stroke: p.grid },
           font: p.font,
-          label: "allocation events (forward pass order)",
+          label: spans.length > 1 ? "allocation events (in order)" : "allocation events (forward pass order)",
           labelFont: p.font,
           labelSize: 18,
         },
@@ -448,6 +567,37 @@ export class TimelineChart {
         },
       ],
       hooks: {
+        drawClear: [
+          (u) => {
+            // phases as alternating bands with their names, behind the line
+            if (spans.length < 2) return;
+            const ctx = u.ctx;
+            const dpr = uPlot.pxRatio;
+            ctx.save();
+            ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
+            ctx.textBaseline = "top";
+            spans.forEach((s, k) => {
+              const x0 = u.valToPos(s.start - 0.5, "x", true);
+              const x1 = u.valToPos(s.end - 0.5, "x", true);
+              const left = Math.max(u.bbox.left, x0);
+              const right = Math.min(u.bbox.left + u.bbox.width, x1);
+              if (right <= left) return;
+              ctx.fillStyle = PHASE_FILL[s.phase] ?? (k % 2 ? p.grid : "transparent");
+              ctx.fillRect(left, u.bbox.top, right - left, u.bbox.height);
+              ctx.strokeStyle = p.fg2;
+              ctx.lineWidth = dpr;
+              ctx.setLineDash([3 * dpr, 3 * dpr]);
+              ctx.beginPath();
+              ctx.moveTo(Math.round(left) + 0.5, u.bbox.top);
+              ctx.lineTo(Math.round(left) + 0.5, u.bbox.top + u.bbox.height);
+              ctx.stroke();
+              ctx.fillStyle = p.fg2;
+              const w = ctx.measureText(s.phase).width;
+              if (w + 8 * dpr < right - left) ctx.fillText(s.phase, left + 4 * dpr, u.bbox.top + 3 * dpr);
+            });
+            ctx.restore();
+          },
+        ],
         draw: [
           (u) => {
             if (peakI < 0) return;
@@ -461,7 +611,7 @@ export class TimelineChart {
             ctx.arc(x, y, 4 * dpr, 0, 2 * Math.PI);
             ctx.fill();
             ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
-            const text = peakLabel;
+            const text = peakText;
             const tw = ctx.measureText(text).width;
             const right = u.bbox.left + u.bbox.width;
             let tx = x + 8 * dpr;
@@ -478,7 +628,8 @@ export class TimelineChart {
               self.tip.textContent = "";
               return;
             }
-            self.tip.textContent = `event ${i} · ${formatBytes(bytes[i] ?? 0)} live · ${a.timeline.op[i] ?? ""} in ${moduleOfEvent(i)}`;
+            const phase = phaseAt(i);
+            self.tip.textContent = `event ${i}${phase ? ` (${phase})` : ""} · ${formatBytes(bytes[i] ?? 0)} live · ${a.timeline.op[i] ?? ""} in ${moduleOfEvent(i)}`;
           },
         ],
       },

@@ -52,6 +52,8 @@ export interface WireTimeline {
   bytes: number[];
   call: number[];
   op: number[];
+  /** Optional (newer kernels): phase name sid per event (forward | backward | optimizer). */
+  phase?: number[];
 }
 
 export interface WireErrorInfo {
@@ -85,6 +87,8 @@ export interface WirePayload {
   error: WireErrorInfo | null;
   notes: string[];
   assumptions?: Record<string, unknown>[];
+  memory?: Record<string, unknown>;
+  checkpoint?: Record<string, unknown>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -165,6 +169,53 @@ export interface Timeline {
   bytes: number[];
   call: number[];
   op: string[];
+  /** Phase of each event ("forward", "backward", "optimizer"); empty when not sent. */
+  phase: string[];
+}
+
+/** The seven memory categories, in the order the views stack them. */
+export const MEMORY_CATEGORIES = [
+  "parameters",
+  "buffers",
+  "inputs",
+  "gradients",
+  "optimizer state",
+  "activations",
+  "temporaries",
+] as const;
+
+export interface Memory {
+  /** Bytes live at the peak by category; they add up to the peak. Empty when not sent. */
+  categories: Record<string, number>;
+  /** Phase name -> index of its first timeline event. */
+  phases: Record<string, number>;
+  peakPhase: string | null;
+  gradientBytes: number;
+  optimizerStateBytes: number;
+  optimizerHostBytes: number;
+}
+
+export interface ShapeMismatch {
+  name: string;
+  model: number[];
+  checkpoint: number[];
+}
+export interface DtypeMismatch {
+  name: string;
+  model: string;
+  checkpoint: string;
+}
+
+/** How the model's state dict and a checkpoint disagree (`payload.checkpoint`). */
+export interface CheckpointDiff {
+  matched: string[];
+  missing: string[];
+  unexpected: string[];
+  shapeMismatches: ShapeMismatch[];
+  dtypeMismatches: DtypeMismatch[];
+  tied: { name: string; tiedTo: string }[];
+  hints: string[];
+  ok: boolean;
 }
 
 export interface Totals {
@@ -225,6 +276,8 @@ export interface Analysis {
   error: ErrorInfo | null;
   notes: string[];
   assumptions: Assumption[];
+  memory: Memory;
+  checkpoint: CheckpointDiff | null;
   dict: Dictionaries;
 }
 
@@ -257,6 +310,19 @@ export type Message = StartMessage | CallsMessage | DoneMessage | ErrorMessage;
 export interface SelectMessage {
   type: "select";
   module: number;
+}
+
+export type Mode = "inference" | "training";
+export type Optimizer = "adamw" | "adam" | "sgd" | "sgd-momentum";
+export type Device = "cuda" | "cpu" | "math";
+
+/** Front end -> kernel: analyze again with these switches (`widget.RERUN_OPTIONS`). */
+export interface RerunMessage {
+  type: "rerun";
+  mode: Mode;
+  /** `null`: no optimizer (training without optimizer state). */
+  optimizer: Optimizer | null;
+  device: Device;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -335,6 +401,51 @@ function decodeAssumption(o: Obj): Assumption {
     code: str(o.code),
     count: num(o.count, 1),
     site: str(o.site),
+  };
+}
+
+function decodeMemory(raw: unknown): Memory {
+  const m = isObj(raw) ? raw : {};
+  const nums = (v: unknown): Record<string, number> => {
+    const out: Record<string, number> = {};
+    if (isObj(v)) for (const [k, x] of Object.entries(v)) if (typeof x === "number") out[k] = x;
+    return out;
+  };
+  return {
+    categories: nums(m.categories),
+    phases: nums(m.phases),
+    peakPhase: typeof m.peak_phase === "string" ? m.peak_phase : null,
+    gradientBytes: num(m.gradient_bytes),
+    optimizerStateBytes: num(m.optimizer_state_bytes),
+    optimizerHostBytes: num(m.optimizer_host_bytes),
+  };
+}
+
+function decodeCheckpoint(raw: unknown): CheckpointDiff | null {
+  if (!isObj(raw)) return null;
+  const names = (v: unknown): string[] => arr<unknown>(v).map((x) => str(x));
+  const shape = (v: unknown): number[] => arr<unknown>(v).map((x) => num(x));
+  const missing = names(raw.missing);
+  const unexpected = names(raw.unexpected);
+  const shapeMismatches = arr<unknown>(raw.shape_mismatches)
+    .filter(isObj)
+    .map((o) => ({ name: str(o.name), model: shape(o.model), checkpoint: shape(o.checkpoint) }));
+  return {
+    matched: names(raw.matched),
+    missing,
+    unexpected,
+    shapeMismatches,
+    dtypeMismatches: arr<unknown>(raw.dtype_mismatches)
+      .filter(isObj)
+      .map((o) => ({ name: str(o.name), model: str(o.model), checkpoint: str(o.checkpoint) })),
+    tied: arr<unknown>(raw.tied)
+      .filter(isObj)
+      .map((o) => ({ name: str(o.name), tiedTo: str(o.tied_to) })),
+    hints: names(raw.hints),
+    ok:
+      typeof raw.ok === "boolean"
+        ? raw.ok
+        : missing.length === 0 && unexpected.length === 0 && shapeMismatches.length === 0,
   };
 }
 
@@ -445,12 +556,15 @@ export function decodePayload(raw: unknown): Analysis | null {
       bytes: arr<unknown>(tl.bytes).map((b) => num(b)),
       call: arr<unknown>(tl.call).map((c) => num(c, -1)),
       op: arr<unknown>(tl.op).map((o) => dict.strings[num(o)] ?? "?"),
+      phase: arr<unknown>(tl.phase).map((o) => dict.strings[num(o)] ?? "?"),
     },
     totals,
     peak,
     error: decodeError(raw.error),
     notes: arr<unknown>(raw.notes).map((s) => str(s)),
     assumptions: arr<unknown>(raw.assumptions).filter(isObj).map(decodeAssumption),
+    memory: decodeMemory(raw.memory),
+    checkpoint: decodeCheckpoint(raw.checkpoint),
     dict,
   };
   const c = isObj(raw.calls) ? raw.calls : {};

@@ -24,6 +24,7 @@ export function fakeModel(payload: unknown): FakeModel {
     for (const cb of listeners.get(event) ?? []) cb(...args);
   };
   return {
+    noKernel: true,
     get: (name) => traits[name],
     set: (name, value) => {
       traits[name] = value;

@@ -29,6 +29,8 @@ export interface RowCells {
   assumed: boolean;
   /** Not called yet (while streaming) or never called. */
   dim: boolean;
+  /** Checkpoint problems of its parameters (missing, mis-shaped): the marker's tooltip; "" none. */
+  checkpoint?: string;
   group: boolean;
   inputs: Cell;
   outputs: Cell;
@@ -123,6 +125,7 @@ interface RowEl {
   badge: HTMLSpanElement;
   err: HTMLSpanElement;
   assumed: HTMLSpanElement;
+  ckpt: HTMLSpanElement;
   nameCell: HTMLDivElement;
   cells: { el: HTMLDivElement; text: HTMLSpanElement; bar: HTMLDivElement | null }[];
   /** Row index it shows (-1: hidden) and the view version it was filled at. */
@@ -348,7 +351,8 @@ export class TreeView {
     err.title = "This module raised during the trace";
     const assumed = span("mw-assumed-icon", "≈");
     assumed.title = "Rests on an assumption: the trace assumed a value meta tensors do not have (see Details)";
-    nameCell.append(caret, name, type, badge, err, assumed);
+    const ckpt = span("mw-ckpt-icon", "✕");
+    nameCell.append(caret, name, type, badge, err, assumed, ckpt);
     el.append(nameCell);
     const cells: RowEl["cells"] = [];
     for (const c of COLUMNS.slice(1)) {
@@ -360,7 +364,7 @@ export class TreeView {
       el.append(cell);
       cells.push({ el: cell, text, bar });
     }
-    return { el, caret, name, type, badge, err, assumed, nameCell, cells, shown: -1, version: -1 };
+    return { el, caret, name, type, badge, err, assumed, ckpt, nameCell, cells, shown: -1, version: -1 };
   }
 
   private render(): void {
@@ -428,6 +432,9 @@ export class TreeView {
     r.badge.title = d.calls > 1 ? `called ${d.calls} times` : "";
     r.err.style.display = d.error ? "" : "none";
     r.assumed.style.display = d.assumed ? "" : "none";
+    r.ckpt.style.display = d.checkpoint ? "" : "none";
+    r.ckpt.title = d.checkpoint ? `Checkpoint:\n${d.checkpoint}` : "";
+    el.classList.toggle("mw-ckpt-row", Boolean(d.checkpoint));
     r.nameCell.title = `${d.name} (${d.type})`;
     const values = [d.inputs, d.outputs, d.params, d.paramBytes, d.activationBytes, d.flops];
     for (let k = 0; k < values.length; k++) {

@@ -7,7 +7,7 @@
  * `{type: "select", module}` goes back when the user selects a row.
  */
 import { App } from "./app";
-import { decodeMessage, decodePayload, type SelectMessage } from "./protocol";
+import { decodeMessage, decodePayload, type RerunMessage, type SelectMessage } from "./protocol";
 
 /** The part of anywidget's model that we use (also satisfied by the standalone fake). */
 export interface WidgetModel {
@@ -17,6 +17,8 @@ export interface WidgetModel {
   send(content: unknown, callbacks?: unknown, buffers?: unknown): void;
   on(event: string, cb: (...args: unknown[]) => void): void;
   off(event?: string | null, cb?: ((...args: unknown[]) => void) | null): void;
+  /** True on a model with no kernel behind it (the standalone page's fake): no re-runs. */
+  readonly noKernel?: boolean;
 }
 
 export interface RenderProps {
@@ -31,8 +33,10 @@ export interface Rendered {
 
 /** Mount the view on `el`, wired to `model`; returns the app and the cleanup. */
 export function mount(model: WidgetModel, el: HTMLElement, standalone = false): Rendered {
+  const kernel = !standalone && model.noKernel !== true;
   const app = new App(el, {
     standalone,
+    onRerun: kernel ? (msg: RerunMessage) => model.send(msg) : undefined,
     onSelect: (module) => {
       const msg: SelectMessage = { type: "select", module };
       model.send(msg);
