@@ -575,7 +575,8 @@ export class TimelineChart {
             const dpr = uPlot.pxRatio;
             ctx.save();
             ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
-            ctx.textBaseline = "top";
+            // names at the bottom of each band: the peak label sits near the top
+            ctx.textBaseline = "bottom";
             spans.forEach((s, k) => {
               const x0 = u.valToPos(s.start - 0.5, "x", true);
               const x1 = u.valToPos(s.end - 0.5, "x", true);
@@ -593,7 +594,7 @@ export class TimelineChart {
               ctx.stroke();
               ctx.fillStyle = p.fg2;
               const w = ctx.measureText(s.phase).width;
-              if (w + 8 * dpr < right - left) ctx.fillText(s.phase, left + 4 * dpr, u.bbox.top + 3 * dpr);
+              if (w + 8 * dpr < right - left) ctx.fillText(s.phase, left + 4 * dpr, u.bbox.top + u.bbox.height - 3 * dpr);
             });
             ctx.restore();
           },

@@ -319,3 +319,65 @@ def test_tutorial_runs_in_lab(page: Any, jupyter_lab: dict[str, Any], artifacts:
     assert not texts, texts
     assert page.locator(".jp-OutputArea-output .jp-RenderedText", has_text="Traceback").count() == 0
     page.screenshot(path=str(artifacts / "lab-tutorial-01.png"), full_page=True)
+
+
+TRAIN_CELLS = [
+    "import torch.nn as nn\nimport meta_widget as mw",
+    "m = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))\n"
+    "a = mw.analyze(m, input_size=(32, 64), widget=True)",
+]
+
+
+def test_switch_to_training_reruns(page: Any, jupyter_lab: dict[str, Any], artifacts: Path) -> None:
+    """Clicking "training" asks the kernel to re-run; the stream shows, then the training totals."""
+    lab = jupyter_lab
+    delete_sessions(lab)
+    nb_path = lab["root"] / "train.ipynb"
+    write_notebook(nb_path, TRAIN_CELLS)
+    page.set_viewport_size({"width": 1400, "height": 1200})
+    open_notebook(page, lab, nb_path.name)
+    wait_idle(page)
+    run_all(page, len(TRAIN_CELLS))
+    page.wait_for_selector(".mw-root .mw-row", timeout=30_000)
+    assert "gradients" not in page.locator(".mw-root .mw-totals").inner_text()
+    assert page.locator(".mw-root .mw-mode button[data-mode='training']").is_enabled()
+    page.evaluate(
+        """() => { window.__mwSeen = false;
+          new MutationObserver(() => {
+            const p = document.querySelector('.mw-root .mw-progress');
+            if (p && (/Re-running/.test(p.textContent) || p.querySelector('.mw-spinner')))
+              window.__mwSeen = true;
+          }).observe(document.querySelector('.mw-root'),
+                     {subtree: true, childList: true, characterData: true}); }"""
+    )
+    page.locator(".mw-root .mw-mode button[data-mode='training']").click()
+    page.wait_for_function("() => window.__mwSeen", timeout=30_000)
+    page.wait_for_function(
+        """() => { const t = document.querySelector('.mw-root .mw-totals');
+                   return t && /gradients/.test(t.textContent)
+                     && /optimizer state/.test(t.textContent); }""",
+        timeout=60_000,
+    )
+    totals = page.locator(".mw-root .mw-totals").inner_text()
+    # AdamW: gradients = parameter bytes, optimizer state = 2 x parameter bytes (fp32)
+    n = 64 * 256 + 256 + 256 * 10 + 10
+    assert f"{n * 4 / 1024:.1f} KiB" in totals.replace("\n", " "), totals
+    assert f"{n * 8 / 1024:.0f} KiB" in totals.replace("\n", " "), totals
+    assert page.locator(".mw-root .mw-chip-training").count() == 1
+    assert page.locator(".mw-root .mw-optimizer").is_enabled()
+    page.locator(".mw-root .mw-tab[data-tab='memory']").click()
+    page.wait_for_selector(".mw-root .mw-catseg")
+    page.screenshot(path=str(artifacts / "lab-training-light.png"), full_page=True)
+    page.locator(".mw-root .mw-tab[data-tab='timeline']").click()
+    page.wait_for_timeout(300)
+    page.locator(".mw-root .mw-timeline").screenshot(
+        path=str(artifacts / "lab-training-timeline.png")
+    )
+    command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=20_000)
+    page.locator(".mw-root .mw-tab[data-tab='memory']").click()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(artifacts / "lab-training-dark.png"), full_page=True)
+    command(page, "apputils:change-theme", {"theme": "JupyterLab Light"})
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    assert errors.count() == 0, errors.all_inner_texts()

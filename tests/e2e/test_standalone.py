@@ -332,3 +332,18 @@ def test_streamed_calls_show_progress_then_the_result(
     assert f"{total} calls recorded in" in page.inner_text(".mw-progress")
     assert "lm_head" in visible_rows(page)
     assert not page.errors, page.errors
+
+
+def test_kernel_switches_disabled_without_kernel(page: Any, gpt2_html: Path) -> None:
+    """The page has no kernel: mode, optimizer and device cannot re-run anything."""
+    open_page(page, gpt2_html)
+    switches = page.locator(".mw-switches")
+    assert switches.is_visible()
+    for sel in (".mw-mode button", ".mw-optimizer", ".mw-device"):
+        for el in page.locator(sel).all():
+            assert el.is_disabled(), sel
+            assert "No kernel" in (el.get_attribute("title") or ""), sel
+    page.locator(".mw-mode button[data-mode='training']").click(force=True)
+    settle(page)
+    assert "Re-running" not in page.locator(".mw-root").inner_text()
+    assert not page.errors, page.errors
