@@ -288,7 +288,11 @@ export class App {
     this.recordedBpe = a ? recordedFloatBytes(a) : 4;
     this.scaleCache = null;
     this.ckpt = a ? checkpointProblems(a) : new Map();
-    if (a && !this.rerunning && (a.mode === "inference" || a.mode === "training")) this.mode = a.mode;
+    if (a && !this.rerunning && (a.mode === "inference" || a.mode === "training")) {
+      this.mode = a.mode;
+      this.optimizerSel.value = a.optimizer ?? "none"; // the switches show what was analyzed
+      this.deviceSel.value = a.device;
+    }
     if (a && a.status !== "running") this.stopTimer();
     if (!same) {
       const maxDepth = a ? Math.max(0, ...a.modules.map((m) => m.depth)) : 0;

@@ -264,6 +264,9 @@ export interface Analysis {
   title: string;
   source: string;
   mode: string;
+  /** The optimizer of a training step (`null`: none) and the target device of the kernels. */
+  optimizer: string | null;
+  device: string;
   status: Status;
   modules: ModuleInfo[];
   /** Sparse while streaming: `calls[j]` is undefined until call j arrived. */
@@ -548,6 +551,8 @@ export function decodePayload(raw: unknown): Analysis | null {
     title: str(raw.title, modules[0]?.type ?? "model"),
     source: str(raw.source),
     mode: str(raw.mode, "inference"),
+    optimizer: raw.optimizer === null ? null : str(raw.optimizer, "adamw"),
+    device: str(raw.device, "cuda"),
     status: STATUSES.includes(status) ? status : "done",
     modules,
     calls: [],

@@ -12,6 +12,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "title": "LlamaForCausalLM",        # the root module's class name
       "source": "config",                 # module | factory | config | checkpoint
       "mode": "inference",                # inference | training
+      "optimizer": "adamw",               # in training: adamw | adam | sgd | sgd-momentum | null
+      "device": "cuda",                   # the target device of the kernels: cuda | cpu | math
       "status": "done",                   # structural | running | done | error
       "strings": ["", "model", ...],      # every name, type, dtype and op name, once
       "shapes": [[1, 4096], ...],         # every shape and stride tuple, once
@@ -53,8 +55,9 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "totals": {"params", "trainable_params", "flops", "param_bytes", "buffer_bytes",
                  "input_bytes", "activation_bytes", "peak_bytes"},
       "peak": {"bytes": int, "call": int, "module": str, "op": str} | null,
-      "error": {"type", "message", "module", "call", "file", "line", "code",
+      "error": {"type", "message", "title", "module", "call", "file", "line", "code", "op",
                 "explanation", "fix"} | null,
+      "checkpoint": {...} (only with analyze(..., checkpoint=path): CheckpointDiff.to_dict()),
       "notes": [str],
       "assumptions": [{"kind", "op", "value", "module", "call", "file", "line", "code",
                        "count", "site"}],   # where the trace assumed a value it did not have
@@ -79,6 +82,8 @@ Messages, kernel -> front end (custom messages, while tracing)
 Messages, front end -> kernel
 -----------------------------
 - ``{"type": "select", "module": int}``: the user selected a module row.
+- ``{"type": "rerun", "mode": str, "optimizer": str | null, "device": str}``: analyze again with
+  these options (values in ``meta_widget.widget.RERUN_OPTIONS``), streaming into the same widget.
 """
 
 from __future__ import annotations
@@ -119,7 +124,7 @@ CALL_COLUMNS = (
     "assumed",
 )
 MESSAGE_TYPES_TO_JS = ("start", "calls", "done", "error")
-MESSAGE_TYPES_FROM_JS = ("select",)
+MESSAGE_TYPES_FROM_JS = ("select", "rerun")
 
 
 class Dictionary:
@@ -285,6 +290,9 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     )
     payload["error"] = encode_error(a.error)
     payload["notes"] = list(a.notes)
+    options = a._options or {}
+    payload["optimizer"] = options.get("optimizer", "adamw")
+    payload["device"] = options.get("device", "cuda")
     payload["assumptions"] = [x.to_dict() for x in a.assumptions]
     if a.checkpoint_diff is not None:
         payload["checkpoint"] = a.checkpoint_diff.to_dict()
