@@ -203,18 +203,3 @@ def memory_report(
     report.gradient_bytes = sum(a.nbytes for a in alive if a.key in trace.grad_keys)
     report.optimizer_state_bytes = sum(a.nbytes for a in alive if a.key in trace.state_keys)
     return report
-
-
-def to_dict(report: MemoryReport) -> dict[str, Any]:
-    """The report as plain data (the timeline left out)."""
-    return {
-        "param_bytes": report.param_bytes,
-        "buffer_bytes": report.buffer_bytes,
-        "input_bytes": report.input_bytes,
-        "activation_bytes": report.activation_bytes,
-        "peak_bytes": report.peak_bytes,
-        "peak_module": report.peak_module,
-        "peak_op": report.peak_op,
-        "params_by_dtype": report.params_by_dtype,
-        "buffers_by_dtype": report.buffers_by_dtype,
-    }

@@ -494,10 +494,6 @@ class Recorder:
             if entry is not None:
                 entry[0].saved = True
 
-    def live_keys(self) -> set[int]:
-        """Storage keys of allocations alive now."""
-        return set(self._live)
-
 
 class _FlopProbe(TorchDispatchMode):
     """Sees whether any op with a FLOP formula runs (used once per composite op)."""
