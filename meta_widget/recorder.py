@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -273,27 +273,19 @@ class Recorder:
                 else list(named_tensors(output, caches=not stack))
             )
             rec.outputs = [(name, TensorInfo.of(t)) for name, t in named]
-            rec.activation_bytes = self._new_bytes((t for _, t in named), rec.start_event)
-            if self._tainted and any(
-                t.is_meta and t.untyped_storage()._cdata in self._tainted for _, t in named
-            ):
+            keys = {t.untyped_storage()._cdata for _, t in named if t.is_meta}
+            rec.activation_bytes = self._new_bytes(keys, rec.start_event)
+            if self._tainted and not keys.isdisjoint(self._tainted):
                 rec.assumed = True
         if stack:
             stack[-1].flops += rec.flops
         for listener in self.listeners:
             listener(rec)
 
-    def _new_bytes(self, tensors: Iterator[torch.Tensor], start: int) -> int:
-        """Bytes of the distinct storages among ``tensors`` allocated since event ``start``."""
+    def _new_bytes(self, keys: set[int], start: int) -> int:
+        """Bytes of the storages ``keys`` that were allocated since event ``start``."""
         total = 0
-        seen: set[int] = set()
-        for t in tensors:
-            if not t.is_meta:
-                continue
-            key = t.untyped_storage()._cdata
-            if key in seen:
-                continue
-            seen.add(key)
+        for key in keys:
             entry = self._live.get(key)
             if entry is not None and entry[0].event >= start:
                 total += entry[0].nbytes
@@ -351,11 +343,11 @@ class Recorder:
                     self.orphan_flops += n
                     self.orphan_ops[name] = self.orphan_ops.get(name, 0) + n
         if isinstance(out, torch.Tensor):
-            self._track(out, func)
+            self._track(out, name)
         elif isinstance(out, (tuple, list)):
             for o in out:
                 if isinstance(o, torch.Tensor):
-                    self._track(o, func)
+                    self._track(o, name)
         return out
 
     # -- assumptions ---------------------------------------------------------------------------
@@ -457,7 +449,7 @@ class Recorder:
             name = self._op_names[func] = str(func._overloadpacket)
         return name
 
-    def _track(self, t: torch.Tensor, func: Any) -> None:
+    def _track(self, t: torch.Tensor, op: str) -> None:
         if not t.is_meta:
             return
         st = t.untyped_storage()
@@ -475,7 +467,7 @@ class Recorder:
         self.live_bytes += n
         if call is not None:
             call.alloc_bytes += n
-        self.events.append(Event(n, self.live_bytes, index, self._op_name(func), self.phase))
+        self.events.append(Event(n, self.live_bytes, index, op, self.phase))
 
     def _free(self, key: int, _ref: Any) -> None:
         entry = self._live.pop(key, None)
