@@ -110,28 +110,65 @@ function div(cls: string, text?: string): HTMLDivElement {
   return d;
 }
 
-function span(cls: string, text?: string): HTMLSpanElement {
-  const s = document.createElement("span");
-  s.className = cls;
-  if (text !== undefined) s.textContent = text;
-  return s;
+/** An element holding one text node that is rewritten in place (no new node per fill). */
+interface TextEl<E extends HTMLElement = HTMLElement> {
+  el: E;
+  text: Text;
 }
 
+function textEl<K extends "div" | "span">(tag: K, cls: string, text = ""): TextEl<HTMLElementTagNameMap[K]> {
+  const el = document.createElement(tag);
+  el.className = cls;
+  const node = document.createTextNode(text);
+  el.append(node);
+  return { el, text: node };
+}
+
+function setText(t: TextEl, value: string): void {
+  if (t.text.data !== value) t.text.data = value;
+}
+
+function setAttr(el: HTMLElement, name: string, value: string): void {
+  if (el.getAttribute(name) !== value) el.setAttribute(name, value);
+}
+
+/**
+ * One pooled row. A row is kept to few layout objects, because scrolling refills every visible
+ * row each frame: a cell is one element with one text node, and a number's proportional bar is
+ * the cell's background (`background-size`), not an element of its own.
+ */
 interface RowEl {
   el: HTMLDivElement;
-  caret: HTMLSpanElement;
-  name: HTMLSpanElement;
-  type: HTMLSpanElement;
-  badge: HTMLSpanElement;
-  err: HTMLSpanElement;
-  assumed: HTMLSpanElement;
-  ckpt: HTMLSpanElement;
   nameCell: HTMLDivElement;
-  cells: { el: HTMLDivElement; text: HTMLSpanElement; bar: HTMLDivElement | null }[];
+  caret: TextEl<HTMLSpanElement>;
+  name: TextEl<HTMLSpanElement>;
+  type: TextEl<HTMLSpanElement>;
+  /** "×3", the error, assumption and checkpoint marks: created when a row first needs them. */
+  marks: Partial<Record<"badge" | "err" | "assumed" | "ckpt", HTMLSpanElement>>;
+  cells: (TextEl<HTMLDivElement> & { bar: boolean; fraction: number })[];
+  /** What the row was last filled with: tooltips are made from it on hover. */
+  cellsShown: RowCells | null;
   /** Row index it shows (-1: hidden) and the view version it was filled at. */
   shown: number;
   version: number;
 }
+
+function nameTitle(d: RowCells): string {
+  return d.type ? `${d.name} (${d.type})` : d.name;
+}
+
+const MARKS = {
+  badge: { cls: "mw-badge", text: "" },
+  err: { cls: "mw-err-icon", text: "⚠" },
+  assumed: { cls: "mw-assumed-icon", text: "≈" },
+  ckpt: { cls: "mw-ckpt-icon", text: "✕" },
+} as const;
+
+const MARK_TITLES = {
+  err: "This module raised during the trace",
+  assumed:
+    "Rests on an assumption: the trace assumed a value meta tensors do not have (see Details)",
+} as const;
 
 export class TreeView {
   readonly el: HTMLDivElement;
@@ -187,6 +224,7 @@ export class TreeView {
     this.el.addEventListener("keydown", this.onKey);
     this.body.addEventListener("click", this.onClick);
     this.body.addEventListener("dblclick", this.onDblClick);
+    this.body.addEventListener("mouseover", this.onOver);
   }
 
   setSort(column: SortColumn, descending: boolean): void {
@@ -256,6 +294,7 @@ export class TreeView {
     this.el.removeEventListener("keydown", this.onKey);
     this.body.removeEventListener("click", this.onClick);
     this.body.removeEventListener("dblclick", this.onDblClick);
+    this.body.removeEventListener("mouseover", this.onOver);
     this.el.remove();
   }
 
@@ -343,28 +382,42 @@ export class TreeView {
     const el = div("mw-row mw-grid");
     el.setAttribute("role", "row");
     const nameCell = div("mw-td mw-name");
-    const caret = span("mw-caret");
-    const name = span("mw-mname");
-    const type = span("mw-mtype");
-    const badge = span("mw-badge");
-    const err = span("mw-err-icon", "⚠");
-    err.title = "This module raised during the trace";
-    const assumed = span("mw-assumed-icon", "≈");
-    assumed.title = "Rests on an assumption: the trace assumed a value meta tensors do not have (see Details)";
-    const ckpt = span("mw-ckpt-icon", "✕");
-    nameCell.append(caret, name, type, badge, err, assumed, ckpt);
+    const caret = textEl("span", "mw-caret");
+    const name = textEl("span", "mw-mname");
+    const type = textEl("span", "mw-mtype");
+    nameCell.append(caret.el, name.el, type.el);
     el.append(nameCell);
     const cells: RowEl["cells"] = [];
     for (const c of COLUMNS.slice(1)) {
-      const cell = div(`mw-td${c.numeric ? " mw-num" : " mw-shape"}`);
-      const bar = c.bar ? div(`mw-bar mw-bar-${c.bar}`) : null;
-      const text = span("mw-val");
-      if (bar) cell.append(bar);
-      cell.append(text);
-      el.append(cell);
-      cells.push({ el: cell, text, bar });
+      const bar = c.bar !== undefined;
+      const cell = textEl("div", `mw-td ${c.numeric ? "mw-num" : "mw-shape"}${bar ? ` mw-barred mw-barred-${c.bar}` : ""}`);
+      el.append(cell.el);
+      cells.push({ ...cell, bar, fraction: -1 });
     }
-    return { el, caret, name, type, badge, err, assumed, ckpt, nameCell, cells, shown: -1, version: -1 };
+    return { el, nameCell, caret, name, type, marks: {}, cells, cellsShown: null, shown: -1, version: -1 };
+  }
+
+  /** Show or hide one of the name cell's marks, creating it the first time it is shown. */
+  private mark(r: RowEl, which: keyof typeof MARKS, on: boolean, text?: string, title?: string): void {
+    let m = r.marks[which];
+    if (!on) {
+      if (m && m.style.display !== "none") m.style.display = "none";
+      return;
+    }
+    if (!m) {
+      m = document.createElement("span");
+      m.className = MARKS[which].cls;
+      m.textContent = MARKS[which].text;
+      if (which in MARK_TITLES) m.title = MARK_TITLES[which as keyof typeof MARK_TITLES];
+      // marks keep their order (badge, error, assumed, checkpoint) whichever appears first
+      const order = Object.keys(MARKS) as (keyof typeof MARKS)[];
+      const after = order.slice(order.indexOf(which) + 1).map((k) => r.marks[k]).find((x) => x);
+      r.nameCell.insertBefore(m, after ?? null);
+      r.marks[which] = m;
+    }
+    m.style.display = "";
+    if (text !== undefined && m.textContent !== text) m.textContent = text;
+    if (title !== undefined) m.title = title;
   }
 
   private render(): void {
@@ -408,13 +461,14 @@ export class TreeView {
   private fill(r: RowEl, row: Row, i: number): void {
     const d = this.h.describe(row, i);
     const el = r.el;
-    el.style.display = "";
+    r.cellsShown = d;
+    if (r.shown === -1) el.style.display = "";
     el.style.transform = `translateY(${i * ROW_HEIGHT}px)`;
     el.dataset.row = String(i);
     el.dataset.key = row.node.key;
-    el.setAttribute("aria-level", String(row.level + 1));
-    el.setAttribute("aria-selected", String(i === this.selected));
-    if (row.hasChildren) el.setAttribute("aria-expanded", String(row.expanded));
+    setAttr(el, "aria-level", String(row.level + 1));
+    setAttr(el, "aria-selected", String(i === this.selected));
+    if (row.hasChildren) setAttr(el, "aria-expanded", String(row.expanded));
     else el.removeAttribute("aria-expanded");
     el.classList.toggle("mw-selected", i === this.selected);
     el.classList.toggle("mw-error-row", d.error);
@@ -422,30 +476,52 @@ export class TreeView {
     el.classList.toggle("mw-group", d.group);
     el.classList.toggle("mw-unmatched", !row.matched);
     el.classList.toggle("mw-highlight", this.highlighted.has(i));
-    r.nameCell.style.paddingLeft = `${6 + row.level * 16}px`;
-    r.caret.textContent = row.hasChildren ? (row.expanded ? "▾" : "▸") : "";
-    r.caret.classList.toggle("mw-leaf", !row.hasChildren);
-    r.caret.title = row.hasChildren ? (row.expanded ? "Collapse" : "Expand") : "";
-    r.name.textContent = d.name;
-    r.type.textContent = d.type;
-    r.badge.textContent = d.calls > 1 ? `×${d.calls}` : "";
-    r.badge.title = d.calls > 1 ? `called ${d.calls} times` : "";
-    r.err.style.display = d.error ? "" : "none";
-    r.assumed.style.display = d.assumed ? "" : "none";
-    r.ckpt.style.display = d.checkpoint ? "" : "none";
-    r.ckpt.title = d.checkpoint ? `Checkpoint:\n${d.checkpoint}` : "";
     el.classList.toggle("mw-ckpt-row", Boolean(d.checkpoint));
-    r.nameCell.title = `${d.name} (${d.type})`;
+    const indent = `${6 + row.level * 16}px`;
+    if (r.nameCell.style.paddingLeft !== indent) r.nameCell.style.paddingLeft = indent;
+    setText(r.caret, row.hasChildren ? (row.expanded ? "▾" : "▸") : "");
+    r.caret.el.classList.toggle("mw-leaf", !row.hasChildren);
+    setText(r.name, d.name);
+    setText(r.type, d.type);
+    if (r.nameCell.hasAttribute("title")) r.nameCell.title = nameTitle(d);
+    this.mark(r, "badge", d.calls > 1, `×${d.calls}`, `called ${d.calls} times`);
+    this.mark(r, "err", d.error);
+    this.mark(r, "assumed", d.assumed);
+    this.mark(r, "ckpt", Boolean(d.checkpoint), undefined, `Checkpoint:\n${d.checkpoint ?? ""}`);
     const values = [d.inputs, d.outputs, d.params, d.paramBytes, d.activationBytes, d.flops];
     for (let k = 0; k < values.length; k++) {
       const c = r.cells[k] as RowEl["cells"][number];
       const v = values[k] as Cell;
-      c.text.textContent = v.text;
-      c.el.title = v.title ?? v.text;
+      setText(c, v.text);
+      // a tooltip shown before (see onOver) follows the new value
+      if (c.el.hasAttribute("title")) c.el.title = v.title ?? v.text;
       if (c.bar) {
-        const f = Math.max(0, Math.min(1, v.fraction ?? 0));
-        c.bar.style.width = `${(f * 100).toFixed(1)}%`;
+        // whole tenths of a percent: a bar moves only when its width does
+        const f = Math.round(Math.max(0, Math.min(1, v.fraction ?? 0)) * 1000);
+        if (f !== c.fraction) {
+          c.fraction = f;
+          c.el.style.backgroundSize = `${f / 10}% var(--mw-bar-h)`;
+        }
       }
     }
   }
+
+  /** Tooltips are made when the pointer reaches a cell, not for every row scrolled past. */
+  private onOver = (e: MouseEvent): void => {
+    const target = e.target as HTMLElement;
+    const rowEl = target.closest?.(".mw-row") as HTMLElement | null;
+    const r = rowEl && this.pool.find((p) => p.el === rowEl);
+    const d = r?.cellsShown;
+    if (!r || !d) return;
+    if (target === r.nameCell || r.nameCell.contains(target)) {
+      if (!Object.values(r.marks).includes(target as HTMLSpanElement)) {
+        r.nameCell.title = nameTitle(d);
+      }
+      r.caret.el.title = r.caret.text.data === "" ? "" : r.caret.text.data === "▾" ? "Collapse" : "Expand";
+      return;
+    }
+    const k = r.cells.findIndex((c) => c.el === target);
+    const v = [d.inputs, d.outputs, d.params, d.paramBytes, d.activationBytes, d.flops][k];
+    if (k >= 0 && v) target.title = v.title ?? v.text;
+  };
 }
