@@ -74,33 +74,57 @@ const COLUMNS: Column[] = [
 
 /** Widths of the numeric columns (params, param mem, activations, FLOPs), pixels. */
 const FIXED_COLUMNS = [80, 104, 100, 108];
-/** Minimum widths of the module, input-shape and output-shape columns, and their shares. */
+/** The module, input-shape and output-shape columns: minimum widths and shares of the rest. */
 const FLEX_MIN = [260, 130, 130];
 const FLEX_SHARE = [2.4, 1, 1];
-export const MIN_TABLE_WIDTH =
-  FLEX_MIN.reduce((x, y) => x + y, 0) + FIXED_COLUMNS.reduce((x, y) => x + y, 0);
+const sum = (xs: number[]): number => xs.reduce((x, y) => x + y, 0);
+
+/** Columns left out, in this order, of a table narrower than all columns' minimums. */
+export type DroppedColumn = "inputs" | "outputs";
+const DROP_ORDER: DroppedColumn[] = ["inputs", "outputs"];
+
+export interface ColumnLayout {
+  /** `grid-template-columns` in whole pixels. */
+  template: string;
+  /** Shape columns left out (their values stay in the Details panel). */
+  hidden: DroppedColumn[];
+  /** Below this the table scrolls sideways. */
+  minWidth: number;
+}
 
 /**
- * `grid-template-columns` in whole pixels for a table `width` wide: what the fr/minmax template
- * gave, computed once per width instead of by the layout engine for every row.
+ * The columns of a table `width` wide, computed once per width instead of by the layout engine
+ * for every row: the numbers keep their widths; the module and shape columns share what is left
+ * 2.4 : 1 : 1, never below their minimums. A narrow table (a notebook beside a side panel) leaves
+ * out the input shapes, then the output shapes, before it scrolls sideways.
  */
-export function columnTemplate(width: number): string {
-  const fixed = FIXED_COLUMNS.reduce((x, y) => x + y, 0);
-  const shares = FLEX_SHARE.reduce((x, y) => x + y, 0);
+export function columnLayout(width: number): ColumnLayout {
+  const fixed = sum(FIXED_COLUMNS);
+  let dropped = 0;
+  const need = (d: number): number => fixed + sum(FLEX_MIN.slice(0, FLEX_MIN.length - d));
+  while (dropped < DROP_ORDER.length && width < need(dropped)) dropped += 1;
+  // the module column is first; input shapes (index 1) go before output shapes (index 2)
+  const keep = [0, 1, 2].filter((i) => i === 0 || i > dropped);
+  const mins = keep.map((i) => FLEX_MIN[i] as number);
+  const shares = keep.map((i) => FLEX_SHARE[i] as number);
   const free = Math.max(0, width - fixed);
-  let flex = FLEX_SHARE.map((s) => Math.floor((free * s) / shares));
+  let flex = shares.map((s) => Math.floor((free * s) / sum(shares)));
   // a column below its minimum takes its minimum; the others share the rest
-  if (flex.some((x, i) => x < (FLEX_MIN[i] as number))) {
-    const floor = FLEX_MIN.map((m, i) => Math.max(m, flex[i] as number));
-    const over = floor.reduce((x, y) => x + y, 0) - free;
+  if (flex.some((x, i) => x < (mins[i] as number))) {
+    const floor = mins.map((m, i) => Math.max(m, flex[i] as number));
+    const over = sum(floor) - free;
     if (over > 0) {
-      const room = floor.map((x, i) => x - (FLEX_MIN[i] as number));
-      const total = room.reduce((x, y) => x + y, 0);
+      const room = floor.map((x, i) => x - (mins[i] as number));
+      const total = sum(room);
       flex = floor.map((x, i) => (total > 0 ? x - Math.ceil((over * (room[i] as number)) / total) : x));
-      flex = flex.map((x, i) => Math.max(FLEX_MIN[i] as number, x));
+      flex = flex.map((x, i) => Math.max(mins[i] as number, x));
     } else flex = floor;
   }
-  return [...flex, ...FIXED_COLUMNS].map((x) => `${x}px`).join(" ");
+  return {
+    template: [...flex, ...FIXED_COLUMNS].map((x) => `${x}px`).join(" "),
+    hidden: DROP_ORDER.slice(0, dropped),
+    minWidth: need(dropped),
+  };
 }
 
 function div(cls: string, text?: string): HTMLDivElement {
@@ -188,6 +212,7 @@ export class TreeView {
   private version = 0;
   private resizeObs: ResizeObserver | null = null;
   private colsWidth = -1;
+  private nameHead!: HTMLDivElement;
 
   constructor(
     parent: HTMLElement,
@@ -200,7 +225,8 @@ export class TreeView {
     this.head = div("mw-thead mw-grid");
     this.head.setAttribute("role", "row");
     for (const c of COLUMNS) {
-      const cell = div(`mw-th${c.numeric ? " mw-num" : ""}`, c.label);
+      const cell = div(`mw-th mw-col-${c.key}${c.numeric ? " mw-num" : ""}`, c.label);
+      if (c.key === "name") this.nameHead = cell;
       cell.setAttribute("role", "columnheader");
       if (c.sort) {
         const sort = c.sort;
@@ -275,16 +301,21 @@ export class TreeView {
     this.el.focus({ preventScroll: true });
   }
 
-  /**
-   * Column widths in pixels for a table `width` wide (`--mw-cols` on the table): the fixed
-   * columns keep their widths; the module and shape columns share what is left 2.4 : 1 : 1,
-   * never below their minimums. Recomputed only when the width changes.
-   */
+  /** Lay the columns out for a table `width` wide (see `columnLayout`); only when it changes. */
   layoutColumns(width: number): void {
-    const w = Math.max(MIN_TABLE_WIDTH, Math.floor(width) - 2);
-    if (w === this.colsWidth) return;
+    const w = Math.floor(width) - 2;
+    if (w === this.colsWidth || w <= 0) return;
     this.colsWidth = w;
-    this.el.style.setProperty("--mw-cols", columnTemplate(w));
+    const layout = columnLayout(w);
+    this.el.style.setProperty("--mw-cols", layout.template);
+    this.el.style.setProperty("--mw-min-width", `${layout.minWidth}px`);
+    for (const col of DROP_ORDER) {
+      this.el.classList.toggle(`mw-hide-${col}`, layout.hidden.includes(col));
+    }
+    const names = layout.hidden.map((c) => (c === "inputs" ? "input" : "output"));
+    this.nameHead.title = names.length
+      ? `Too narrow for the ${names.join(" and ")} shapes: see them in Details, or widen the view`
+      : "";
   }
 
   destroy(): void {
@@ -390,7 +421,7 @@ export class TreeView {
     const cells: RowEl["cells"] = [];
     for (const c of COLUMNS.slice(1)) {
       const bar = c.bar !== undefined;
-      const cell = textEl("div", `mw-td ${c.numeric ? "mw-num" : "mw-shape"}${bar ? ` mw-barred mw-barred-${c.bar}` : ""}`);
+      const cell = textEl("div", `mw-td mw-col-${c.key} ${c.numeric ? "mw-num" : "mw-shape"}${bar ? ` mw-barred mw-barred-${c.bar}` : ""}`);
       el.append(cell.el);
       cells.push({ ...cell, bar, fraction: -1 });
     }

@@ -179,6 +179,30 @@ def test_dark_theme(page: Any, gpt2_html: Path, artifacts: Path) -> None:
     assert bg == "rgb(22, 27, 34)"
 
 
+def test_narrow_view_leaves_out_shape_columns(page: Any, gpt2_html: Path, artifacts: Path) -> None:
+    """Beside a side panel a notebook is ~700-900 px wide: the numbers stay in view."""
+    page.set_viewport_size({"width": 720, "height": 800})
+    open_page(page, gpt2_html)
+    table = page.locator(".mw-table")
+    heads = page.eval_on_selector_all(
+        ".mw-th", "cells => cells.filter(c => c.offsetParent).map(c => c.textContent)"
+    )
+    assert heads == ["Module", "Params", "Param mem", "Activations", "FLOPs"]
+    # no sideways scroll, and the FLOPs column ends inside the table
+    assert table.evaluate("t => t.scrollWidth <= t.clientWidth")
+    flops = page.locator(".mw-th.mw-col-flops").bounding_box()
+    box = table.bounding_box()
+    assert flops and box and flops["x"] + flops["width"] <= box["x"] + box["width"]
+    assert "Details" in (page.get_attribute(".mw-th.mw-col-name", "title") or "")
+    page.screenshot(path=str(artifacts / "standalone-narrow.png"), full_page=True)
+    page.set_viewport_size({"width": 880, "height": 800})
+    settle(page)
+    heads = page.eval_on_selector_all(
+        ".mw-th", "cells => cells.filter(c => c.offsetParent).map(c => c.textContent)"
+    )
+    assert heads[:2] == ["Module", "Output shapes"]
+
+
 def test_class_name_stays_text(page: Any, evil_html: Path, artifacts: Path) -> None:
     open_page(page, evil_html)
     page.wait_for_timeout(300)

@@ -1,0 +1,39 @@
+import { describe, expect, it } from "vitest";
+import { columnLayout } from "./treeview";
+
+const widths = (template: string): number[] => template.split(" ").map((x) => Number.parseInt(x, 10));
+
+describe("columnLayout", () => {
+  it("fills a wide table: numbers keep their widths, the rest is shared 2.4 : 1 : 1", () => {
+    const l = columnLayout(1400);
+    const w = widths(l.template);
+    expect(l.hidden).toEqual([]);
+    expect(w.slice(3)).toEqual([80, 104, 100, 108]);
+    expect(w[1]).toBe(w[2]);
+    expect(Math.abs((w[0] as number) / (w[1] as number) - 2.4)).toBeLessThan(0.02);
+    expect(w.reduce((x, y) => x + y, 0)).toBeLessThanOrEqual(1400);
+  });
+
+  it("leaves out input shapes, then output shapes, before the table scrolls sideways", () => {
+    expect(columnLayout(912).hidden).toEqual([]);
+    const mid = columnLayout(800);
+    expect(mid.hidden).toEqual(["inputs"]);
+    expect(widths(mid.template)).toHaveLength(6);
+    const narrow = columnLayout(700);
+    expect(narrow.hidden).toEqual(["inputs", "outputs"]);
+    expect(widths(narrow.template)).toEqual([308, 80, 104, 100, 108]);
+    const tiny = columnLayout(300);
+    expect(tiny.minWidth).toBe(652);
+    expect(widths(tiny.template)[0]).toBe(260); // never below its minimum: scrolls instead
+  });
+
+  it("never gives a column less than its minimum", () => {
+    for (let width = 600; width <= 2000; width += 7) {
+      const l = columnLayout(width);
+      const w = widths(l.template);
+      expect(w[0]).toBeGreaterThanOrEqual(260);
+      for (const x of w.slice(1, w.length - 4)) expect(x).toBeGreaterThanOrEqual(130);
+      if (width >= l.minWidth) expect(w.reduce((x, y) => x + y, 0)).toBeLessThanOrEqual(width);
+    }
+  });
+});
