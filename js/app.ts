@@ -27,6 +27,7 @@ import {
 import {
   applyCalls,
   emptyAnalysis,
+  peakOwner,
   type Analysis,
   type CallInfo,
   type Device,
@@ -590,6 +591,7 @@ export class App {
     this.computeRows();
     const sel = this.selectedKey ? (this.rowOfKey.get(this.selectedKey) ?? -1) : -1;
     this.view.setSort(this.sort.column, this.sort.descending);
+    this.view.setTraining(this.aggs.some((g) => g.backwardFlops > 0));
     this.view.setRows(this.rows, sel);
     this.renderHeader();
     this.renderSwitches();
@@ -718,7 +720,11 @@ export class App {
       },
       flops: {
         text: shown ? formatFlops(v.flops) : "–",
-        title: container ? "not called itself (a container): see its children" : `${formatExact(v.flops)} FLOPs`,
+        title: container
+          ? "not called itself (a container): see its children"
+          : v.backwardFlops
+            ? `${formatExact(v.flops)} FLOPs: forward ${formatExact(v.flops - v.backwardFlops)} + backward ${formatExact(v.backwardFlops)}`
+            : `${formatExact(v.flops)} FLOPs`,
         fraction: v.flops / s.flops,
       },
     };
@@ -984,7 +990,7 @@ export class App {
       const p = a.peak;
       const phase = a.memory.peakPhase;
       this.timelineNote.textContent = p
-        ? `Live bytes after each allocation and free${a.mode === "training" ? " (forward, backward, optimizer step)" : ""}. Peak ${formatBytes(p.bytes)} during ${p.module || a.title}${p.op ? ` (${p.op})` : ""}${phase ? `, in the ${phase} phase` : ""}.`
+        ? `Live bytes after each allocation and free${a.mode === "training" ? " (forward, backward, optimizer step)" : ""}. Peak ${formatBytes(p.bytes)} in ${peakOwner(a)}${p.op ? ` (${p.op})` : ""}${phase ? `, in the ${phase} phase` : ""}.`
         : "Live bytes after each allocation and free over the forward pass.";
       this.timelineChart.setData(a, this.chartWidth());
     }

@@ -11,7 +11,7 @@
  */
 import uPlot from "uplot";
 import { formatBytes } from "./format";
-import { MEMORY_CATEGORIES, type Analysis, type Memory, type ModuleInfo } from "./protocol";
+import { MEMORY_CATEGORIES, peakOwner, type Analysis, type Memory, type ModuleInfo } from "./protocol";
 import type { Aggregate } from "./tree";
 
 // ---------------------------------------------------------------------------------------------
@@ -520,7 +520,7 @@ export class TimelineChart {
     };
     const peakLabel =
       a.peak && a.peak.module !== undefined
-        ? `peak ${formatBytes(a.peak.bytes || (bytes[peakI] ?? 0))} · ${a.peak.module || a.title}`
+        ? `peak ${formatBytes(a.peak.bytes || (bytes[peakI] ?? 0))} · ${peakOwner(a)}`
         : `peak ${formatBytes(bytes[peakI] ?? 0)} · ${moduleOfEvent(peakI)}`;
     const peakText = peakPhase ? `${peakLabel} · ${peakPhase}` : peakLabel;
     const xs = bytes.map((_, i) => i);

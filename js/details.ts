@@ -127,7 +127,9 @@ function callBlock(a: Analysis, call: CallInfo, k: number, total: number): HTMLE
   const parts = [
     total > 1 ? `Call ${k + 1} of ${total}` : "Call",
     `#${call.index}`,
-    formatFlops(call.flops),
+    call.backwardFlops
+      ? `${formatFlops(call.flops)} forward + ${formatFlops(call.backwardFlops)} backward`
+      : formatFlops(call.flops),
     `activations ${formatBytes(call.activationBytes)}`,
   ];
   if (call.durationUs) parts.push(formatDuration(call.durationUs));
@@ -209,6 +211,12 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
     rows.push(
       ["activation memory", formatBytes(v.activationBytes)],
       ["FLOPs", `${formatFlops(v.flops)} (${formatExact(v.flops)})`],
+      ...(v.backwardFlops
+        ? ([
+            ["  forward", formatFlops(v.flops - v.backwardFlops)],
+            ["  backward", formatFlops(v.backwardFlops)],
+          ] as [string, string][])
+        : []),
       ["calls", String(v.calls)],
     );
   }

@@ -9,6 +9,7 @@ import {
   applyCalls,
   decodeMessage,
   decodePayload,
+  peakOwner,
   type Analysis,
   type StartMessage,
 } from "./protocol";
@@ -90,6 +91,36 @@ describe.skipIf(get("gpt2-tiny.json") === undefined)("gpt2-tiny sample", () => {
   );
 });
 
+describe.skipIf(get("gpt2-tiny.training.json") === undefined)("gpt2-tiny training sample", () => {
+  const a = decodePayload(get("gpt2-tiny.training.json")) as Analysis;
+  const aggs = aggregate(a);
+
+  it("credits each module the backward of what it computed", () => {
+    expect(a.mode).toBe("training");
+    const c_fc = aggs[byPath(a, "transformer.h.0.mlp.c_fc")];
+    // forward x·W; backward: grad of the input and of the weight, two matmuls of the same size
+    expect(c_fc?.backwardFlops).toBe(2 * 2 * 8 * 32 * 128);
+    expect(c_fc?.flops).toBe(3 * 2 * 8 * 32 * 128);
+    // the step's FLOPs are the root's forward and backward: nothing left unattributed
+    expect(aggs[0]?.flops).toBe(a.totals.flops);
+    expect(aggs[0]?.backwardFlops).toBeGreaterThan(aggs[0]?.flops ? aggs[0].flops / 2 : 0);
+  });
+
+  it("says whose the peak is: a module, the backward of one, or the optimizer step", () => {
+    const at = (phase: string, call: number, module: string): string =>
+      peakOwner({
+        ...a,
+        memory: { ...a.memory, peakPhase: phase },
+        peak: { bytes: 1, call, module, op: "aten.mm" },
+      });
+    expect(at("forward", 3, "transformer.wte")).toBe("transformer.wte");
+    expect(at("backward", 3, "transformer.ln_f")).toBe("the backward of transformer.ln_f");
+    expect(at("backward", 0, "")).toBe("the backward of GPT2LMHeadModel");
+    expect(at("optimizer", -1, "")).toBe("the optimizer step");
+    expect(at("forward", -1, "")).toBe("outside any module");
+  });
+});
+
 describe.skipIf(get("failing.json") === undefined)("failing sample", () => {
   // Failing("shape"): pre Linear(4, 4), inner.block.proj Linear(5, 4) fed 4 features, post
   const a = decodePayload(get("failing.json")) as Analysis;
@@ -135,7 +166,9 @@ describe.skipIf(payloads.length === 0)("every recorded payload", () => {
         expect(a.modules[0]?.paramBytes).toBe(a.totals.param_bytes);
         if (a.status === "done") {
           const top = a.calls.filter((c) => c && c.parent === -1);
-          expect(top.reduce((s, c) => s + (c?.flops ?? 0), 0)).toBe(a.totals.flops);
+          // a training step's total holds the backward of every call too
+          const step = top.reduce((s, c) => s + (c?.flops ?? 0) + (c?.backwardFlops ?? 0), 0);
+          expect(step).toBe(a.totals.flops);
           if (a.timeline.bytes.length) {
             expect(Math.max(...a.timeline.bytes)).toBe(a.totals.peak_bytes);
           }

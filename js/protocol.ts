@@ -46,6 +46,8 @@ export interface WireCalls {
   error: number[];
   /** Optional (newer kernels): 1 where the call took an assumption or holds results from one. */
   assumed?: number[];
+  /** Optional: in training, FLOPs of the backward of what the call computed (sub-calls included). */
+  backward_flops?: number[];
 }
 
 export interface WireTimeline {
@@ -148,6 +150,8 @@ export interface CallInfo {
   error: boolean;
   /** The call took an assumption (a value meta tensors do not have) or uses results of one. */
   assumed: boolean;
+  /** Training: FLOPs of the backward of what this call computed, its sub-calls included. */
+  backwardFlops: number;
 }
 
 /** Where the trace assumed a value it could not know (e.g. `if mask.all():` taken as True). */
@@ -469,7 +473,19 @@ function decodeCallRow(d: Dictionaries, c: Obj, i: number, index: number): CallI
     durationUs: num(col(c, "duration_us", i, 0)),
     error: num(col(c, "error", i, 0)) === 1,
     assumed: num(col(c, "assumed", i, 0)) === 1,
+    backwardFlops: num(col(c, "backward_flops", i, 0)),
   };
+}
+
+/**
+ * Who the peak belongs to, in words: a module path (the root's title for ""), the backward of one,
+ * or, outside every module call, the optimizer step or "outside any module".
+ */
+export function peakOwner(a: Analysis): string {
+  const p = a.peak;
+  const phase = a.memory.peakPhase;
+  if (!p || p.call < 0) return phase === "optimizer" ? "the optimizer step" : "outside any module";
+  return `${phase === "backward" ? "the backward of " : ""}${p.module || a.title}`;
 }
 
 /** Put a decoded call at its row and register it with its module (keeping start order). */

@@ -27,14 +27,14 @@ const names = (tree: Tree, rows: Row[]): string[] =>
 describe("aggregate", () => {
   it("sums each module's calls", () => {
     const g = aggregate(load());
-    expect(g[0]).toEqual({ calls: 1, flops: 2176, activationBytes: 160, error: false, assumed: false });
-    expect(g[3]).toEqual({ calls: 1, flops: 512, activationBytes: 128, error: false, assumed: false });
-    expect(g[2]).toEqual({ calls: 0, flops: 0, activationBytes: 0, error: false, assumed: false });
-    expect(g[12]).toEqual({ calls: 1, flops: 640, activationBytes: 160, error: false, assumed: false });
+    expect(g[0]).toEqual({ calls: 1, flops: 2176, backwardFlops: 0, activationBytes: 160, error: false, assumed: false });
+    expect(g[3]).toEqual({ calls: 1, flops: 512, backwardFlops: 0, activationBytes: 128, error: false, assumed: false });
+    expect(g[2]).toEqual({ calls: 0, flops: 0, backwardFlops: 0, activationBytes: 0, error: false, assumed: false });
+    expect(g[12]).toEqual({ calls: 1, flops: 640, backwardFlops: 0, activationBytes: 160, error: false, assumed: false });
   });
   it("counts a shared module's calls", () => {
     const g = aggregate(load({ twice: true }));
-    expect(g[12]).toEqual({ calls: 2, flops: 1280, activationBytes: 320, error: false, assumed: false });
+    expect(g[12]).toEqual({ calls: 2, flops: 1280, backwardFlops: 0, activationBytes: 320, error: false, assumed: false });
   });
   it("marks modules whose call raised", () => {
     const g = aggregate(load({ error: true }));
@@ -70,6 +70,7 @@ describe("folding repeated identical siblings", () => {
       paramBytes: 864,
       activationBytes: 384,
       flops: 1536,
+      backwardFlops: 0,
       calls: 3,
       error: false,
       assumed: false,

@@ -19,8 +19,13 @@ import type { Analysis, ModuleInfo } from "./protocol";
 export interface Aggregate {
   /** Number of calls of this module. */
   calls: number;
-  /** Sum of its calls' FLOPs (each call's FLOPs include its sub-calls). */
+  /**
+   * Sum of its calls' FLOPs (each call's FLOPs include its sub-calls); in a training step, those
+   * of their backward too: the FLOPs the step spends on this module.
+   */
   flops: number;
+  /** The part of `flops` spent in the backward pass (training). */
+  backwardFlops: number;
   /** Sum over its calls of the bytes of new storage their outputs hold. */
   activationBytes: number;
   /** One of its calls raised. */
@@ -33,6 +38,7 @@ export function aggregate(a: Analysis): Aggregate[] {
   const out: Aggregate[] = a.modules.map(() => ({
     calls: 0,
     flops: 0,
+    backwardFlops: 0,
     activationBytes: 0,
     error: false,
     assumed: false,
@@ -42,7 +48,8 @@ export function aggregate(a: Analysis): Aggregate[] {
     const g = out[c.module];
     if (!g) continue;
     g.calls += 1;
-    g.flops += c.flops;
+    g.flops += c.flops + c.backwardFlops;
+    g.backwardFlops += c.backwardFlops;
     g.activationBytes += c.activationBytes;
     if (c.error) g.error = true;
     if (c.assumed) g.assumed = true;
@@ -180,7 +187,9 @@ export interface NodeValues {
   params: number;
   paramBytes: number;
   activationBytes: number;
+  /** Forward FLOPs, plus the backward's in a training step (see `Aggregate.flops`). */
   flops: number;
+  backwardFlops: number;
   calls: number;
   error: boolean;
   assumed: boolean;
@@ -199,6 +208,7 @@ export function nodeValues(
     paramBytes: 0,
     activationBytes: 0,
     flops: 0,
+    backwardFlops: 0,
     calls: 0,
     error: false,
     assumed: false,
@@ -211,6 +221,7 @@ export function nodeValues(
     if (g) {
       v.activationBytes += g.activationBytes;
       v.flops += g.flops;
+      v.backwardFlops += g.backwardFlops;
       v.calls += g.calls;
       v.error = v.error || g.error;
       v.assumed = v.assumed || g.assumed;

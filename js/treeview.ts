@@ -261,6 +261,17 @@ export class TreeView {
     }
   }
 
+  /** A training step: the FLOPs column counts forward and backward (its header says so). */
+  setTraining(training: boolean): void {
+    const head = this.headCells.get("flops");
+    if (!head || head.dataset.training === String(training)) return;
+    head.dataset.training = String(training);
+    head.textContent = training ? "Step FLOPs" : "FLOPs";
+    head.title = training
+      ? "FLOPs of the training step: forward plus backward (hover a cell for each). Click to sort"
+      : "Sort siblings by this column (click again to reverse, a third time to reset)";
+  }
+
   get sort(): { column: SortColumn; descending: boolean } {
     return this.sortState;
   }

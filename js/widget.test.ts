@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 import widget, { mount, type WidgetModel } from "./widget";
 import { tiny } from "./testdata";
+import training from "./fixtures/gpt2-tiny.training.json";
 
 type Cb = (...args: unknown[]) => void;
 
@@ -229,6 +230,16 @@ describe("widget", () => {
     const name = rootRow.querySelector(".mw-mname") as HTMLElement;
     name.dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
     expect((rootRow.querySelector(".mw-name") as HTMLElement).title).toBe("TinyNet");
+  });
+
+  it("counts a training step's FLOPs, forward and backward, and says so", () => {
+    setup(training);
+    const head = el.querySelector(".mw-th.mw-col-flops") as HTMLElement;
+    expect(head.textContent).toBe("Step FLOPs");
+    const flops = el.querySelector('.mw-row[data-row="0"] .mw-col-flops') as HTMLElement;
+    flops.dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
+    expect(flops.title).toMatch(/forward [\d,]+ \+ backward [\d,]+$/);
+    expect(el.querySelector(".mw-details")?.textContent).toContain("backward");
   });
 
   it("recomputes parameter memory for another dtype", () => {

@@ -59,6 +59,11 @@ class ModuleNode:
         return sum(c.flops for c in self.calls)
 
     @property
+    def backward_flops(self) -> int:
+        """In a training step: FLOPs of the backward of what its calls computed."""
+        return sum(c.backward_flops for c in self.calls)
+
+    @property
     def activation_bytes(self) -> int:
         """Bytes of new storage held by the outputs of this module's calls, summed over calls."""
         return sum(c.activation_bytes for c in self.calls)
@@ -211,6 +216,7 @@ class Analysis:
                     "buffer_bytes": n.buffer_bytes,
                     "activation_bytes": n.activation_bytes,
                     "flops": n.flops,
+                    "backward_flops": n.backward_flops,
                     "error": err if n.error and self._error_node() is n else None,
                     "assumed": n.assumed,
                 }
@@ -229,6 +235,7 @@ class Analysis:
                     "output_shapes": shapes(c.outputs),
                     "flops": c.flops,
                     "self_flops": c.self_flops,
+                    "backward_flops": c.backward_flops,
                     "activation_bytes": c.activation_bytes,
                     "duration_s": c.duration_s,
                     "error": err if self.error and self.error.call == c.index else None,
@@ -624,7 +631,7 @@ def analyze(
         if rec.module >= 0 and rec.phase == "forward":  # not the recomputation of checkpoints
             nodes[rec.module].calls.append(rec)
     report = memory_report(module, input_tensors, result.calls, result, mode == "training")
-    total = result.orphan_flops + sum(c.self_flops for c in result.calls)
+    total = result.orphan_flops + sum(c.self_flops + c.backward_self_flops for c in result.calls)
     analysis = Analysis(
         title=type(module).__name__,
         source=meta.source,

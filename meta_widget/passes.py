@@ -99,7 +99,11 @@ def trace(
         )
     flags = [(m, m.training) for m in module.modules()]
     recorder = Recorder(
-        module, listeners, [t for _, t in named_tensors((args, kwargs))], policy=policy
+        module,
+        listeners,
+        [t for _, t in named_tensors((args, kwargs))],
+        policy=policy,
+        tag_grad_nodes=training,
     )
     phase_starts = {"forward": 0}
     grad_keys: set[int] = set()
@@ -130,6 +134,7 @@ def trace(
                 phase_starts["backward"] = len(recorder.events)
                 value.backward()
                 del value
+                recorder.sum_backward()
                 grad_keys = {p.grad.untyped_storage()._cdata for p in params if p.grad is not None}
                 if optimizer is not None:
                     recorder.phase = "optimizer"

@@ -41,6 +41,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
         "error": [0 | 1],                 # 1 where the call raised
         "assumed": [0 | 1],               # 1 where the call took an assumption or holds results
                                           # computed from one (meta_widget.assume)
+        "backward_flops": [int],          # training: FLOPs of the backward of what this call
+                                          # computed, its sub-calls included
       },
       "timeline": {                       # live bytes over the pass: its envelope, at most
                                           # TIMELINE_POINTS points (see timeline_points)
@@ -63,8 +65,9 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                        "count", "site"}],   # where the trace assumed a value it did not have
     }
 
-The integer columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``) are
-left out of a payload when all their values are 0: a missing column reads as zeros.
+The integer columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``,
+``backward_flops``) are left out of a payload, and of a streamed batch, when all their values
+are 0: a missing column reads as zeros.
 
 Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"args[0]"``,
 ``"attention_mask"``, ``"[0]"``, ``"logits"``, ``"past_key_values.layers[0].keys"``.
@@ -122,6 +125,7 @@ CALL_COLUMNS = (
     "duration_us",
     "error",
     "assumed",
+    "backward_flops",
 )
 MESSAGE_TYPES_TO_JS = ("start", "calls", "done", "error")
 MESSAGE_TYPES_FROM_JS = ("select", "rerun")
@@ -208,6 +212,7 @@ def encode_calls(records: Sequence[CallRecord], d: Dictionary) -> dict[str, list
         "duration_us": [round(r.duration_s * 1e6) for r in records],
         "error": [int(r.error) for r in records],
         "assumed": [int(r.assumed) for r in records],
+        "backward_flops": [r.backward_flops for r in records],
     }
 
 
@@ -246,8 +251,8 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     )
     calls = encode_calls(a.calls, d)
     del calls["index"]
-    payload["calls"] = _drop_zeros(calls)
-    payload["modules"] = _drop_zeros(payload["modules"])
+    payload["calls"] = drop_zero_columns(calls)
+    payload["modules"] = drop_zero_columns(payload["modules"])
     mem = a.memory
     phases = mem.timeline_phases()
     keep = timeline_points([b for b, _, _ in mem.timeline], phases)
@@ -300,10 +305,11 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
 
 
 #: integer columns left out of a payload when every value is 0 (they read as zeros)
-OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed")
+OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed", "backward_flops")
 
 
-def _drop_zeros(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+def drop_zero_columns(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """``columns`` without the optional ones that hold only zeros (they read as zeros)."""
     return {k: v for k, v in columns.items() if not (k in OPTIONAL_COLUMNS and not any(v))}
 
 

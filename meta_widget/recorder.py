@@ -46,6 +46,9 @@ _FLOPS = {**flop_registry, **EXTRA_FLOPS}
 # how an op runs: as is, under the assumption policy, or through a fixed meta kernel
 _RUN, _ASSUME, _FIX = "run", "assume", "fix"
 _PRIM_DEVICE = torch.ops.prim.device.default
+#: the key of an autograd node's metadata that holds the index of the call that created it
+_NODE_CALL = "meta_widget.call"
+_NO_SEQUENCE = 2**63  # AccumulateGrad nodes (parameters' leaves) carry the largest number
 
 
 @dataclass(slots=True)
@@ -57,6 +60,10 @@ class CallRecord:
     ops run in the module's own body, outside any sub-module call. ``alloc_bytes`` is the storage
     newly allocated by the call's own body; ``activation_bytes`` the bytes of new storage (allocated
     during this call) that its outputs hold: views and returned inputs allocate nothing.
+
+    In a training step, ``backward_flops`` counts the FLOPs of the backward of everything this
+    call computed (sub-calls included; ``backward_self_flops`` its own body only): each autograd
+    node is credited to the innermost call that created it (see ``Recorder.tag_grad_nodes``).
     """
 
     index: int
@@ -79,6 +86,10 @@ class CallRecord:
     phase: str = "forward"
     #: an assumption was taken during this call, or its outputs derive from an assumed shape
     assumed: bool = False
+    backward_flops: int = 0
+    backward_self_flops: int = 0
+    #: the autograd sequence number when the call started: nodes it created have one as high
+    grad_seq: int = 0
 
 
 class Event(NamedTuple):
@@ -146,9 +157,12 @@ class Recorder:
         listeners: Sequence[Listener] = (),
         existing: Sequence[torch.Tensor] = (),
         policy: Policy | None = None,
+        tag_grad_nodes: bool = False,
     ) -> None:
         self.root = module
         self.policy = policy
+        #: credit autograd nodes to the calls that create them, for the backward pass
+        self.tag_grad_nodes = tag_grad_nodes
         self.assumptions: dict[tuple[Any, ...], Assumption] = {}
         self._tainted: set[int] = set()  # storages whose shape came from an assumption
         # values known despite meta: storage -> mask shape of an upper-bound nonzero (its
@@ -244,6 +258,8 @@ class Recorder:
             start_event=len(self.events),
             phase=self.phase,
         )
+        if self.tag_grad_nodes:
+            rec.grad_seq = _sequence_nr()
         rec.duration_s = time.perf_counter()
         self.calls.append(rec)
         stack.append(rec)
@@ -277,10 +293,51 @@ class Recorder:
             rec.activation_bytes = self._new_bytes(keys, rec.start_event)
             if self._tainted and not keys.isdisjoint(self._tainted):
                 rec.assumed = True
+            if self.tag_grad_nodes and rec.phase == "forward":
+                self._tag_nodes([t.grad_fn for _, t in named], rec)
         if stack:
             stack[-1].flops += rec.flops
         for listener in self.listeners:
             listener(rec)
+
+    def _tag_nodes(self, roots: list[Any], rec: CallRecord) -> None:
+        """Credit to ``rec`` the autograd nodes behind its outputs that it created.
+
+        Walking back from the outputs, a node made before the call started (a lower sequence
+        number) ends the walk; nodes already credited (to sub-calls, whose post hooks ran first)
+        keep their call, and the walk goes on behind them, to this call's own earlier nodes.
+        """
+        index, start = rec.index, rec.grad_seq
+        todo = [n for n in roots if n is not None]
+        seen: set[Any] = set()
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            seq = node._sequence_nr()
+            if seq < start or seq >= _NO_SEQUENCE:
+                continue
+            meta = node.metadata
+            if _NODE_CALL not in meta:
+                meta[_NODE_CALL] = index
+            todo.extend(n for n, _ in node.next_functions if n is not None)
+
+    def _backward_owner(self) -> CallRecord | None:
+        """In the backward pass, the call that created the autograd node running now."""
+        node: Any = _current_node()  # its stub types `metadata` as a method; it is a dict
+        if node is None:
+            return None
+        index = node.metadata.get(_NODE_CALL)
+        return None if index is None else self.calls[index]
+
+    def sum_backward(self) -> None:
+        """Add each call's backward FLOPs to the calls enclosing it (after the backward pass)."""
+        calls = self.calls
+        for rec in reversed(calls):  # a sub-call starts after its parent: children come first
+            rec.backward_flops += rec.backward_self_flops
+            if rec.parent >= 0:
+                calls[rec.parent].backward_flops += rec.backward_flops
 
     def _new_bytes(self, keys: set[int], start: int) -> int:
         """Bytes of the storages ``keys`` that were allocated since event ``start``."""
@@ -331,23 +388,32 @@ class Recorder:
             self._taint(out)
         if self._known and func in SCALAR_OPS:
             self._fold_scalar(func, args, out)
+        # the call the op belongs to: the innermost one running, or in backward the one whose
+        # autograd node runs (a recomputed checkpoint's calls run inside backward too)
+        if self._stack:
+            owner: CallRecord | None = self._stack[-1]
+            backward = False
+        else:
+            owner = self._backward_owner() if self.phase == "backward" else None
+            backward = owner is not None
         if count is not None:
             n = count(*args, **kwargs, out_val=out)
             if n:
-                if self._stack:
-                    rec = self._stack[-1]
-                    rec.flops += n
-                    rec.self_flops += n
-                    rec.ops[name] = rec.ops.get(name, 0) + n
+                if backward:
+                    owner.backward_self_flops += n  # type: ignore[union-attr]
+                elif owner is not None:
+                    owner.flops += n
+                    owner.self_flops += n
+                    owner.ops[name] = owner.ops.get(name, 0) + n
                 else:
                     self.orphan_flops += n
                     self.orphan_ops[name] = self.orphan_ops.get(name, 0) + n
         if isinstance(out, torch.Tensor):
-            self._track(out, name)
+            self._track(out, name, owner, backward)
         elif isinstance(out, (tuple, list)):
             for o in out:
                 if isinstance(o, torch.Tensor):
-                    self._track(o, name)
+                    self._track(o, name, owner, backward)
         return out
 
     # -- assumptions ---------------------------------------------------------------------------
@@ -449,7 +515,11 @@ class Recorder:
             name = self._op_names[func] = str(func._overloadpacket)
         return name
 
-    def _track(self, t: torch.Tensor, op: str) -> None:
+    def _track(
+        self, t: torch.Tensor, op: str, call: CallRecord | None, backward: bool = False
+    ) -> None:
+        """Note new storage of an op's output, allocated for ``call`` (a backward one: for its
+        backward, which the forward's ``alloc_bytes`` leaves out)."""
         if not t.is_meta:
             return
         st = t.untyped_storage()
@@ -459,13 +529,12 @@ class Recorder:
         n = st.nbytes()
         if not n:
             return
-        call = self._stack[-1] if self._stack else None
         index = call.index if call is not None else -1
         alloc = Allocation(key, n, len(self.events), index, self.phase)
         self.allocations.append(alloc)
         self._live[key] = (alloc, weakref.ref(st, partial(self._free, key)))
         self.live_bytes += n
-        if call is not None:
+        if call is not None and not backward:
             call.alloc_bytes += n
         self.events.append(Event(n, self.live_bytes, index, op, self.phase))
 
@@ -476,7 +545,11 @@ class Recorder:
         alloc = entry[0]
         alloc.freed = len(self.events)
         self.live_bytes -= alloc.nbytes
-        call = self._stack[-1].index if self._stack else -1
+        if self._stack:
+            call = self._stack[-1].index
+        else:
+            owner = self._backward_owner() if self.phase == "backward" else None
+            call = owner.index if owner is not None else -1
         self.events.append(Event(-alloc.nbytes, self.live_bytes, call, "free", self.phase))
 
     def mark_saved(self, t: torch.Tensor) -> None:
@@ -485,6 +558,10 @@ class Recorder:
             entry = self._live.get(t.untyped_storage()._cdata)
             if entry is not None:
                 entry[0].saved = True
+
+
+_sequence_nr = torch._C._autograd._get_sequence_nr
+_current_node = torch._C._current_autograd_node
 
 
 class _FlopProbe(TorchDispatchMode):

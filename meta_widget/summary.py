@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from .analysis import Analysis, ModuleNode
 
 _COLUMNS = ("Module · type", "Output shapes", "Params", "Param mem", "Act mem", "FLOPs")
+#: a training step adds the FLOPs of each module's backward
+_TRAINING_COLUMNS = (*_COLUMNS, "Bwd FLOPs")
 _SHAPES_WIDTH = 38
 
 
@@ -35,7 +37,7 @@ def fold_siblings(children: list[ModuleNode]) -> list[list[ModuleNode]]:
     return groups
 
 
-def _row(label: str, nodes: list[ModuleNode]) -> list[str]:
+def _row(label: str, nodes: list[ModuleNode], training: bool = False) -> list[str]:
     first = nodes[0]
     shapes = [i.shape for c in first.calls for _, i in c.outputs]
     shape_text = format_shapes(shapes) if first.calls else "--"
@@ -48,6 +50,8 @@ def _row(label: str, nodes: list[ModuleNode]) -> list[str]:
     k = len(nodes)
     flops = sum(n.flops for n in nodes)
     act = sum(n.activation_bytes for n in nodes)
+    backward = sum(n.backward_flops for n in nodes)
+    extra = [format_flops(backward) if backward else "--"] if training else []
     return [
         label,
         shape_text,
@@ -55,19 +59,22 @@ def _row(label: str, nodes: list[ModuleNode]) -> list[str]:
         format_bytes(first.param_bytes * k) if first.param_bytes else "--",
         format_bytes(act) if act else "--",
         format_flops(flops) if flops else "--",
+        *extra,
     ]
 
 
 def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
     """The tree down to ``depth`` (None: everything), repeated siblings folded, then totals."""
     rows: list[list[str]] = []
+    training = analysis.traced and analysis.mode == "training"
+    columns = _TRAINING_COLUMNS if training else _COLUMNS
     error_path = analysis.error.module if analysis.error else None
 
     def visit(node: ModuleNode, prefix: str, child_prefix: str) -> None:
         mark = "  ← error here" if error_path is not None and node.path == error_path else ""
         mark += " *" if node.assumed else ""
         label = f"{node.name} · {node.type}" if node.path else analysis.title
-        rows.append(_row(f"{prefix}{label}{mark}", [node]))
+        rows.append(_row(f"{prefix}{label}{mark}", [node], training))
         if depth is not None and node.depth >= depth:
             return
         groups = fold_siblings(node.children)
@@ -79,10 +86,10 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
             else:
                 first, end = group[0].name, group[-1].name
                 label = f"{child_prefix}{branch}{first}–{end} · {len(group)} × {group[0].type}"
-                rows.append(_row(label, group))
+                rows.append(_row(label, group, training))
 
     visit(analysis.root, "", "")
-    widths = [max(len(r[i]) for r in [list(_COLUMNS), *rows]) for i in range(len(_COLUMNS))]
+    widths = [max(len(r[i]) for r in [list(columns), *rows]) for i in range(len(columns))]
 
     def line(cells: list[str]) -> str:
         left = cells[0].ljust(widths[0])
@@ -98,7 +105,7 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
         else "structure only (no inputs given)"
     )
     dtypes = ", ".join(f"{d} {format_bytes(b)}" for d, b in mem.params_by_dtype.items())
-    out = [header, rule, line(list(_COLUMNS)), rule, *(line(r) for r in rows), rule]
+    out = [header, rule, line(list(columns)), rule, *(line(r) for r in rows), rule]
     out.append(
         f"Parameters: {format_count(analysis.total_params)} "
         f"(trainable {format_count(analysis.trainable_params)}) · "
@@ -107,7 +114,10 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
     if mem.buffer_bytes:
         out.append(f"Buffers: {format_bytes(mem.buffer_bytes)}")
     if analysis.traced:
-        where = f" in {mem.peak_module} ({mem.peak_op})" if mem.peak_module is not None else ""
+        where = ""
+        if mem.peak_module is not None:
+            whose = "the backward of " if mem.peak_phase == "backward" else ""
+            where = f" in {whose}{mem.peak_module} ({mem.peak_op})"
         out.append(
             f"FLOPs: {format_flops(analysis.total_flops)} · inputs {format_bytes(mem.input_bytes)}"
             f" · activations allocated {format_bytes(mem.activation_bytes)}"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anywidget
 import traitlets
 
-from .protocol import Dictionary, encode_calls, encode_error, encode_header
+from .protocol import Dictionary, drop_zero_columns, encode_calls, encode_error, encode_header
 
 if TYPE_CHECKING:
     from .analysis import Analysis, ModuleNode
@@ -155,7 +155,7 @@ class CallStream:
     def flush(self) -> None:
         if not self.pending:
             return
-        calls = encode_calls(self.pending, self.dictionary)
+        calls = drop_zero_columns(encode_calls(self.pending, self.dictionary))
         self.widget.send({"type": "calls", **self.dictionary.take_new(), "calls": calls})
         self.pending.clear()
         self.last = time.perf_counter()

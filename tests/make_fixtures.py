@@ -3,6 +3,7 @@
 - ``js/fixtures/gpt2-tiny.json``: the payload of a tiny GPT-2 analysis.
 - ``js/fixtures/gpt2-tiny.messages.json``: the messages streamed while tracing it.
 - ``js/fixtures/failing.json``: the payload of an analysis whose trace failed in a submodule.
+- ``js/fixtures/gpt2-tiny.training.json``: the payload of a training step of the tiny GPT-2.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ def samples() -> dict[str, Any]:
         stream.add(rec)
     stream.finish(a)
     failing = mw.analyze(Failing("shape"), input_size=(2, 4))
+    training = mw.analyze(gpt2_config(), input_size=(1, 8), mode="training", optimizer="adamw")
     return {
         "gpt2-tiny.json": a.to_payload(),
         "gpt2-tiny.messages.json": capture.sent,
         "failing.json": failing.to_payload(),
+        "gpt2-tiny.training.json": training.to_payload(),
     }
 
 

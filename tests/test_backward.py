@@ -1,0 +1,95 @@
+"""Backward FLOPs per module: each autograd node is credited to the module call that created it.
+
+Truth: ``FlopCounterMode`` on a real CPU training step, whose module tracker credits backward
+FLOPs per module too, for models where its tracker is exact (GPT-2, a CNN); for Llama (its
+tracker misplaces the backward of grouped-query attention) the invariants a Linear must meet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from models import SmallCNN, gpt2_config, llama_config, real
+from torch.utils.flop_counter import FlopCounterMode
+
+import meta_widget as mw
+
+
+def real_step_counts(model: torch.nn.Module, x: torch.Tensor) -> dict[str, int]:
+    """FLOPs by module path of a real forward + backward (FlopCounterMode's module names)."""
+    model.train()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = model(x)
+        (out.logits if hasattr(out, "logits") else out).sum().backward()
+    root = type(model).__name__
+    return {
+        "" if name == root else name.removeprefix(root + "."): sum(ops.values())
+        for name, ops in counter.get_flop_counts().items()
+        if name == root or name.startswith(root + ".")
+    }
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: (real(gpt2_config()), torch.randint(0, 100, (2, 16))), id="gpt2"),
+        pytest.param(lambda: (SmallCNN(), torch.randn(4, 3, 16, 16)), id="cnn"),
+    ],
+)
+def test_forward_plus_backward_per_module_match_a_real_step(make: Any) -> None:
+    torch.manual_seed(0)
+    model, x = make()
+    a = mw.analyze(model, input_data=x, mode="training", optimizer=None, device="math")
+    truth = real_step_counts(model, x)
+    ours = {n.path: n.flops + n.backward_flops for n in a.modules}
+    assert {k: v for k, v in ours.items() if v or k in truth} == truth
+    assert a.root.backward_flops > a.root.flops > 0
+    assert a.total_flops == a.root.flops + a.root.backward_flops  # nothing left unattributed
+
+
+def test_every_linear_backward_is_one_or_two_matmuls_of_its_forward() -> None:
+    a = mw.analyze(llama_config(), input_size=(2, 16), mode="training", optimizer=None)
+    linears = [c for c in a.calls if c.type == "Linear"]
+    assert linears and all(c.backward_flops == 2 * c.flops for c in linears)
+    # attention's own backward (not in a Linear) lands on the attention module
+    attn = next(c for c in a.calls if c.type == "LlamaAttention")
+    own = attn.backward_flops - sum(c.backward_flops for c in a.calls if c.parent == attn.index)
+    assert own > 0
+    assert a.total_flops == a.calls[0].flops + a.calls[0].backward_flops
+    frame = a.to_dataframe()
+    assert frame["backward_flops"].iloc[0] == a.calls[0].backward_flops
+    assert "Bwd FLOPs" in a.summary()
+
+
+def test_the_training_peak_names_the_module_whose_backward_allocates() -> None:
+    a = mw.analyze(llama_config(), input_size=(2, 16), mode="training", optimizer=None)
+    assert a.memory.peak_phase == "backward"
+    assert a.memory.peak_module is not None
+    assert f"in the backward of {a.memory.peak_module}" in a.summary()
+
+
+def test_inference_has_no_backward_and_sends_no_column() -> None:
+    a = mw.analyze(gpt2_config(), input_size=(1, 8))
+    assert all(c.backward_flops == 0 for c in a.calls)
+    assert "backward_flops" not in a.to_payload()["calls"]
+    assert "Bwd FLOPs" not in a.summary()
+    t = mw.analyze(gpt2_config(), input_size=(1, 8), mode="training")
+    column = t.to_payload()["calls"]["backward_flops"]
+    assert column[0] == t.calls[0].backward_flops > 0
+
+
+def test_checkpointed_modules_credit_their_backward_too() -> None:
+    a = mw.analyze(
+        llama_config(),
+        input_size=(2, 16),
+        mode="training",
+        optimizer=None,
+        activation_checkpointing=True,
+    )
+    plain = mw.analyze(llama_config(), input_size=(2, 16), mode="training", optimizer=None)
+    layer = [c for c in a.calls if c.type == "LlamaDecoderLayer" and c.phase == "forward"]
+    plain_layer = [c for c in plain.calls if c.type == "LlamaDecoderLayer"]
+    assert [c.backward_flops for c in layer] == [c.backward_flops for c in plain_layer]
