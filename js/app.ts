@@ -132,6 +132,8 @@ export class App {
   private scaleCache: Scales | null = null;
   private tab: Tab = "details";
   private expectedCalls = 0;
+  /** What a running training step does after its forward pass ("backward", "optimizer"). */
+  private phase: string | null = null;
   private startedAt = 0;
   private elapsedS: number | null = null;
   private timer: ReturnType<typeof setInterval> | null = null;
@@ -311,6 +313,7 @@ export class App {
     switch (msg.type) {
       case "start":
         this.expectedCalls = msg.expectedCalls;
+        this.phase = null;
         this.startedAt = performance.now();
         this.elapsedS = null;
         this.setAnalysis(msg.payload ?? emptyAnalysis());
@@ -326,8 +329,13 @@ export class App {
         this.chartsDirty = true;
         this.schedule();
         break;
+      case "phase":
+        this.phase = msg.phase;
+        this.schedule();
+        break;
       case "done":
         this.rerunning = false;
+        this.phase = null;
         this.elapsedS = msg.elapsedS;
         this.stopTimer();
         if (this.analysis && this.analysis.status === "running") this.analysis.status = "done";
@@ -896,13 +904,16 @@ export class App {
       const m = this.expectedCalls;
       // `expected_calls` is estimated before the trace (one call per module that is not a
       // container): modules never called or called several times make the real count differ
-      const text = `${this.rerunning ? "Re-running · " : ""}${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""} · ${elapsed.toFixed(1)} s`;
+      const step = this.phase === "optimizer" ? "optimizer step" : `${this.phase} pass`;
+      const text = this.phase
+        ? `${this.rerunning ? "Re-running · " : ""}forward pass done (${formatExact(n)} calls) · ${step}… · ${elapsed.toFixed(1)} s`
+        : `${this.rerunning ? "Re-running · " : ""}${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""} · ${elapsed.toFixed(1)} s`;
       this.progressEl.title = m
         ? "Expected calls are estimated before the trace as one per module; modules never called or called several times make the real count differ."
         : "";
       const bar = h("div", "mw-progress-bar");
       const fill = h("div", "mw-progress-fill");
-      fill.style.width = m ? `${Math.min(100, (100 * n) / m).toFixed(1)}%` : "0%";
+      fill.style.width = this.phase ? "100%" : m ? `${Math.min(100, (100 * n) / m).toFixed(1)}%` : "0%";
       bar.append(fill);
       this.progressEl.append(h("span", "mw-spinner"), h("span", "", text), bar);
     } else if (this.elapsedS !== null) {

@@ -100,6 +100,8 @@ describe("decodePayload", () => {
 describe("messages", () => {
   it("decodes done, error and unknown messages", () => {
     expect(decodeMessage({ type: "done", elapsed_s: 1.5 })).toEqual({ type: "done", elapsedS: 1.5 });
+    expect(decodeMessage({ type: "phase", phase: "backward" })).toEqual({ type: "phase", phase: "backward" });
+    expect(decodeMessage({ type: "phase" })).toBeNull();
     expect(decodeMessage({ type: "bogus" })).toBeNull();
     expect(decodeMessage({ type: "error", error: { type: "ValueError", message: "m" } })).toMatchObject({
       type: "error",

@@ -303,6 +303,11 @@ export interface CallsMessage {
   index: number[];
   calls: WireCalls;
 }
+/** A training step's forward pass is over; this phase runs now (it records no new calls). */
+export interface PhaseMessage {
+  type: "phase";
+  phase: string;
+}
 export interface DoneMessage {
   type: "done";
   elapsedS: number;
@@ -311,7 +316,7 @@ export interface ErrorMessage {
   type: "error";
   error: ErrorInfo;
 }
-export type Message = StartMessage | CallsMessage | DoneMessage | ErrorMessage;
+export type Message = StartMessage | CallsMessage | PhaseMessage | DoneMessage | ErrorMessage;
 
 /** Front end -> kernel. */
 export interface SelectMessage {
@@ -615,6 +620,8 @@ export function decodeMessage(raw: unknown): Message | null {
         calls,
       };
     }
+    case "phase":
+      return typeof raw.phase === "string" ? { type: "phase", phase: raw.phase } : null;
     case "done":
       return { type: "done", elapsedS: num(raw.elapsed_s, 0) };
     case "error": {

@@ -202,6 +202,26 @@ describe("widget", () => {
     expect(el.querySelector(".mw-progress")?.textContent).toContain("12 calls recorded in 0.25 s");
   });
 
+  it("says which phase of a training step runs after the forward pass", () => {
+    const fx = tiny();
+    const { model, app } = setup({});
+    model.emit("msg:custom", fx.messages[0]);
+    model.emit("msg:custom", fx.messages[1]);
+    model.emit("msg:custom", fx.messages[2]);
+    model.emit("msg:custom", { type: "phase", phase: "backward" });
+    app.render();
+    const progress = (): string => el.querySelector(".mw-progress")?.textContent ?? "";
+    expect(progress()).toContain("forward pass done (12 calls) · backward pass…");
+    expect((el.querySelector(".mw-progress-fill") as HTMLElement).style.width).toBe("100%");
+    model.emit("msg:custom", { type: "phase", phase: "optimizer" });
+    app.render();
+    expect(progress()).toContain("optimizer step…");
+    model.traits.payload = fx.payload;
+    model.emit("msg:custom", fx.messages[3]);
+    app.render();
+    expect(progress()).toContain("12 calls recorded in 0.25 s");
+  });
+
   it("opens to the depth trait", () => {
     el = document.createElement("div");
     document.body.append(el);

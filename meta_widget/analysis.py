@@ -612,6 +612,7 @@ def analyze(
         checkpointed=_checkpointed(module, activation_checkpointing),
         listeners=all_listeners,
         policy=_policy(strict, assume, assume_nonzero),
+        on_phase=stream.phase if stream is not None else None,
     )
     error = None
     if result.exception is not None:

@@ -85,6 +85,7 @@ def trace(
     policy: Policy | None = None,
     device: str = "cuda",
     checkpointed: Sequence[torch.nn.Module] = (),
+    on_phase: Callable[[str], None] | None = None,
 ) -> Trace:
     """Run the pass once under a :class:`Recorder` and return what it saw.
 
@@ -92,6 +93,7 @@ def trace(
     records made before it. ``device`` picks the attention kernel (``meta_widget.kernels``);
     the forward of each module in ``checkpointed`` runs under activation checkpointing
     (``torch.utils.checkpoint``, non-reentrant): its activations are recomputed in backward.
+    ``on_phase(name)`` is told when a training step enters ``backward`` and ``optimizer``.
     """
     if training and optimizer is not None and optimizer not in OPTIMIZERS:
         raise ValueError(
@@ -132,6 +134,8 @@ def trace(
                     value = (loss or default_loss)(output)
                 recorder.phase = "backward"
                 phase_starts["backward"] = len(recorder.events)
+                if on_phase is not None:
+                    on_phase("backward")
                 value.backward()
                 del value
                 recorder.sum_backward()
@@ -139,6 +143,8 @@ def trace(
                 if optimizer is not None:
                     recorder.phase = "optimizer"
                     phase_starts["optimizer"] = len(recorder.events)
+                    if on_phase is not None:
+                        on_phase("optimizer")
                     opt = OPTIMIZERS[optimizer](params)
                     opt.step()
                     for state in opt.state.values():

@@ -79,6 +79,8 @@ Messages, kernel -> front end (custom messages, while tracing)
   "calls": {"index": [int], ...the call columns above...}}``: the dictionaries are *appended* to
   the ones already received (ids continue), then the calls are added at their ``index`` rows.
   Calls complete in post-order (a child before its parent), hence the explicit index.
+- ``{"type": "phase", "phase": "backward" | "optimizer"}``: a training step's forward pass is
+  over (every forward call was sent) and this phase runs now; it records no new calls.
 - ``{"type": "done", "elapsed_s": float}``: the final payload is now in the ``payload`` trait.
 - ``{"type": "error", "error": {...the error object...}}``
 
@@ -127,7 +129,7 @@ CALL_COLUMNS = (
     "assumed",
     "backward_flops",
 )
-MESSAGE_TYPES_TO_JS = ("start", "calls", "done", "error")
+MESSAGE_TYPES_TO_JS = ("start", "calls", "phase", "done", "error")
 MESSAGE_TYPES_FROM_JS = ("select", "rerun")
 
 

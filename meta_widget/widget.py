@@ -160,6 +160,11 @@ class CallStream:
         self.pending.clear()
         self.last = time.perf_counter()
 
+    def phase(self, name: str) -> None:
+        """A training step moved on to ``name`` (backward, optimizer): say so, calls first."""
+        self.flush()
+        self.widget.send({"type": "phase", "phase": name})
+
     def finish(self, analysis: Analysis) -> None:
         self.flush()
         if analysis.error is not None:

@@ -151,8 +151,14 @@ def test_the_widget_reruns_in_training_mode_on_request() -> None:
     view = Recording()
     a = mw.analyze(mlp(), input_size=(16, 32), widget=view)
     assert view.payload["mode"] == "inference" and [m["type"] for m in sent][-1] == "done"
+    sent.clear()
     view._on_message(view, {"type": "rerun", "mode": "training", "optimizer": "sgd"}, [])
     assert view.payload["mode"] == "training"
+    # every forward call is sent before the front end hears that backward runs, then the step
+    types = [m["type"] for m in sent]
+    assert [m["phase"] for m in sent if m["type"] == "phase"] == ["backward", "optimizer"]
+    assert types.index("phase") > max(i for i, t in enumerate(types) if t == "calls")
+    assert types[-1] == "done"
     assert view.payload["memory"]["gradient_bytes"] == a.param_bytes
     assert view.analysis is not None and view.analysis.memory.optimizer_state_bytes == 0
     with pytest.raises(ValueError, match="mode must be one of"):
