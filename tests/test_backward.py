@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from models import SmallCNN, gpt2_config, llama_config, real
+from test_analyzer import CASES
 from torch.utils.flop_counter import FlopCounterMode
 
 import meta_widget as mw
@@ -93,3 +94,18 @@ def test_checkpointed_modules_credit_their_backward_too() -> None:
     layer = [c for c in a.calls if c.type == "LlamaDecoderLayer" and c.phase == "forward"]
     plain_layer = [c for c in plain.calls if c.type == "LlamaDecoderLayer"]
     assert [c.backward_flops for c in layer] == [c.backward_flops for c in plain_layer]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_model_credits_its_whole_backward_to_modules(name: str) -> None:
+    """GPT-2, Llama, BERT, T5 (kwargs), a CNN, an LSTM, a module called 3x, dict in/out."""
+    model, args, kwargs = CASES[name]()
+    a = mw.analyze(model, input_data=kwargs if kwargs else args, mode="training", optimizer=None)
+    assert a.error is None
+    top = [c for c in a.calls if c.parent == -1]
+    assert a.total_flops == sum(c.flops + c.backward_flops for c in top)
+    assert a.orphan_ops == {}
+    for c in a.calls:  # a Linear's backward: grad of the weight, and of the input if it needs one
+        if c.type == "Linear":
+            assert c.backward_flops in (c.flops, 2 * c.flops), c.path
+    assert a.memory.peak_module is not None  # the peak of these steps is in backward
