@@ -1001,7 +1001,7 @@ export class App {
       const p = a.peak;
       const phase = a.memory.peakPhase;
       this.timelineNote.textContent = p
-        ? `Live bytes after each allocation and free${a.mode === "training" ? " (forward, backward, optimizer step)" : ""}. Peak ${formatBytes(p.bytes)} in ${peakOwner(a)}${p.op ? ` (${p.op})` : ""}${phase ? `, in the ${phase} phase` : ""}.`
+        ? `Live bytes after each allocation and free${a.mode === "training" ? " (forward, backward, optimizer step)" : ""}. Peak ${formatBytes(p.bytes)} in ${peakOwner(a)}${p.op ? ` (${p.op})` : ""}${phase && !peakOwner(a).includes(phase) ? `, in the ${phase} phase` : ""}.`
         : "Live bytes after each allocation and free over the forward pass.";
       this.timelineChart.setData(a, this.chartWidth());
     }

@@ -522,7 +522,8 @@ export class TimelineChart {
       a.peak && a.peak.module !== undefined
         ? `peak ${formatBytes(a.peak.bytes || (bytes[peakI] ?? 0))} · ${peakOwner(a)}`
         : `peak ${formatBytes(bytes[peakI] ?? 0)} · ${moduleOfEvent(peakI)}`;
-    const peakText = peakPhase ? `${peakLabel} · ${peakPhase}` : peakLabel;
+    // "· backward" only where the owner ("the backward of x", "the optimizer step") does not say it
+    const peakText = peakPhase && !peakLabel.includes(peakPhase) ? `${peakLabel} · ${peakPhase}` : peakLabel;
     const xs = bytes.map((_, i) => i);
     const self = this;
     const opts: uPlot.Options = {

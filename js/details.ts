@@ -142,7 +142,24 @@ function callBlock(a: Analysis, call: CallInfo, k: number, total: number): HTMLE
   }
   box.append(h("div", "mw-subhead", "Inputs"), tensorTable(call.inputs));
   box.append(h("div", "mw-subhead", "Outputs"), tensorTable(call.outputs));
-  if (call.ops.length) {
+  if (call.backwardOps.length) {
+    // a training step: each op's forward and backward FLOPs side by side
+    const both = new Map<string, [number, number]>();
+    for (const o of call.ops) both.set(o.op, [o.flops, 0]);
+    for (const o of call.backwardOps) {
+      const [fwd, bwd] = both.get(o.op) ?? [0, 0];
+      both.set(o.op, [fwd, bwd + o.flops]);
+    }
+    const rows = [...both].sort((x, y) => y[1][0] + y[1][1] - (x[1][0] + x[1][1]));
+    box.append(
+      h("div", "mw-subhead", "FLOPs by op (own body)"),
+      table(
+        ["op", "forward", "backward"],
+        rows.map(([op, [fwd, bwd]]) => [op, fwd ? formatFlops(fwd) : "–", bwd ? formatFlops(bwd) : "–"]),
+        "mw-ops",
+      ),
+    );
+  } else if (call.ops.length) {
     const ops = call.ops.slice().sort((x, y) => y.flops - x.flops);
     box.append(
       h("div", "mw-subhead", "FLOPs by op (own body)"),
@@ -213,8 +230,8 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
       ["FLOPs", `${formatFlops(v.flops)} (${formatExact(v.flops)})`],
       ...(v.backwardFlops
         ? ([
-            ["  forward", formatFlops(v.flops - v.backwardFlops)],
-            ["  backward", formatFlops(v.backwardFlops)],
+            ["↳ forward", formatFlops(v.flops - v.backwardFlops)],
+            ["↳ backward", formatFlops(v.backwardFlops)],
           ] as [string, string][])
         : []),
       ["calls", String(v.calls)],

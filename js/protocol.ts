@@ -48,6 +48,8 @@ export interface WireCalls {
   assumed?: number[];
   /** Optional: in training, FLOPs of the backward of what the call computed (sub-calls included). */
   backward_flops?: number[];
+  /** Optional: in training, `[[op_sid, flops], ...]` of the backward, own body only. */
+  backward_ops?: [number, number][][];
 }
 
 export interface WireTimeline {
@@ -152,6 +154,8 @@ export interface CallInfo {
   assumed: boolean;
   /** Training: FLOPs of the backward of what this call computed, its sub-calls included. */
   backwardFlops: number;
+  /** Training: the backward's FLOPs by op, own body only. */
+  backwardOps: OpFlops[];
 }
 
 /** Where the trace assumed a value it could not know (e.g. `if mask.all():` taken as True). */
@@ -471,15 +475,20 @@ function decodeCallRow(d: Dictionaries, c: Obj, i: number, index: number): CallI
     activationBytes: num(col(c, "activation_bytes", i, 0)),
     inputs: resolveNamed(d, col(c, "inputs", i, [])),
     outputs: resolveNamed(d, col(c, "outputs", i, [])),
-    ops: arr<unknown>(col(c, "ops", i, [])).map((pair) => {
-      const p = arr<number>(pair);
-      return { op: d.strings[num(p[0])] ?? "?", flops: num(p[1]) };
-    }),
+    ops: decodeOps(d, col(c, "ops", i, [])),
     durationUs: num(col(c, "duration_us", i, 0)),
     error: num(col(c, "error", i, 0)) === 1,
     assumed: num(col(c, "assumed", i, 0)) === 1,
     backwardFlops: num(col(c, "backward_flops", i, 0)),
+    backwardOps: decodeOps(d, col(c, "backward_ops", i, [])),
   };
+}
+
+function decodeOps(d: Dictionaries, raw: unknown): OpFlops[] {
+  return arr<unknown>(raw).map((pair) => {
+    const p = arr<number>(pair);
+    return { op: d.strings[num(p[0])] ?? "?", flops: num(p[1]) };
+  });
 }
 
 /**

@@ -253,13 +253,22 @@ describe("widget", () => {
   });
 
   it("counts a training step's FLOPs, forward and backward, and says so", () => {
-    setup(training);
+    const { app } = setup(training);
     const head = el.querySelector(".mw-th.mw-col-flops") as HTMLElement;
     expect(head.textContent).toBe("Step FLOPs");
     const flops = el.querySelector('.mw-row[data-row="0"] .mw-col-flops') as HTMLElement;
     flops.dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
     expect(flops.title).toMatch(/forward [\d,]+ \+ backward [\d,]+$/);
     expect(el.querySelector(".mw-details")?.textContent).toContain("backward");
+    // a Linear's own ops: forward and backward FLOPs side by side
+    const fc = app as unknown as { selectModule(i: number): void; render(): void };
+    const decoded = training as { modules: { name: number[] }; strings: string[] };
+    const row = decoded.modules.name.findIndex((sid) => decoded.strings[sid] === "c_fc");
+    fc.selectModule(row);
+    fc.render();
+    const ops = el.querySelector(".mw-details .mw-ops") as HTMLElement;
+    expect([...ops.querySelectorAll("th")].map((t) => t.textContent)).toEqual(["op", "forward", "backward"]);
+    expect(ops.textContent).toContain("aten.mm");
   });
 
   it("recomputes parameter memory for another dtype", () => {

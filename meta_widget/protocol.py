@@ -43,6 +43,7 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                                           # computed from one (meta_widget.assume)
         "backward_flops": [int],          # training: FLOPs of the backward of what this call
                                           # computed, its sub-calls included
+        "backward_ops": [[[op_sid, flops], ...]],  # training: the backward's FLOPs by op, own body
       },
       "timeline": {                       # live bytes over the pass: its envelope, at most
                                           # TIMELINE_POINTS points (see timeline_points)
@@ -65,9 +66,9 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                        "count", "site"}],   # where the trace assumed a value it did not have
     }
 
-The integer columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``,
-``backward_flops``) are left out of a payload, and of a streamed batch, when all their values
-are 0: a missing column reads as zeros.
+The columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``,
+``backward_flops``, ``backward_ops``) are left out of a payload, and of a streamed batch, when
+all their values are 0 (or empty): a missing column reads as zeros (empty lists).
 
 Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"args[0]"``,
 ``"attention_mask"``, ``"[0]"``, ``"logits"``, ``"past_key_values.layers[0].keys"``.
@@ -128,6 +129,7 @@ CALL_COLUMNS = (
     "error",
     "assumed",
     "backward_flops",
+    "backward_ops",
 )
 MESSAGE_TYPES_TO_JS = ("start", "calls", "phase", "done", "error")
 MESSAGE_TYPES_FROM_JS = ("select", "rerun")
@@ -215,6 +217,7 @@ def encode_calls(records: Sequence[CallRecord], d: Dictionary) -> dict[str, list
         "error": [int(r.error) for r in records],
         "assumed": [int(r.assumed) for r in records],
         "backward_flops": [r.backward_flops for r in records],
+        "backward_ops": [[[d.string(k), v] for k, v in r.backward_ops.items()] for r in records],
     }
 
 
@@ -307,7 +310,7 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
 
 
 #: integer columns left out of a payload when every value is 0 (they read as zeros)
-OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed", "backward_flops")
+OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed", "backward_flops", "backward_ops")
 
 
 def drop_zero_columns(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:

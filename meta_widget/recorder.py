@@ -88,6 +88,8 @@ class CallRecord:
     assumed: bool = False
     backward_flops: int = 0
     backward_self_flops: int = 0
+    #: the backward's FLOPs by aten op, own body only (like ``ops``)
+    backward_ops: dict[str, int] = field(default_factory=dict)
     #: the autograd sequence number when the call started: nodes it created have one as high
     grad_seq: int = 0
 
@@ -400,7 +402,9 @@ class Recorder:
             n = count(*args, **kwargs, out_val=out)
             if n:
                 if backward:
-                    owner.backward_self_flops += n  # type: ignore[union-attr]
+                    assert owner is not None
+                    owner.backward_self_flops += n
+                    owner.backward_ops[name] = owner.backward_ops.get(name, 0) + n
                 elif owner is not None:
                     owner.flops += n
                     owner.self_flops += n

@@ -109,3 +109,5 @@ def test_every_model_credits_its_whole_backward_to_modules(name: str) -> None:
         if c.type == "Linear":
             assert c.backward_flops in (c.flops, 2 * c.flops), c.path
     assert a.memory.peak_module is not None  # the peak of these steps is in backward
+    for c in a.calls:  # by op, own body: adds up to the backward of the body
+        assert sum(c.backward_ops.values()) == c.backward_self_flops, c.path
