@@ -629,7 +629,7 @@ def analyze(
             result.assumptions,
         )
     for rec in result.calls:
-        if rec.module >= 0 and rec.phase == "forward":  # not the recomputation of checkpoints
+        if rec.module >= 0:
             nodes[rec.module].calls.append(rec)
     report = memory_report(module, input_tensors, result.calls, result, mode == "training")
     total = result.orphan_flops + sum(c.self_flops + c.backward_self_flops for c in result.calls)

@@ -420,7 +420,7 @@ def tp_activation_fraction(analysis: Analysis) -> float:
     inside: set[int] = set()
     for node in _tp_nodes(analysis):
         inside.update(n.index for n in node.walk())
-    forward = [c for c in analysis.calls if c.phase == "forward"]
+    forward = analysis.calls  # recomputations under checkpointing are not calls of their own
     total = sum(c.alloc_bytes for c in forward)
     if total == 0:
         return 0.0

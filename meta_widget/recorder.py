@@ -64,6 +64,9 @@ class CallRecord:
     In a training step, ``backward_flops`` counts the FLOPs of the backward of everything this
     call computed (sub-calls included; ``backward_self_flops`` its own body only): each autograd
     node is credited to the innermost call that created it (see ``Recorder.tag_grad_nodes``).
+    Under activation checkpointing, the forward that backward runs again is part of it too: a
+    module called again inside backward is no new call, its work is the backward's of the
+    forward call it repeats (``recompute_of``, on the stack only).
     """
 
     index: int
@@ -92,6 +95,8 @@ class CallRecord:
     backward_ops: dict[str, int] = field(default_factory=dict)
     #: the autograd sequence number when the call started: nodes it created have one as high
     grad_seq: int = 0
+    #: a recomputation inside backward (activation checkpointing): the forward call it repeats
+    recompute_of: int = -1
 
 
 class Event(NamedTuple):
@@ -200,6 +205,9 @@ class Recorder:
         for i, m in enumerate(module.modules()):
             rows[id(m)] = i
         self._rows = rows
+        # activation checkpointing: forward calls by module row, and recomputations seen so far
+        self._forward_calls: dict[int, list[int]] = {}
+        self._recomputed: dict[int, int] = {}
         paths: dict[int, list[str]] = {}
         for name, m in module.named_modules(remove_duplicate=False):
             paths.setdefault(id(m), []).append(name)
@@ -249,6 +257,10 @@ class Recorder:
 
     def _pre(self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         stack = self._stack
+        if self.phase == "backward":
+            stack.append(self._recomputation(mod))
+            self._stack_ids.append(id(mod))
+            return
         rec = CallRecord(
             index=len(self.calls),
             path=self._path_for(mod),
@@ -278,6 +290,8 @@ class Recorder:
             stack.pop().error = True
         ids.pop()
         rec = stack.pop()
+        if rec.recompute_of >= 0:
+            return  # not a call of its own (see _recomputation)
         rec.duration_s = time.perf_counter() - rec.duration_s
         rec.end_event = len(self.events)
         if output is None and sys.exc_info()[1] is not None:
@@ -301,6 +315,49 @@ class Recorder:
             stack[-1].flops += rec.flops
         for listener in self.listeners:
             listener(rec)
+
+    def _recomputation(self, mod: torch.nn.Module) -> CallRecord:
+        """A module called again inside backward: activation checkpointing recomputing its forward.
+
+        The stack record points at the forward call it repeats (the k-th recomputation of a
+        module, at its k-th forward call), whose backward then holds the work.
+        """
+        row = self._rows.get(id(mod), -1)
+        forward = self._forward_calls.get(row)
+        if forward is None:
+            forward = self._forward_calls[row] = [
+                c.index for c in self.calls if c.module == row and c.phase == "forward"
+            ]
+        k = self._recomputed.get(row, 0)
+        self._recomputed[row] = k + 1
+        target = forward[k % len(forward)] if forward else -1
+        return CallRecord(
+            index=-1,
+            path=self._path_for(mod),
+            type=type(mod).__name__,
+            module=row,
+            parent=-1,
+            depth=len(self._stack),
+            inputs=[],
+            phase="backward",
+            recompute_of=target,
+        )
+
+    def _owner(self) -> tuple[CallRecord | None, bool]:
+        """The call an op (or a free) belongs to now, and whether as part of its backward.
+
+        The innermost call running; inside backward, the call that created the autograd node
+        running, or the forward call a recomputation repeats.
+        """
+        if self._stack:
+            top = self._stack[-1]
+            if top.recompute_of < 0:
+                return top, False
+            return self.calls[top.recompute_of], True
+        if self.phase == "backward":
+            owner = self._backward_owner()
+            return owner, owner is not None
+        return None, False
 
     def _tag_nodes(self, roots: list[Any], rec: CallRecord) -> None:
         """Credit to ``rec`` the autograd nodes behind its outputs that it created.
@@ -390,14 +447,7 @@ class Recorder:
             self._taint(out)
         if self._known and func in SCALAR_OPS:
             self._fold_scalar(func, args, out)
-        # the call the op belongs to: the innermost one running, or in backward the one whose
-        # autograd node runs (a recomputed checkpoint's calls run inside backward too)
-        if self._stack:
-            owner: CallRecord | None = self._stack[-1]
-            backward = False
-        else:
-            owner = self._backward_owner() if self.phase == "backward" else None
-            backward = owner is not None
+        owner, backward = self._owner()
         if count is not None:
             n = count(*args, **kwargs, out_val=out)
             if n:
@@ -549,11 +599,8 @@ class Recorder:
         alloc = entry[0]
         alloc.freed = len(self.events)
         self.live_bytes -= alloc.nbytes
-        if self._stack:
-            call = self._stack[-1].index
-        else:
-            owner = self._backward_owner() if self.phase == "backward" else None
-            call = owner.index if owner is not None else -1
+        owner = self._owner()[0]
+        call = owner.index if owner is not None else -1
         self.events.append(Event(-alloc.nbytes, self.live_bytes, call, "free", self.phase))
 
     def mark_saved(self, t: torch.Tensor) -> None:

@@ -82,7 +82,8 @@ def test_inference_has_no_backward_and_sends_no_column() -> None:
     assert column[0] == t.calls[0].backward_flops > 0
 
 
-def test_checkpointed_modules_credit_their_backward_too() -> None:
+def test_checkpointed_layers_count_their_recomputation_as_backward() -> None:
+    plain = mw.analyze(llama_config(), input_size=(2, 16), mode="training", optimizer=None)
     a = mw.analyze(
         llama_config(),
         input_size=(2, 16),
@@ -90,10 +91,17 @@ def test_checkpointed_modules_credit_their_backward_too() -> None:
         optimizer=None,
         activation_checkpointing=True,
     )
-    plain = mw.analyze(llama_config(), input_size=(2, 16), mode="training", optimizer=None)
-    layer = [c for c in a.calls if c.type == "LlamaDecoderLayer" and c.phase == "forward"]
-    plain_layer = [c for c in plain.calls if c.type == "LlamaDecoderLayer"]
-    assert [c.backward_flops for c in layer] == [c.backward_flops for c in plain_layer]
+    # the recomputation inside backward is no new call: the same calls as without checkpointing
+    assert [(c.path, c.flops) for c in a.calls] == [(c.path, c.flops) for c in plain.calls]
+    # each layer's backward grows by the forward work it repeats, and nothing is left out
+    extra = a.total_flops - plain.total_flops
+    layers = [c for c in a.calls if c.type == "LlamaDecoderLayer"]
+    plain_layers = [c for c in plain.calls if c.type == "LlamaDecoderLayer"]
+    grown = [x.backward_flops - y.backward_flops for x, y in zip(layers, plain_layers, strict=True)]
+    assert all(0 < g <= x.flops for g, x in zip(grown, layers, strict=True))
+    assert sum(grown) == extra > 0
+    assert a.total_flops == a.calls[0].flops + a.calls[0].backward_flops
+    assert a.memory.peak_phase == "backward" and a.memory.peak_module is not None
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
