@@ -95,7 +95,8 @@ class CallRecord:
     backward_ops: dict[str, int] = field(default_factory=dict)
     #: the autograd sequence number when the call started: nodes it created have one as high
     grad_seq: int = 0
-    #: a recomputation inside backward (activation checkpointing): the forward call it repeats
+    #: a module called inside backward (activation checkpointing recomputing it) is on the stack
+    #: with index -1 and the forward call it repeats here (-1: none, e.g. never called forward)
     recompute_of: int = -1
 
 
@@ -290,8 +291,8 @@ class Recorder:
             stack.pop().error = True
         ids.pop()
         rec = stack.pop()
-        if rec.recompute_of >= 0:
-            return  # not a call of its own (see _recomputation)
+        if rec.index < 0:
+            return  # a recomputation inside backward: not a call of its own
         rec.duration_s = time.perf_counter() - rec.duration_s
         rec.end_event = len(self.events)
         if output is None and sys.exc_info()[1] is not None:
@@ -351,9 +352,10 @@ class Recorder:
         """
         if self._stack:
             top = self._stack[-1]
-            if top.recompute_of < 0:
+            if top.index >= 0:
                 return top, False
-            return self.calls[top.recompute_of], True
+            if top.recompute_of >= 0:
+                return self.calls[top.recompute_of], True
         if self.phase == "backward":
             owner = self._backward_owner()
             return owner, owner is not None
