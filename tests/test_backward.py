@@ -119,3 +119,34 @@ def test_every_model_credits_its_whole_backward_to_modules(name: str) -> None:
     assert a.memory.peak_module is not None  # the peak of these steps is in backward
     for c in a.calls:  # by op, own body: adds up to the backward of the body
         assert sum(c.backward_ops.values()) == c.backward_self_flops, c.path
+
+
+class _Double(torch.autograd.Function):
+    """Its backward calls a module: a module call that only ever happens inside backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, helper: torch.nn.Module) -> torch.Tensor:
+        ctx.helper = helper
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.helper(grad), None
+
+
+class _BackwardHelper(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.helper = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Double.apply(self.lin(x), self.helper)
+
+
+def test_a_module_called_only_in_backward_is_no_call_and_loses_nothing() -> None:
+    a = mw.analyze(_BackwardHelper(), input_size=(4, 8), mode="training")
+    assert a.error is None
+    assert [c.path for c in a.calls] == ["", "lin"]
+    assert a.total_flops == a.calls[0].flops + a.calls[0].backward_flops
+    assert a.calls[0].backward_flops > a.calls[1].backward_flops  # the helper's matmul is there
