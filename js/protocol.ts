@@ -46,9 +46,10 @@ export interface WireCalls {
   error: number[];
   /** Optional (newer kernels): 1 where the call took an assumption or holds results from one. */
   assumed?: number[];
-  /** Optional: in training, FLOPs of the backward of what the call computed (sub-calls included). */
-  backward_flops?: number[];
-  /** Optional: in training, `[[op_sid, flops], ...]` of the backward, own body only. */
+  /**
+   * Optional: in training, `[[op_sid, flops], ...]` of the backward of what the call's own body
+   * computed; a call's whole backward (sub-calls included) is summed here from these.
+   */
   backward_ops?: [number, number][][];
 }
 
@@ -479,7 +480,7 @@ function decodeCallRow(d: Dictionaries, c: Obj, i: number, index: number): CallI
     durationUs: num(col(c, "duration_us", i, 0)),
     error: num(col(c, "error", i, 0)) === 1,
     assumed: num(col(c, "assumed", i, 0)) === 1,
-    backwardFlops: num(col(c, "backward_flops", i, 0)),
+    backwardFlops: 0, // summed over the tree once every call is in (sumBackward)
     backwardOps: decodeOps(d, col(c, "backward_ops", i, [])),
   };
 }
@@ -605,7 +606,22 @@ export function decodePayload(raw: unknown): Analysis | null {
   const c = isObj(raw.calls) ? raw.calls : {};
   const nc = arr(c.module).length;
   for (let j = 0; j < nc; j++) placeCall(a, decodeCallRow(dict, c, j, j));
+  sumBackward(a.calls);
   return a;
+}
+
+/**
+ * Each call's `backwardFlops` from the wire's own-body `backward_ops`: its own plus its
+ * sub-calls' (a sub-call starts after its parent, so children come later in the list).
+ */
+function sumBackward(calls: (CallInfo | undefined)[]): void {
+  for (let i = calls.length - 1; i >= 0; i--) {
+    const c = calls[i];
+    if (!c) continue;
+    for (const o of c.backwardOps) c.backwardFlops += o.flops;
+    const parent = calls[c.parent];
+    if (parent) parent.backwardFlops += c.backwardFlops;
+  }
 }
 
 /** Decode one custom message from the kernel. Unknown or malformed messages give `null`. */

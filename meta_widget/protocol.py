@@ -41,9 +41,10 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
         "error": [0 | 1],                 # 1 where the call raised
         "assumed": [0 | 1],               # 1 where the call took an assumption or holds results
                                           # computed from one (meta_widget.assume)
-        "backward_flops": [int],          # training: FLOPs of the backward of what this call
-                                          # computed, its sub-calls included
-        "backward_ops": [[[op_sid, flops], ...]],  # training: the backward's FLOPs by op, own body
+        "backward_ops": [[[op_sid, flops], ...]],  # training: FLOPs by op of the backward of
+                                          # what the call's own body computed (a call's whole
+                                          # backward, sub-calls included, is their sum over
+                                          # its subtree: the front end adds them up)
       },
       "timeline": {                       # live bytes over the pass: its envelope, at most
                                           # TIMELINE_POINTS points (see timeline_points)
@@ -67,7 +68,7 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
     }
 
 The columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``,
-``backward_flops``, ``backward_ops``) are left out of a payload, and of a streamed batch, when
+``backward_ops``) are left out of a payload, and of a streamed batch, when
 all their values are 0 (or empty): a missing column reads as zeros (empty lists).
 
 Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"args[0]"``,
@@ -128,7 +129,6 @@ CALL_COLUMNS = (
     "duration_us",
     "error",
     "assumed",
-    "backward_flops",
     "backward_ops",
 )
 MESSAGE_TYPES_TO_JS = ("start", "calls", "phase", "done", "error")
@@ -216,7 +216,6 @@ def encode_calls(records: Sequence[CallRecord], d: Dictionary) -> dict[str, list
         "duration_us": [round(r.duration_s * 1e6) for r in records],
         "error": [int(r.error) for r in records],
         "assumed": [int(r.assumed) for r in records],
-        "backward_flops": [r.backward_flops for r in records],
         "backward_ops": [[[d.string(k), v] for k, v in r.backward_ops.items()] for r in records],
     }
 
@@ -310,7 +309,7 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
 
 
 #: integer columns left out of a payload when every value is 0 (they read as zeros)
-OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed", "backward_flops", "backward_ops")
+OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed", "backward_ops")
 
 
 def drop_zero_columns(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
