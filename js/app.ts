@@ -904,10 +904,12 @@ export class App {
       const m = this.expectedCalls;
       // `expected_calls` is estimated before the trace (one call per module that is not a
       // container): modules never called or called several times make the real count differ
+      // after the forward pass of a training step: which phase runs now
       const step = this.phase === "optimizer" ? "optimizer step" : `${this.phase} pass`;
-      const text = this.phase
-        ? `${this.rerunning ? "Re-running · " : ""}forward pass done (${formatExact(n)} calls) · ${step}… · ${elapsed.toFixed(1)} s`
-        : `${this.rerunning ? "Re-running · " : ""}${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""} · ${elapsed.toFixed(1)} s`;
+      const done = this.phase
+        ? `forward pass done (${formatExact(n)} calls) · ${step}…`
+        : `${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""}`;
+      const text = `${this.rerunning ? "Re-running · " : ""}${done} · ${elapsed.toFixed(1)} s`;
       this.progressEl.title = m
         ? "Expected calls are estimated before the trace as one per module; modules never called or called several times make the real count differ."
         : "";
