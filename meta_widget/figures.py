@@ -87,8 +87,8 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
         )
     if points:
         i = max(range(len(points)), key=lambda k: points[k][0])
-        where = mem.peak_module or "?"
-        phase = f", {mem.peak_phase}" if mem.peak_phase else ""
+        where = mem.peak_owner or "?"
+        phase = f", {mem.peak_phase}" if mem.peak_phase and mem.peak_phase not in where else ""
         parts = "<br>".join(f"{k}: {format_bytes(v)}" for k, v in mem.categories.items() if v)
         fig.add_scatter(
             x=[i],

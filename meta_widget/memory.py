@@ -69,6 +69,17 @@ class MemoryReport:
         """Bytes live before the first op: parameters, buffers and inputs."""
         return self.param_bytes + self.buffer_bytes + self.input_bytes
 
+    @property
+    def peak_owner(self) -> str | None:
+        """Whose the peak is, in words: a module path ("" is the root), "the backward of" one,
+        "the optimizer step" or "outside any module"; None when nothing was traced."""
+        if self.peak_phase is None:
+            return None
+        if self.peak_module is None:
+            return "the optimizer step" if self.peak_phase == "optimizer" else "outside any module"
+        whose = "the backward of " if self.peak_phase == "backward" else ""
+        return f"{whose}{self.peak_module or 'the root module'}"
+
     def param_bytes_at(self, dtype: str) -> int:
         """Parameter bytes if every floating-point parameter were stored as ``dtype``.
 

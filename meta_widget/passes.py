@@ -95,6 +95,12 @@ def trace(
     (``torch.utils.checkpoint``, non-reentrant): its activations are recomputed in backward.
     ``on_phase(name)`` is told when a training step enters ``backward`` and ``optimizer``.
     """
+    # PyTorch imports torch._dynamo the first time some of its functions run. Were that first
+    # time mid-trace, the import would keep the frames then running alive (an exception stored
+    # during it holds their traceback), and with them the tensors of the model's calls: the
+    # first analysis of a process would show activations that are never freed.
+    import torch._dynamo
+
     if training and optimizer is not None and optimizer not in OPTIMIZERS:
         raise ValueError(
             f"optimizer must be one of {sorted(OPTIMIZERS)} or None, not {optimizer!r}"

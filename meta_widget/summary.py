@@ -114,10 +114,7 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
     if mem.buffer_bytes:
         out.append(f"Buffers: {format_bytes(mem.buffer_bytes)}")
     if analysis.traced:
-        where = ""
-        if mem.peak_module is not None:
-            whose = "the backward of " if mem.peak_phase == "backward" else ""
-            where = f" in {whose}{mem.peak_module} ({mem.peak_op})"
+        where = f" in {mem.peak_owner} ({mem.peak_op})" if mem.peak_owner else ""
         out.append(
             f"FLOPs: {format_flops(analysis.total_flops)} · inputs {format_bytes(mem.input_bytes)}"
             f" · activations allocated {format_bytes(mem.activation_bytes)}"

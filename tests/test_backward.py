@@ -151,3 +151,13 @@ def test_a_module_called_only_in_backward_is_no_call_and_loses_nothing() -> None
     assert [c.path for c in a.calls] == ["", "lin"]
     assert a.total_flops == a.calls[0].flops + a.calls[0].backward_flops
     assert a.calls[0].backward_flops > a.calls[1].backward_flops  # the helper's matmul is there
+
+
+def test_a_peak_in_the_optimizer_step_says_so() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    a = mw.analyze(model, input_size=(16, 32), mode="training", optimizer="adamw")
+    assert a.memory.peak_phase == "optimizer" and a.memory.peak_module is None
+    assert a.memory.peak_owner == "the optimizer step"
+    assert "in the optimizer step (aten." in a.summary()
+    peak = next(d for d in a.figure("timeline").data if d.name == "peak")
+    assert "in the optimizer step" in peak.text[0]

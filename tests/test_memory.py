@@ -178,3 +178,36 @@ def test_figures_show_phases_and_categories_and_rerun_changes_inputs() -> None:
     bigger = a.rerun(input_size=(64, 32))
     assert bigger.calls[0].inputs[0][1].shape == (64, 32) and bigger.mode == "training"
     assert bigger.memory.categories["activations"] > a.memory.categories["activations"]
+
+
+def test_the_first_analysis_of_a_process_frees_what_the_model_frees() -> None:
+    """A lazy import inside PyTorch on the first trace of a process once kept frames, and with
+    them an activation, alive: the first analysis showed a higher peak than the next ones."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import torch, meta_widget as mw\n"
+        "peaks = []\n"
+        "for mode in ('inference', 'training', 'inference', 'training'):\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),"
+        " torch.nn.Linear(64, 8))\n"
+        "    peaks.append(mw.analyze(m, input_size=(16, 32), mode=mode).peak_bytes)\n"
+        "print(peaks)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    ).stdout
+    first_inference, first_training, inference, training = eval(out.strip())
+    assert (first_inference, first_training) == (inference, training)
+    # inference: input + weights + at the ReLU its input and output (the first Linear's output
+    # is freed before the last Linear allocates its 512 B)
+    assert inference == 2048 + 10528 + 2 * 4096
