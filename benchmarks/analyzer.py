@@ -13,30 +13,27 @@ The peak RSS of "build + analyze" of the 70B model is measured in a fresh subpro
 from __future__ import annotations
 
 import argparse
+import runpy
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import meta_widget as mw
 
+#: the Llama-3-70B shape of the example (one definition, used by every benchmark)
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama_70b.py"
+
 
 def llama_70b() -> nn.Module:
     import transformers
 
-    config = transformers.LlamaConfig(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-    )
+    config = runpy.run_path(str(EXAMPLE))["config"]
     with torch.device("meta"):
         return transformers.LlamaForCausalLM(config)
 
@@ -87,13 +84,11 @@ def timings(model: nn.Module, x: torch.Tensor, runs: int) -> dict[str, float]:
 
 
 _RSS_SCRIPT = """
-import torch, transformers, meta_widget as mw
+import runpy, torch, transformers, meta_widget as mw
 def peak_mib():  # this process's own high-water mark (ru_maxrss would inherit the parent's)
     with open("/proc/self/status") as f:
         return int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024
-config = transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672,
-    num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
-    max_position_embeddings=8192, architectures=["LlamaForCausalLM"])
+config = runpy.run_path({example!r})["config"]
 before = peak_mib()
 a = mw.analyze(config, input_size=(1, {seq}))
 assert a.error is None, a.error
@@ -103,7 +98,7 @@ print(before, peak_mib())
 
 def peak_rss_mib(seq: int) -> tuple[float, float]:
     out = subprocess.run(
-        [sys.executable, "-c", _RSS_SCRIPT.format(seq=seq)],
+        [sys.executable, "-c", _RSS_SCRIPT.format(seq=seq, example=str(EXAMPLE))],
         check=True,
         capture_output=True,
         text=True,

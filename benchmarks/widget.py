@@ -38,8 +38,8 @@ Times are medians over ``--runs`` page loads. Prints a markdown table with targe
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import runpy
 import statistics
 import sys
 import tempfile
@@ -109,11 +109,7 @@ def sequential_25k() -> nn.Module:
 
 
 def llama_70b_config() -> Any:
-    spec = importlib.util.spec_from_file_location("llama_70b", ROOT / "examples" / "llama_70b.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.config
+    return runpy.run_path(str(ROOT / "examples" / "llama_70b.py"))["config"]
 
 
 class Recorder(MetaWidget):  # type: ignore[misc]

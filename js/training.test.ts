@@ -5,35 +5,7 @@ import { decodePayload, type Analysis } from "./protocol";
 import { mount, type WidgetModel } from "./widget";
 import { fakeModel as standaloneModel } from "./standalone";
 import { tiny } from "./testdata";
-
-type Cb = (...args: unknown[]) => void;
-
-function kernelModel(payload: unknown) {
-  const traits: Record<string, unknown> = { payload };
-  const listeners = new Map<string, Set<Cb>>();
-  return {
-    sent: [] as unknown[],
-    get: (k: string) => traits[k],
-    set: (k: string, v: unknown) => {
-      traits[k] = v;
-    },
-    save_changes: () => undefined,
-    send(c: unknown) {
-      this.sent.push(c);
-    },
-    on: (e: string, cb: Cb) => {
-      if (!listeners.has(e)) listeners.set(e, new Set());
-      listeners.get(e)?.add(cb);
-    },
-    off: (e?: string | null, cb?: Cb | null) => {
-      if (e && cb) listeners.get(e)?.delete(cb);
-    },
-    emit: (e: string, ...args: unknown[]) => {
-      for (const cb of listeners.get(e) ?? []) cb(...args);
-    },
-    count: () => [...listeners.values()].reduce((n, s) => n + s.size, 0),
-  };
-}
+import { fakeModel } from "./testmodel";
 
 const CATS = {
   parameters: 4424,
@@ -88,7 +60,7 @@ const q = <T extends Element = HTMLElement>(s: string): T => el.querySelector(s)
 
 describe("kernel switches", () => {
   it("send a rerun message with the chosen mode, optimizer and device", () => {
-    const model = kernelModel(tiny().payload);
+    const model = fakeModel(tiny().payload);
     const { app } = setup(model);
     const training = q<HTMLButtonElement>('.mw-mode button[data-mode="training"]');
     const opt = q<HTMLSelectElement>(".mw-optimizer");
@@ -113,7 +85,7 @@ describe("kernel switches", () => {
   });
 
   it("send optimizer null for none, in training", () => {
-    const model = kernelModel(training());
+    const model = fakeModel(training());
     const { app } = setup(model);
     const opt = q<HTMLSelectElement>(".mw-optimizer");
     expect(opt.disabled).toBe(false);
@@ -125,7 +97,7 @@ describe("kernel switches", () => {
   });
 
   it("show why a re-run was refused and keep the analysis", () => {
-    const model = kernelModel(tiny().payload);
+    const model = fakeModel(tiny().payload);
     const { app } = setup(model);
     q<HTMLButtonElement>('.mw-mode button[data-mode="training"]').click();
     model.emit("msg:custom", {
@@ -149,7 +121,7 @@ describe("kernel switches", () => {
     buttons[1]?.click();
     expect(sent).toEqual([]);
     cleanup();
-    const k = kernelModel(tiny().payload);
+    const k = fakeModel(tiny().payload);
     setup(k).cleanup();
     expect(k.count()).toBe(0);
   });
@@ -186,7 +158,7 @@ describe("training view", () => {
   });
 
   it("shows gradients and optimizer state in the header and the category bar", () => {
-    setup(kernelModel(training()));
+    setup(fakeModel(training()));
     expect(q(".mw-totals").textContent).toContain("gradients4.32 KiB");
     expect(q(".mw-totals").textContent).toContain("optimizer state8.64 KiB");
     // (the memory tab's uPlot chart needs a canvas, which jsdom lacks: render the bar alone)
@@ -199,7 +171,7 @@ describe("training view", () => {
   });
 
   it("has no training items in inference", () => {
-    setup(kernelModel(tiny().payload));
+    setup(fakeModel(tiny().payload));
     expect(q(".mw-totals").textContent).not.toContain("gradients");
     const box = document.createElement("div");
     renderCategoryBar(box, (decodePayload(tiny().payload) as Analysis).memory, 0);
@@ -227,7 +199,7 @@ describe("checkpoint diff", () => {
   });
 
   it("lists the problems in a banner and marks the rows", () => {
-    const { app } = setup(kernelModel({ ...tiny().payload, checkpoint: ckpt }));
+    const { app } = setup(fakeModel({ ...tiny().payload, checkpoint: ckpt }));
     app.setDepth(5);
     app.render();
     const banner = q(".mw-checkpoint");
@@ -250,7 +222,7 @@ describe("checkpoint diff", () => {
   });
 
   it("has no banner without a checkpoint", () => {
-    setup(kernelModel(tiny().payload));
+    setup(fakeModel(tiny().payload));
     expect(q(".mw-checkpoint").style.display).toBe("none");
   });
 });

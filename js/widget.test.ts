@@ -1,42 +1,8 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 import widget, { mount, type WidgetModel } from "./widget";
 import { tiny } from "./testdata";
+import { fakeModel } from "./testmodel";
 import training from "./fixtures/gpt2-tiny.training.json";
-
-type Cb = (...args: unknown[]) => void;
-
-/** An anywidget-like model that records listeners, sends and sets. */
-function fakeModel(payload: unknown) {
-  const traits: Record<string, unknown> = { payload };
-  const listeners = new Map<string, Set<Cb>>();
-  const model = {
-    sent: [] as unknown[],
-    saves: 0,
-    get: (k: string) => traits[k],
-    set: (k: string, v: unknown) => {
-      traits[k] = v;
-    },
-    save_changes: () => {
-      model.saves += 1;
-    },
-    send: (c: unknown) => {
-      model.sent.push(c);
-    },
-    on: (e: string, cb: Cb) => {
-      if (!listeners.has(e)) listeners.set(e, new Set());
-      listeners.get(e)?.add(cb);
-    },
-    off: (e?: string | null, cb?: Cb | null) => {
-      if (e && cb) listeners.get(e)?.delete(cb);
-    },
-    emit: (e: string, ...args: unknown[]) => {
-      for (const cb of listeners.get(e) ?? []) cb(...args);
-    },
-    count: () => [...listeners.values()].reduce((n, s) => n + s.size, 0),
-    traits,
-  };
-  return model;
-}
 
 const rowTexts = (el: HTMLElement): string[] =>
   [...el.querySelectorAll<HTMLElement>(".mw-row")]

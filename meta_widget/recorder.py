@@ -449,7 +449,12 @@ class Recorder:
             self._taint(out)
         if self._known and func in SCALAR_OPS:
             self._fold_scalar(func, args, out)
-        owner, backward = self._owner()
+        stack = self._stack
+        if stack and stack[-1].index >= 0:  # the common case, kept inline: a forward call
+            owner: CallRecord | None = stack[-1]
+            backward = False
+        else:
+            owner, backward = self._owner()
         if count is not None:
             n = count(*args, **kwargs, out_val=out)
             if n:
