@@ -17,26 +17,11 @@ import {
   type DtypeChoice,
 } from "./charts";
 import { copyText, errorBlock, h, renderDetails } from "./details";
-import {
-  formatBytes,
-  formatCount,
-  formatExact,
-  formatFlops,
-  formatShapes,
-} from "./format";
-import {
-  applyCalls,
-  emptyAnalysis,
-  peakOwner,
-  type Analysis,
-  type CallInfo,
-  type Device,
-  type Message,
-  type Mode,
-  type ModuleInfo,
-  type Optimizer,
-  type RerunMessage,
-} from "./protocol";
+import { formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
+import { Header, renderProgress } from "./header";
+import { peakOwner, type Analysis, type CallInfo, type Message, type ModuleInfo, type RerunMessage } from "./protocol";
+import { initialSession, reduce, type Session, type SessionEvent } from "./session";
+import { Switches } from "./switches";
 import {
   aggregate,
   buildTree,
@@ -63,20 +48,6 @@ export interface AppOptions {
   onRerun?: (msg: RerunMessage) => void;
   standalone?: boolean;
 }
-
-export const OPTIMIZERS: [Optimizer | "none", string][] = [
-  ["adamw", "AdamW"],
-  ["adam", "Adam"],
-  ["sgd", "SGD"],
-  ["sgd-momentum", "SGD + momentum"],
-  ["none", "none"],
-];
-export const DEVICES: [Device, string][] = [
-  ["cuda", "CUDA kernels"],
-  ["cpu", "CPU"],
-  ["math", "math path"],
-];
-const NO_KERNEL = "No kernel: this page cannot re-run the analysis (run the cell in a notebook)";
 
 /**
  * Parameter paths with a checkpoint problem, by module path: a parameter `a.b.weight` belongs to
@@ -113,7 +84,8 @@ const DEFAULT_DEPTH = 2;
 
 export class App {
   readonly root: HTMLDivElement;
-  private analysis: Analysis | null = null;
+  /** What the kernel's messages and the user's re-runs made of the analysis (`session.ts`). */
+  private session: Session = initialSession;
   private tree: Tree | null = null;
   private aggs: Aggregate[] = [];
   /** Module row i or something below it was called. */
@@ -131,11 +103,6 @@ export class App {
   private recordedBpe = 4;
   private scaleCache: Scales | null = null;
   private tab: Tab = "details";
-  private expectedCalls = 0;
-  /** What a running training step does after its forward pass ("backward", "optimizer"). */
-  private phase: string | null = null;
-  private startedAt = 0;
-  private elapsedS: number | null = null;
   private timer: ReturnType<typeof setInterval> | null = null;
   private frame = 0;
   private chartsDirty = true;
@@ -143,11 +110,9 @@ export class App {
   private lastWidth = 0;
 
   // DOM
+  private header = new Header();
+  private switches: Switches;
   private banner = h("div", "mw-banner");
-  private titleEl = h("div", "mw-title");
-  private chips = h("div", "mw-chips");
-  private totalsEl = h("div", "mw-totals");
-  private notesEl = h("div", "mw-notes");
   private progressEl = h("div", "mw-progress");
   private search = h("input", "mw-search");
   private depthSel = h("select", "mw-select");
@@ -163,16 +128,8 @@ export class App {
   private memoryNote = h("div", "mw-muted mw-chart-note");
   private timelineNote = h("div", "mw-muted mw-chart-note");
   private toast = h("div", "mw-toast");
-  private modeBox = h("div", "mw-seg mw-mode");
-  private optimizerSel = h("select", "mw-select mw-optimizer");
-  private deviceSel = h("select", "mw-select mw-device");
-  private switches = h("div", "mw-switches");
   private checkpointEl = h("div", "mw-checkpoint");
   private categoryEl = h("div", "mw-categories");
-  private mode: Mode = "inference";
-  /** A re-run was asked for and its `done` (or an error) has not arrived. */
-  private rerunning = false;
-  private rerunError = "";
   /** Module path -> checkpoint problems of its own parameters. */
   private ckpt = new Map<string, string[]>();
   private memoryChart: MemoryChart | null = null;
@@ -184,10 +141,14 @@ export class App {
     private opts: AppOptions = {},
   ) {
     this.root = h("div", `mw-root${opts.standalone ? " mw-standalone" : ""}`);
-    const header = h("div", "mw-header");
-    const titleBox = h("div", "mw-titlebox");
-    titleBox.append(this.titleEl, this.chips);
-    header.append(titleBox, this.totalsEl);
+    const onRerun = opts.onRerun;
+    this.switches = new Switches(
+      onRerun &&
+        ((msg: RerunMessage) => {
+          this.dispatch(msg);
+          onRerun(msg);
+        }),
+    );
 
     const toolbar = h("div", "mw-toolbar");
     this.search.type = "search";
@@ -215,9 +176,8 @@ export class App {
       this.expanded = new Set(this.tree?.root ? [this.tree.root.key] : []);
       this.schedule();
     });
-    this.buildSwitches();
     // after the depth menu: tests and the benchmark find the depth menu as the first .mw-select
-    toolbar.append(this.search, depthLabel, dtypeLabel, collapse, this.switches);
+    toolbar.append(this.search, depthLabel, dtypeLabel, collapse, this.switches.el);
 
     this.view = new TreeView(this.tableWrap, {
       describe: (row) => this.describe(row),
@@ -246,10 +206,10 @@ export class App {
     this.panel.append(this.detailsEl, this.memoryEl, this.timelineEl);
 
     this.root.append(
-      header,
+      this.header.el,
       this.banner,
       this.checkpointEl,
-      this.notesEl,
+      this.header.notesEl,
       this.progressEl,
       toolbar,
       this.tableWrap,
@@ -277,26 +237,48 @@ export class App {
   // Inputs
   // -------------------------------------------------------------------------------------------
 
+  private get analysis(): Analysis | null {
+    return this.session.analysis;
+  }
+
   /** Show a decoded payload (null: nothing yet). Keeps view state when the model is the same. */
   setAnalysis(a: Analysis | null): void {
-    const prev = this.analysis;
+    this.dispatch({ type: "payload", analysis: a });
+  }
+
+  handleMessage(msg: Message): void {
+    this.dispatch(msg);
+  }
+
+  /** Move the session on by one event, then do what the view must: timers, a new tree, a redraw. */
+  private dispatch(event: SessionEvent): void {
+    const prev = this.session;
+    const next = reduce(prev, event, performance.now());
+    this.session = next;
+    const a = next.analysis;
+    if (a !== prev.analysis) this.showAnalysis(prev.analysis, a);
+    else if (event.type === "payload" && a) this.showAnalysis(a, a);
+    if (event.type === "start") this.startTimer();
+    if (a?.status !== "running") this.stopTimer();
+    if (event.type !== "phase" && event.type !== "rerun") this.chartsDirty = true;
+    this.schedule(event.type === "payload" || event.type === "start");
+  }
+
+  /** A new analysis object: rebuild the tree, and reset depth and selection for a new model. */
+  private showAnalysis(prev: Analysis | null, a: Analysis | null): void {
     const same =
       prev !== null &&
       a !== null &&
       prev.modules.length === a.modules.length &&
       prev.title === a.title &&
       prev.modules.every((m, i) => m.type === a.modules[i]?.type);
-    this.analysis = a;
     this.tree = a ? buildTree(a) : null;
     this.recordedBpe = a ? recordedFloatBytes(a) : 4;
     this.scaleCache = null;
     this.ckpt = a ? checkpointProblems(a) : new Map();
-    if (a && !this.rerunning && (a.mode === "inference" || a.mode === "training")) {
-      this.mode = a.mode;
-      this.optimizerSel.value = a.optimizer ?? "none"; // the switches show what was analyzed
-      this.deviceSel.value = a.device;
+    if (a && !this.session.rerunning && (a.mode === "inference" || a.mode === "training")) {
+      this.switches.showAnalyzed(a); // the switches show what was analyzed
     }
-    if (a && a.status !== "running") this.stopTimer();
     if (!same) {
       const maxDepth = a ? Math.max(0, ...a.modules.map((m) => m.depth)) : 0;
       this.depth = Math.max(1, Math.min(this.preferredDepth, maxDepth));
@@ -305,68 +287,10 @@ export class App {
       this.selectedKey = this.tree?.root ? this.tree.root.key : null;
       this.fillDepthOptions(maxDepth);
     }
-    this.chartsDirty = true;
-    this.schedule(true);
-  }
-
-  handleMessage(msg: Message): void {
-    switch (msg.type) {
-      case "start":
-        this.expectedCalls = msg.expectedCalls;
-        this.phase = null;
-        this.startedAt = performance.now();
-        this.elapsedS = null;
-        this.setAnalysis(msg.payload ?? emptyAnalysis());
-        if (this.analysis) this.analysis.status = "running";
-        this.startTimer();
-        break;
-      case "calls":
-        if (!this.analysis) {
-          this.analysis = emptyAnalysis();
-          this.tree = buildTree(this.analysis);
-        }
-        applyCalls(this.analysis, msg);
-        this.chartsDirty = true;
-        this.schedule();
-        break;
-      case "phase":
-        this.phase = msg.phase;
-        this.schedule();
-        break;
-      case "done":
-        this.rerunning = false;
-        this.phase = null;
-        this.elapsedS = msg.elapsedS;
-        this.stopTimer();
-        if (this.analysis && this.analysis.status === "running") this.analysis.status = "done";
-        this.chartsDirty = true;
-        this.schedule();
-        break;
-      case "error":
-        this.stopTimer();
-        if (this.rerunning && this.analysis?.status !== "running") {
-          // the kernel refused the re-run before starting it (no model in this kernel): the
-          // analysis shown is still valid, so say why here instead of marking it failed
-          this.rerunning = false;
-          this.rerunError = msg.error.message || msg.error.type;
-          if (this.analysis) this.mode = this.analysis.mode === "training" ? "training" : "inference";
-          this.schedule();
-          break;
-        }
-        this.rerunning = false;
-        if (this.analysis) {
-          this.analysis.error = msg.error;
-          this.analysis.status = "error";
-        }
-        this.schedule();
-        break;
-    }
   }
 
   destroy(): void {
-    for (const b of this.modeBox.querySelectorAll("button")) b.removeEventListener("click", this.onModeClick);
-    this.optimizerSel.removeEventListener("change", this.onSwitch);
-    this.deviceSel.removeEventListener("change", this.onSwitch);
+    this.switches.destroy();
     this.stopTimer();
     cancelAnimationFrame(this.frame);
     this.resizeObs?.disconnect();
@@ -393,88 +317,6 @@ export class App {
   /** Bars' screen positions, for browser tests that click a real bar. */
   barCenters(): { module: number; x: number; y: number }[] {
     return this.memoryChart?.barCenters() ?? [];
-  }
-
-  // -------------------------------------------------------------------------------------------
-  // Kernel switches: mode, optimizer, target device
-  // -------------------------------------------------------------------------------------------
-
-  private buildSwitches(): void {
-    const kernel = this.opts.onRerun !== undefined;
-    const modeLabel = h("span", "mw-label", "Mode ");
-    for (const m of ["inference", "training"] as Mode[]) {
-      const b = h("button", "mw-seg-btn", m);
-      b.type = "button";
-      b.dataset.mode = m;
-      b.addEventListener("click", this.onModeClick);
-      this.modeBox.append(b);
-    }
-    modeLabel.append(this.modeBox);
-    for (const [v, label] of OPTIMIZERS) {
-      const o = h("option", "", label);
-      o.value = v;
-      this.optimizerSel.append(o);
-    }
-    for (const [v, label] of DEVICES) {
-      const o = h("option", "", label);
-      o.value = v;
-      this.deviceSel.append(o);
-    }
-    this.optimizerSel.setAttribute("aria-label", "Optimizer (training)");
-    this.deviceSel.setAttribute("aria-label", "Target device");
-    const optLabel = h("label", "mw-label", "Optimizer ");
-    optLabel.append(this.optimizerSel);
-    const devLabel = h("label", "mw-label", "Device ");
-    devLabel.append(this.deviceSel);
-    devLabel.title = "The device the memory numbers are for: it picks the attention kernel";
-    this.optimizerSel.addEventListener("change", this.onSwitch);
-    this.deviceSel.addEventListener("change", this.onSwitch);
-    this.switches.append(modeLabel, optLabel, devLabel);
-    if (!kernel) {
-      this.switches.classList.add("mw-no-kernel");
-      this.switches.title = NO_KERNEL;
-      for (const el of [this.optimizerSel, this.deviceSel]) el.title = NO_KERNEL;
-      for (const b of this.modeBox.querySelectorAll("button")) b.title = NO_KERNEL;
-    }
-  }
-
-  private onModeClick = (e: Event): void => {
-    const m = (e.currentTarget as HTMLElement).dataset.mode as Mode;
-    if (m === this.mode) return;
-    this.mode = m;
-    this.requestRerun();
-  };
-
-  private onSwitch = (): void => this.requestRerun();
-
-  /** Send `{type: "rerun", mode, optimizer, device}`; the view shows "re-running…" until done. */
-  private requestRerun(): void {
-    if (!this.opts.onRerun || this.rerunning) return;
-    const opt = this.optimizerSel.value;
-    const msg: RerunMessage = {
-      type: "rerun",
-      mode: this.mode,
-      optimizer: opt === "none" ? null : (opt as Optimizer),
-      device: this.deviceSel.value as Device,
-    };
-    this.rerunning = true;
-    this.rerunError = "";
-    this.opts.onRerun(msg);
-    this.schedule();
-  }
-
-  private renderSwitches(): void {
-    const kernel = this.opts.onRerun !== undefined;
-    const off = !kernel || this.rerunning || this.analysis?.status === "running";
-    for (const b of this.modeBox.querySelectorAll<HTMLButtonElement>("button")) {
-      b.classList.toggle("mw-active", b.dataset.mode === this.mode);
-      b.setAttribute("aria-pressed", String(b.dataset.mode === this.mode));
-      b.disabled = off;
-    }
-    this.optimizerSel.disabled = off || this.mode !== "training";
-    this.deviceSel.disabled = off;
-    if (kernel) this.optimizerSel.title = this.mode === "training" ? "" : "Used in training mode";
-    this.switches.classList.toggle("mw-busy", this.rerunning);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -602,7 +444,7 @@ export class App {
     this.view.setTraining(this.aggs.some((g) => g.backwardFlops > 0));
     this.view.setRows(this.rows, sel);
     this.renderHeader();
-    this.renderSwitches();
+    this.switches.render(this.session);
     this.renderBanner();
     this.renderCheckpoint();
     this.renderProgress();
@@ -799,68 +641,11 @@ export class App {
   }
 
   private renderHeader(): void {
-    const a = this.analysis;
-    this.titleEl.textContent = a ? a.title : "meta_widget";
-    this.chips.textContent = "";
-    this.totalsEl.textContent = "";
-    this.notesEl.textContent = "";
-    if (!a) return;
-    for (const c of [a.source, a.mode, a.status]) {
-      if (c) this.chips.append(h("span", `mw-chip mw-chip-${c}`, c));
-    }
-    const root = a.modules[0];
-    const rootAgg = this.aggs[0];
-    const t = a.totals;
-    const running = a.status === "running";
-    const items: [string, string, string][] = [
-      ["params", formatCount(t.params || root?.params || 0), `${formatExact(t.params || root?.params || 0)} parameters (tied counted once); trainable ${formatExact(t.trainable_params)}`],
-      [
-        "FLOPs",
-        running ? "…" : formatFlops(t.flops || rootAgg?.flops || 0),
-        "as torch.utils.flop_counter.FlopCounterMode counts them",
-      ],
-      [
-        this.dtype === "recorded" ? "param memory" : `param memory (${this.dtype})`,
-        formatBytes(root ? this.paramBytes(root) : t.param_bytes),
-        "1 KiB = 1024 bytes",
-      ],
-      [
-        "peak",
-        running ? "…" : formatBytes(t.peak_bytes),
-        a.mode === "training"
-          ? `maximum of live bytes over forward, backward and optimizer step${a.memory.peakPhase ? ` (reached in ${a.memory.peakPhase})` : ""}, at the recorded dtypes`
-          : "maximum of live bytes over the forward pass, at the recorded dtypes",
-      ],
-    ];
-    if (a.mode === "training") {
-      const m = a.memory;
-      items.push(
-        ["gradients", running ? "…" : formatBytes(m.gradientBytes), "gradient memory: one gradient per trainable parameter"],
-        [
-          "optimizer state",
-          running ? "…" : formatBytes(m.optimizerStateBytes),
-          `optimizer state on the device${m.optimizerHostBytes ? `; ${formatBytes(m.optimizerHostBytes)} more on the host` : ""}`,
-        ],
-      );
-    }
-    for (const [label, value, title] of items) {
-      const item = h("span", "mw-total");
-      item.title = title;
-      item.append(h("span", "mw-total-label", label), h("span", "mw-total-value", value));
-      this.totalsEl.append(item);
-    }
-    const notes = a.notes.slice();
-    if (a.assumptions.length) {
-      const n = a.assumptions.length;
-      notes.push(
-        `The trace assumed ${n} value${n > 1 ? "s" : ""} that meta tensors do not have; rows marked ≈ rest on ${n > 1 ? "them" : "it"} (see Details).`,
-      );
-    }
-    for (const n of notes) {
-      const line = h("div", "mw-note");
-      line.append(h("span", "mw-info-icon", "i"), document.createTextNode(n));
-      this.notesEl.append(line);
-    }
+    const root = this.analysis?.modules[0];
+    this.header.render(this.analysis, this.aggs[0], {
+      label: this.dtype === "recorded" ? "param memory" : `param memory (${this.dtype})`,
+      bytes: root ? this.paramBytes(root) : (this.analysis?.totals.param_bytes ?? 0),
+    });
   }
 
   private renderBanner(): void {
@@ -882,47 +667,7 @@ export class App {
   }
 
   private renderProgress(): void {
-    const a = this.analysis;
-    this.progressEl.textContent = "";
-    const running = a?.status === "running";
-    const waiting = this.rerunning && !running;
-    this.progressEl.style.display =
-      running || waiting || this.rerunError || this.elapsedS !== null ? "" : "none";
-    this.progressEl.classList.toggle("mw-rerunning", this.rerunning);
-    if (waiting) {
-      this.progressEl.append(h("span", "mw-spinner"), h("span", "", `Re-running (${this.mode})…`));
-      return;
-    }
-    if (this.rerunError && !running) {
-      this.progressEl.append(h("span", "mw-rerun-error", `Cannot re-run: ${this.rerunError}`));
-      return;
-    }
-    if (!a) return;
-    if (running) {
-      const elapsed = (performance.now() - this.startedAt) / 1000;
-      const n = a.callCount;
-      const m = this.expectedCalls;
-      // `expected_calls` is estimated before the trace (one call per module that is not a
-      // container): modules never called or called several times make the real count differ
-      // after the forward pass of a training step: which phase runs now
-      const step = this.phase === "optimizer" ? "optimizer step" : `${this.phase} pass`;
-      const done = this.phase
-        ? `forward pass done (${formatExact(n)} calls) · ${step}…`
-        : `${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""}`;
-      const text = `${this.rerunning ? "Re-running · " : ""}${done} · ${elapsed.toFixed(1)} s`;
-      this.progressEl.title = m
-        ? "Expected calls are estimated before the trace as one per module; modules never called or called several times make the real count differ."
-        : "";
-      const bar = h("div", "mw-progress-bar");
-      const fill = h("div", "mw-progress-fill");
-      fill.style.width = this.phase ? "100%" : m ? `${Math.min(100, (100 * n) / m).toFixed(1)}%` : "0%";
-      bar.append(fill);
-      this.progressEl.append(h("span", "mw-spinner"), h("span", "", text), bar);
-    } else if (this.elapsedS !== null) {
-      this.progressEl.append(
-        h("span", "", `${formatExact(a.callCount)} calls recorded in ${this.elapsedS.toFixed(2)} s`),
-      );
-    }
+    renderProgress(this.progressEl, this.session, performance.now());
   }
 
   private renderEmpty(): void {

@@ -6,10 +6,11 @@
  * `renderLive(el)` does the same but hands back the fake model, so that a page (or a browser
  * test) can replay a recorded stream: `live.message({type: "start", ...})`, `live.set("payload", p)`.
  */
-import { mount, type WidgetModel } from "./widget";
+import { mount, type Traits, type WidgetModel } from "./widget";
 import type { App } from "./app";
 
-type Listener = (...args: unknown[]) => void;
+// anywidget types listeners loosely (a custom message's handler takes the content and buffers)
+type Listener = (...args: any[]) => void;
 
 export interface FakeModel extends WidgetModel {
   /** Deliver a custom message, as the kernel would. */
@@ -18,15 +19,15 @@ export interface FakeModel extends WidgetModel {
 
 /** A model with traits and events but no kernel: `send` and `save_changes` do nothing. */
 export function fakeModel(payload: unknown): FakeModel {
-  const traits: Record<string, unknown> = { payload, selected: -1 };
+  const traits: Traits = { payload, selected: -1 };
   const listeners = new Map<string, Set<Listener>>();
   const emit = (event: string, ...args: unknown[]): void => {
     for (const cb of listeners.get(event) ?? []) cb(...args);
   };
   return {
     noKernel: true,
-    get: (name) => traits[name],
-    set: (name, value) => {
+    get: <K extends keyof Traits>(name: K): Traits[K] => traits[name],
+    set: <K extends keyof Traits>(name: K, value: Traits[K]) => {
       traits[name] = value;
       emit(`change:${name}`);
     },

@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
-import widget, { mount, type WidgetModel } from "./widget";
+import type { RenderProps } from "@anywidget/types";
+import widget, { mount, type Traits, type WidgetModel } from "./widget";
 import { tiny } from "./testdata";
 import { fakeModel } from "./testmodel";
 import training from "./fixtures/gpt2-tiny.training.json";
@@ -26,7 +27,8 @@ describe("widget", () => {
   it("exports render for anywidget, which returns a cleanup", () => {
     el = document.createElement("div");
     const model = fakeModel(tiny().payload);
-    const cleanup = widget.render({ model: model as unknown as WidgetModel, el });
+    const props = { model, el } as unknown as RenderProps<Traits>;
+    const cleanup = widget.render(props) as () => void;
     expect(model.count()).toBe(3);
     expect(el.querySelector(".mw-root")).not.toBeNull();
     cleanup();

@@ -6,25 +6,24 @@
  * Custom messages from the kernel (`start`, `calls`, `done`, `error`) stream a trace in;
  * `{type: "select", module}` goes back when the user selects a row.
  */
+import type { AnyModel, Render } from "@anywidget/types";
 import { App } from "./app";
 import { decodeMessage, decodePayload, type RerunMessage, type SelectMessage } from "./protocol";
 
-/** The part of anywidget's model that we use (also satisfied by the standalone fake). */
-export interface WidgetModel {
-  get(name: string): unknown;
-  set(name: string, value: unknown): void;
-  save_changes(): void;
-  send(content: unknown, callbacks?: unknown, buffers?: unknown): void;
-  on(event: string, cb: (...args: unknown[]) => void): void;
-  off(event?: string | null, cb?: ((...args: unknown[]) => void) | null): void;
-  /** True on a model with no kernel behind it (the standalone page's fake): no re-runs. */
-  readonly noKernel?: boolean;
+/** The synced traits (`meta_widget/widget.py`); `depth` is optional: how deep the tree opens. */
+export interface Traits {
+  payload: unknown;
+  selected: number;
+  depth?: number;
 }
 
-export interface RenderProps {
-  model: WidgetModel;
-  el: HTMLElement;
-}
+/**
+ * The part of anywidget's model that the view uses, in anywidget's own types; the standalone
+ * page's fake model (no kernel behind it, `noKernel`: no re-runs) satisfies it too.
+ */
+export type WidgetModel = Pick<AnyModel<Traits>, "get" | "set" | "save_changes" | "send" | "on" | "off"> & {
+  readonly noKernel?: boolean;
+};
 
 export interface Rendered {
   app: App;
@@ -71,8 +70,6 @@ export function mount(model: WidgetModel, el: HTMLElement, standalone = false): 
   return { app, cleanup };
 }
 
-function render({ model, el }: RenderProps): () => void {
-  return mount(model, el).cleanup;
-}
+const render: Render<Traits> = ({ model, el }) => mount(model, el).cleanup;
 
 export default { render };

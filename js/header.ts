@@ -1,0 +1,136 @@
+/**
+ * The header (title, chips, totals), the notes under it, and the progress line. Each renders
+ * from the analysis and the session it is given (`render`), holding only its DOM.
+ */
+import { h } from "./details";
+import { formatBytes, formatCount, formatExact, formatFlops } from "./format";
+import type { Analysis } from "./protocol";
+import type { Session } from "./session";
+import type { Aggregate } from "./tree";
+
+/** The parameter memory shown: its label (the dtype, if not as recorded) and its bytes. */
+export interface ParamMemory {
+  label: string;
+  bytes: number;
+}
+
+export class Header {
+  readonly el = h("div", "mw-header");
+  /** The notes line: placed by the view under the banners, not in the header box. */
+  readonly notesEl = h("div", "mw-notes");
+  private titleEl = h("div", "mw-title");
+  private chips = h("div", "mw-chips");
+  private totalsEl = h("div", "mw-totals");
+
+  constructor() {
+    const titleBox = h("div", "mw-titlebox");
+    titleBox.append(this.titleEl, this.chips);
+    this.el.append(titleBox, this.totalsEl);
+  }
+
+  render(a: Analysis | null, rootAgg: Aggregate | undefined, params: ParamMemory): void {
+    this.titleEl.textContent = a ? a.title : "meta_widget";
+    this.chips.textContent = "";
+    this.totalsEl.textContent = "";
+    this.notesEl.textContent = "";
+    if (!a) return;
+    for (const c of [a.source, a.mode, a.status]) {
+      if (c) this.chips.append(h("span", `mw-chip mw-chip-${c}`, c));
+    }
+    for (const [label, value, title] of totals(a, rootAgg, params)) {
+      const item = h("span", "mw-total");
+      item.title = title;
+      item.append(h("span", "mw-total-label", label), h("span", "mw-total-value", value));
+      this.totalsEl.append(item);
+    }
+    const notes = a.notes.slice();
+    if (a.assumptions.length) {
+      const n = a.assumptions.length;
+      notes.push(
+        `The trace assumed ${n} value${n > 1 ? "s" : ""} that meta tensors do not have; rows marked ≈ rest on ${n > 1 ? "them" : "it"} (see Details).`,
+      );
+    }
+    for (const n of notes) {
+      const line = h("div", "mw-note");
+      line.append(h("span", "mw-info-icon", "i"), document.createTextNode(n));
+      this.notesEl.append(line);
+    }
+  }
+}
+
+/** The header's totals as `[label, value, tooltip]`; values still being traced read "…". */
+function totals(a: Analysis, rootAgg: Aggregate | undefined, params: ParamMemory): [string, string, string][] {
+  const root = a.modules[0];
+  const t = a.totals;
+  const running = a.status === "running";
+  const items: [string, string, string][] = [
+    ["params", formatCount(t.params || root?.params || 0), `${formatExact(t.params || root?.params || 0)} parameters (tied counted once); trainable ${formatExact(t.trainable_params)}`],
+    [
+      "FLOPs",
+      running ? "…" : formatFlops(t.flops || rootAgg?.flops || 0),
+      "as torch.utils.flop_counter.FlopCounterMode counts them",
+    ],
+    [params.label, formatBytes(params.bytes), "1 KiB = 1024 bytes"],
+    [
+      "peak",
+      running ? "…" : formatBytes(t.peak_bytes),
+      a.mode === "training"
+        ? `maximum of live bytes over forward, backward and optimizer step${a.memory.peakPhase ? ` (reached in ${a.memory.peakPhase})` : ""}, at the recorded dtypes`
+        : "maximum of live bytes over the forward pass, at the recorded dtypes",
+    ],
+  ];
+  if (a.mode === "training") {
+    const m = a.memory;
+    items.push(
+      ["gradients", running ? "…" : formatBytes(m.gradientBytes), "gradient memory: one gradient per trainable parameter"],
+      [
+        "optimizer state",
+        running ? "…" : formatBytes(m.optimizerStateBytes),
+        `optimizer state on the device${m.optimizerHostBytes ? `; ${formatBytes(m.optimizerHostBytes)} more on the host` : ""}`,
+      ],
+    );
+  }
+  return items;
+}
+
+/** The progress line: calls recorded while tracing, the phase, a re-run waiting, the time taken. */
+export function renderProgress(el: HTMLElement, s: Session, now: number): void {
+  const a = s.analysis;
+  el.textContent = "";
+  const running = a?.status === "running";
+  const waiting = s.rerunning && !running;
+  el.style.display = running || waiting || s.rerunError || s.elapsedS !== null ? "" : "none";
+  el.classList.toggle("mw-rerunning", s.rerunning);
+  if (waiting) {
+    el.append(h("span", "mw-spinner"), h("span", "", `Re-running (${s.mode})…`));
+    return;
+  }
+  if (s.rerunError && !running) {
+    el.append(h("span", "mw-rerun-error", `Cannot re-run: ${s.rerunError}`));
+    return;
+  }
+  if (!a) return;
+  if (running) {
+    const elapsed = (now - s.startedAt) / 1000;
+    const n = a.callCount;
+    const m = s.expectedCalls;
+    // `expected_calls` is estimated before the trace (one call per module that is not a
+    // container): modules never called or called several times make the real count differ;
+    // after the forward pass of a training step, the line says which phase runs now
+    const step = s.phase === "optimizer" ? "optimizer step" : `${s.phase} pass`;
+    const done = s.phase
+      ? `forward pass done (${formatExact(n)} calls) · ${step}…`
+      : `${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""}`;
+    const text = `${s.rerunning ? "Re-running · " : ""}${done} · ${elapsed.toFixed(1)} s`;
+    el.title = m
+      ? "Expected calls are estimated before the trace as one per module; modules never called or called several times make the real count differ."
+      : "";
+    const bar = h("div", "mw-progress-bar");
+    const fill = h("div", "mw-progress-fill");
+    fill.style.width = s.phase ? "100%" : m ? `${Math.min(100, (100 * n) / m).toFixed(1)}%` : "0%";
+    bar.append(fill);
+    el.append(h("span", "mw-spinner"), h("span", "", text), bar);
+  } else if (s.elapsedS !== null) {
+    el.append(h("span", "", `${formatExact(a.callCount)} calls recorded in ${s.elapsedS.toFixed(2)} s`));
+  }
+}

@@ -1,0 +1,109 @@
+/**
+ * The session: what the kernel's messages (`start`, `calls`, `phase`, `done`, `error`), a new
+ * payload from the synced trait, and the user's re-run requests do to the state the view shows.
+ *
+ * `reduce(session, event, now)` returns the next session. It touches no DOM, timer or clock
+ * (the time comes in as `now`), so each transition is a unit test of its own, and the view
+ * (`app.ts`) only renders what it is given and runs the side effects (timers, redraws).
+ *
+ * One thing is changed in place: the analysis a `calls` batch lands in, and its `status` and
+ * `error` when the trace ends. A 25,000-module stream sends hundreds of batches, and copying the
+ * payload for each would cost more than drawing it. Every event that brings a new analysis
+ * (`start`, a payload) replaces the object, so "is it a new model?" is `prev.analysis !==
+ * next.analysis`.
+ */
+import { applyCalls, emptyAnalysis, type Analysis, type Message, type Mode, type RerunMessage } from "./protocol";
+
+export interface Session {
+  readonly analysis: Analysis | null;
+  /** Calls the running trace expects: an estimate sent with `start`, never exact. */
+  readonly expectedCalls: number;
+  /** What a running training step does after its forward pass (`backward`, `optimizer`). */
+  readonly phase: string | null;
+  /** When the running trace started (the `now` of its `start`). */
+  readonly startedAt: number;
+  /** Seconds the last trace took, from its `done`; null while none has finished. */
+  readonly elapsedS: number | null;
+  /** The mode the switches show: the analyzed one, or the one a re-run was asked for. */
+  readonly mode: Mode;
+  /** A re-run was asked for, and neither its `done` nor an error has arrived. */
+  readonly rerunning: boolean;
+  /** Why the kernel refused the last re-run (`""`: it did not). */
+  readonly rerunError: string;
+}
+
+/** A new payload arrived in the synced trait (null: none yet). */
+export interface PayloadEvent {
+  type: "payload";
+  analysis: Analysis | null;
+}
+
+/** Everything that changes a session: kernel messages, payloads, the user's re-run request. */
+export type SessionEvent = Message | PayloadEvent | RerunMessage;
+
+export const initialSession: Session = {
+  analysis: null,
+  expectedCalls: 0,
+  phase: null,
+  startedAt: 0,
+  elapsedS: null,
+  mode: "inference",
+  rerunning: false,
+  rerunError: "",
+};
+
+/** True when the session can ask for a re-run now: a kernel is there and nothing is running. */
+export function canRerun(s: Session, kernel: boolean): boolean {
+  return kernel && !s.rerunning && s.analysis?.status !== "running";
+}
+
+/** The next session after `event`, at time `now` (milliseconds, any monotonic clock). */
+export function reduce(s: Session, event: SessionEvent, now: number): Session {
+  switch (event.type) {
+    case "payload":
+      return withAnalysis(s, event.analysis);
+    case "rerun":
+      return { ...s, mode: event.mode, rerunning: true, rerunError: "" };
+    case "start": {
+      const next = withAnalysis(s, event.payload ?? emptyAnalysis());
+      (next.analysis as Analysis).status = "running";
+      return { ...next, expectedCalls: event.expectedCalls, phase: null, startedAt: now, elapsedS: null };
+    }
+    case "calls": {
+      const analysis = s.analysis ?? emptyAnalysis();
+      applyCalls(analysis, event);
+      return analysis === s.analysis ? s : { ...s, analysis };
+    }
+    case "phase":
+      return { ...s, phase: event.phase };
+    case "done":
+      if (s.analysis?.status === "running") s.analysis.status = "done";
+      return { ...s, rerunning: false, phase: null, elapsedS: event.elapsedS };
+    case "error":
+      if (s.rerunning && s.analysis?.status !== "running") {
+        // the kernel refused the re-run before starting it (no model in this kernel): the
+        // analysis shown is still valid, so the view says why instead of marking it failed
+        return {
+          ...s,
+          rerunning: false,
+          rerunError: event.error.message || event.error.type,
+          mode: s.analysis ? (s.analysis.mode === "training" ? "training" : "inference") : s.mode,
+        };
+      }
+      if (s.analysis) {
+        s.analysis.error = event.error;
+        s.analysis.status = "error";
+      }
+      return { ...s, rerunning: false };
+  }
+}
+
+/** A new analysis: the switches show its mode, unless a re-run of another mode is on its way. */
+function withAnalysis(s: Session, analysis: Analysis | null): Session {
+  const mode = analysis && !s.rerunning ? (analyzedMode(analysis) ?? s.mode) : s.mode;
+  return { ...s, analysis, mode };
+}
+
+function analyzedMode(a: Analysis | null): Mode | null {
+  return a && (a.mode === "inference" || a.mode === "training") ? a.mode : null;
+}

@@ -1,0 +1,117 @@
+/**
+ * The kernel switches: mode, optimizer and target device. Changing one asks the kernel to
+ * analyze again (`{type: "rerun", ...}`); without a kernel (the standalone page) they are shown
+ * disabled, with a tooltip that says why. They render from the session (`session.ts`) and hold
+ * no state of their own besides the DOM.
+ */
+import { h } from "./details";
+import type { Analysis, Device, Mode, Optimizer, RerunMessage } from "./protocol";
+import { canRerun, initialSession, type Session } from "./session";
+
+export const OPTIMIZERS: [Optimizer | "none", string][] = [
+  ["adamw", "AdamW"],
+  ["adam", "Adam"],
+  ["sgd", "SGD"],
+  ["sgd-momentum", "SGD + momentum"],
+  ["none", "none"],
+];
+export const DEVICES: [Device, string][] = [
+  ["cuda", "CUDA kernels"],
+  ["cpu", "CPU"],
+  ["math", "math path"],
+];
+const MODES: Mode[] = ["inference", "training"];
+const NO_KERNEL = "No kernel: this page cannot re-run the analysis (run the cell in a notebook)";
+
+export class Switches {
+  readonly el = h("div", "mw-switches");
+  private modeBox = h("div", "mw-seg mw-mode");
+  private optimizerSel = h("select", "mw-select mw-optimizer");
+  private deviceSel = h("select", "mw-select mw-device");
+  private session: Session = initialSession;
+
+  /** `onRerun` absent: no kernel, the switches are shown disabled. */
+  constructor(private onRerun?: (msg: RerunMessage) => void) {
+    const modeLabel = h("span", "mw-label", "Mode ");
+    for (const m of MODES) {
+      const b = h("button", "mw-seg-btn", m);
+      b.type = "button";
+      b.dataset.mode = m;
+      b.addEventListener("click", this.onModeClick);
+      this.modeBox.append(b);
+    }
+    modeLabel.append(this.modeBox);
+    for (const [v, label] of OPTIMIZERS) {
+      const o = h("option", "", label);
+      o.value = v;
+      this.optimizerSel.append(o);
+    }
+    for (const [v, label] of DEVICES) {
+      const o = h("option", "", label);
+      o.value = v;
+      this.deviceSel.append(o);
+    }
+    this.optimizerSel.setAttribute("aria-label", "Optimizer (training)");
+    this.deviceSel.setAttribute("aria-label", "Target device");
+    const optLabel = h("label", "mw-label", "Optimizer ");
+    optLabel.append(this.optimizerSel);
+    const devLabel = h("label", "mw-label", "Device ");
+    devLabel.append(this.deviceSel);
+    devLabel.title = "The device the memory numbers are for: it picks the attention kernel";
+    this.optimizerSel.addEventListener("change", this.onSwitch);
+    this.deviceSel.addEventListener("change", this.onSwitch);
+    this.el.append(modeLabel, optLabel, devLabel);
+    if (!onRerun) {
+      this.el.classList.add("mw-no-kernel");
+      this.el.title = NO_KERNEL;
+      for (const el of [this.optimizerSel, this.deviceSel]) el.title = NO_KERNEL;
+      for (const b of this.modeBox.querySelectorAll("button")) b.title = NO_KERNEL;
+    }
+  }
+
+  /** Show the optimizer and device an analysis was run with. */
+  showAnalyzed(a: Analysis): void {
+    this.optimizerSel.value = a.optimizer ?? "none";
+    this.deviceSel.value = a.device;
+  }
+
+  render(s: Session): void {
+    this.session = s;
+    const kernel = this.onRerun !== undefined;
+    const off = !canRerun(s, kernel);
+    for (const b of this.modeBox.querySelectorAll<HTMLButtonElement>("button")) {
+      b.classList.toggle("mw-active", b.dataset.mode === s.mode);
+      b.setAttribute("aria-pressed", String(b.dataset.mode === s.mode));
+      b.disabled = off;
+    }
+    this.optimizerSel.disabled = off || s.mode !== "training";
+    this.deviceSel.disabled = off;
+    if (kernel) this.optimizerSel.title = s.mode === "training" ? "" : "Used in training mode";
+    this.el.classList.toggle("mw-busy", s.rerunning);
+  }
+
+  destroy(): void {
+    for (const b of this.modeBox.querySelectorAll("button")) b.removeEventListener("click", this.onModeClick);
+    this.optimizerSel.removeEventListener("change", this.onSwitch);
+    this.deviceSel.removeEventListener("change", this.onSwitch);
+  }
+
+  private onModeClick = (e: Event): void => {
+    const m = (e.currentTarget as HTMLElement).dataset.mode as Mode;
+    if (m !== this.session.mode) this.request(m);
+  };
+
+  private onSwitch = (): void => this.request(this.session.mode);
+
+  /** Send `{type: "rerun", mode, optimizer, device}` (the view shows "re-running…" until done). */
+  private request(mode: Mode): void {
+    if (!this.onRerun || !canRerun(this.session, true)) return;
+    const opt = this.optimizerSel.value;
+    this.onRerun({
+      type: "rerun",
+      mode,
+      optimizer: opt === "none" ? null : (opt as Optimizer),
+      device: this.deviceSel.value as Device,
+    });
+  }
+}
