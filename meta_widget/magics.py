@@ -18,6 +18,7 @@ import argparse
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -195,6 +196,9 @@ def _explained_traceback(
     """The custom exception handler: the usual traceback, plus the explanation of meta errors."""
     from .explain import explain, is_meta_error
 
+    # IPython records the error for %tb, %debug and pdb in showtraceback, which a custom handler
+    # bypasses: record it first, on every path (the previous handler's included)
+    _record_last_exception(etype, value, tb)
     state = _STATE.get(id(shell))
     meta = is_meta_error(value)
     previous = state.previous if state is not None else None
@@ -209,7 +213,19 @@ def _explained_traceback(
     stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
     stb = [*stb, _explanation_text(explain(value))]
     shell._showtraceback(etype, value, stb)  # type: ignore[arg-type]
+    if shell.call_pdb:  # `%pdb on`: showtraceback would enter the debugger here
+        shell.debugger(force=True)
     return stb
+
+
+def _record_last_exception(etype: type, value: BaseException, tb: Any) -> None:
+    """Set ``sys.last_type/last_value/last_traceback`` (and ``sys.last_exc`` on 3.12+), as
+    IPython's ``showtraceback`` and the standard interpreter do for an uncaught error."""
+    sys.last_type = etype
+    sys.last_value = value
+    sys.last_traceback = tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = value
 
 
 def _explanation_text(explanation: Any) -> str:

@@ -192,3 +192,40 @@ def test_unload_removes_everything_and_restores_the_previous_handler() -> None:
     finally:
         shell.set_custom_exc((), None)
         shell.custom_exceptions = ()
+
+
+def test_tb_and_debug_see_the_last_error_also_when_it_is_explained(
+    ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import sys
+
+    run(ip, "1 / 0")  # an earlier, different error: what %tb showed before the fix
+    assert isinstance(sys.last_value, ZeroDivisionError)
+    result, cap = run(ip, "x = torch.ones(2, device='meta')\nvalues = x.tolist()")
+    err = result.error_in_exec
+    assert isinstance(err, NotImplementedError) and "meta_widget explains" in cap.stdout
+    assert sys.last_value is err and sys.last_type is NotImplementedError
+    assert sys.last_traceback is err.__traceback__
+    if sys.version_info >= (3, 12):
+        assert sys.last_exc is err  # type: ignore[attr-defined]
+    _, cap = run(ip, "%tb")
+    assert "Cannot copy out of meta tensor" in cap.stdout and "values = x.tolist()" in cap.stdout
+    assert "ZeroDivisionError" not in cap.stdout
+    # %debug opens the debugger on that traceback: its innermost user frame is the cell's line
+    monkeypatch.setattr(sys, "stdin", io.StringIO("p x.device\nquit\n"))
+    _, cap = run(ip, "%debug")
+    assert "device(type='meta')" in cap.stdout, cap.stdout
+    # an error a previously installed handler takes is recorded too
+    ip.run_line_magic("unload_ext", "meta_widget")
+    original = (ip.custom_exceptions, ip.CustomTB)
+    ip.set_custom_exc((KeyError,), lambda self, et, ev, tb, tb_offset=None: ["mine"])
+    try:
+        ip.run_line_magic("load_ext", "meta_widget")
+        result, _ = run(ip, "{}['missing']")
+        assert isinstance(result.error_in_exec, KeyError)
+        assert sys.last_value is result.error_in_exec
+    finally:
+        ip.run_line_magic("unload_ext", "meta_widget")
+        ip.custom_exceptions, ip.CustomTB = original
+        ip.run_line_magic("load_ext", "meta_widget")
