@@ -5,13 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 export PATH="$PWD/$VENV/bin:$PATH"
+# The browser tests (tests/e2e) are part of this command: a missing Chromium, playwright or built
+# bundle fails them instead of skipping them (tests/e2e/conftest.py reads this).
+export META_WIDGET_REQUIRE_BROWSER=1
 
 # Chromium for the real-browser tests (Debian's package; browser downloads do not work here).
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
-    echo "test: /usr/bin/chromium is missing and we are not root; browser tests will be skipped" >&2
+    echo "test: /usr/bin/chromium is missing and we are not root: install it" \
+      "(sudo apt-get install -y chromium); the browser tests will fail without it" >&2
   fi
 fi
 

@@ -10,13 +10,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+# Plain imports, no importorskip: a missing test dependency must fail the run, not skip it.
 import pytest
+import torch
+import transformers
+
+import meta_widget as mw
 
 pytestmark = pytest.mark.e2e
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-mw = pytest.importorskip("meta_widget")
 
 EVIL = "<img src=x onerror=alert(1)>"
 STATIC = Path(__file__).resolve().parents[2] / "meta_widget" / "static"
@@ -51,7 +52,7 @@ def evil_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def open_page(page: Any, path: Path, theme: str = "light") -> None:
     page.emulate_media(color_scheme=theme)
     page.goto(path.as_uri())
-    page.wait_for_selector(".mw-row", timeout=10_000)
+    page.wait_for_selector(".mw-row")  # the page fixture's (long) default timeout
 
 
 def visible_rows(page: Any) -> list[str]:
@@ -205,12 +206,71 @@ def test_narrow_view_leaves_out_shape_columns(page: Any, gpt2_html: Path, artifa
 
 def test_class_name_stays_text(page: Any, evil_html: Path, artifacts: Path) -> None:
     open_page(page, evil_html)
-    page.wait_for_timeout(300)
+    # an <img onerror> would have fired by the time the page has loaded and rendered twice
+    page.wait_for_load_state("load")
+    settle(page)
     assert page.dialogs == []
     assert page.query_selector_all(".mw-root img") == []
     assert page.inner_text(".mw-title") == EVIL
     assert visible_rows(page)[0] == EVIL
     page.screenshot(path=str(artifacts / "standalone-xss.png"), full_page=True)
+
+
+#: names that end the data <script> early (``</script>``), open an HTML comment that swallows the
+#: rest of the page (``<!--<script>``) or end the <title> early (``</title>``); names with a "." can
+#: only be class names (module names may not hold one)
+PWN_CLASS = "</script><script>window.__pwned=1</script>"
+PWN_TITLE = "</title><script>window.__pwned=2</script>"
+PWN_COMMENT = "<!--<script>"
+PWN_MODULE = "</script><script>window['__pwned']=3</script>"
+
+
+@pytest.fixture(scope="module")
+def pwn_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The root class named ``PWN_TITLE`` holds ``<!--<script>`` (a ``PWN_CLASS`` Linear) and
+    ``PWN_MODULE`` (a ReLU)."""
+    nn = torch.nn
+    child = type(PWN_CLASS, (nn.Linear,), {})
+
+    def init(self: Any) -> None:
+        nn.Module.__init__(self)
+        self.add_module(PWN_COMMENT, child(4, 4))
+        self.add_module(PWN_MODULE, nn.ReLU())
+
+    def forward(self: Any, x: Any) -> Any:
+        return getattr(self, PWN_MODULE)(getattr(self, PWN_COMMENT)(x))
+
+    root = type(PWN_TITLE, (nn.Module,), {"__init__": init, "forward": forward})
+    path = tmp_path_factory.mktemp("html") / "pwn.html"
+    a = mw.analyze(root(), input_size=(2, 4))
+    assert a.error is None, a.error
+    a.to_html(str(path))
+    return path
+
+
+def test_hostile_names_render_as_text_and_run_nothing(
+    page: Any, pwn_html: Path, artifacts: Path
+) -> None:
+    page.goto(pwn_html.as_uri())  # returns once the page has loaded: its scripts have run
+    assert page.evaluate("() => typeof window.__pwned") == "undefined"
+    started = page.evaluate("() => !!(window.metaWidget && document.querySelector('.mw-root'))")
+    assert started, f"the page did not start (a name broke its scripts); errors: {page.errors}"
+    page.wait_for_selector(".mw-row")
+    settle(page)
+    # the whole tree is there, every name as visible text
+    assert visible_rows(page) == [PWN_TITLE, PWN_COMMENT, PWN_MODULE]
+    types = page.eval_on_selector_all(
+        ".mw-row",
+        """rows => rows.sort((a, b) => Number(a.dataset.row) - Number(b.dataset.row))
+            .map(r => r.querySelector('.mw-mtype')?.textContent ?? '')""",
+    )
+    assert PWN_CLASS in types, types
+    assert page.inner_text(".mw-title") == PWN_TITLE
+    assert page.title() == f"meta_widget · {PWN_TITLE}"
+    # the page's only scripts are its own three (data, bundle, start)
+    assert page.evaluate("() => document.scripts.length") == 3
+    assert not page.errors, page.errors
+    page.screenshot(path=str(artifacts / "standalone-hostile-names.png"), full_page=True)
 
 
 @pytest.fixture(scope="module")
