@@ -30,10 +30,12 @@ from typing import Any
 
 import torch
 
+from .errors import MetaWidgetError
+
 aten = torch.ops.aten
 
 
-class MetaValueNeeded(RuntimeError):
+class MetaValueNeeded(MetaWidgetError, RuntimeError):
     """The trace needs a number from a meta tensor and ``assume`` does not give it."""
 
 

@@ -18,7 +18,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from .memory import CATEGORIES, DTYPE_BYTES, MemoryReport
+from .choices import Optimizer
+from .errors import MetaWidgetError
+from .memory import CATEGORIES, MemoryReport
+from .units import DTYPE_BYTES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,10 +47,10 @@ __all__ = [
 
 #: state tensors the optimizer keeps per parameter (each the size of the parameter)
 OPTIMIZER_SLOTS: dict[str | None, int] = {
-    "adamw": 2,
-    "adam": 2,
-    "sgd-momentum": 1,
-    "sgd": 0,
+    Optimizer.ADAMW: 2,
+    Optimizer.ADAM: 2,
+    Optimizer.SGD_MOMENTUM: 1,
+    Optimizer.SGD: 0,
     None: 0,
 }
 #: per-device strategies of :func:`distributed`; ``"fsdp"`` is ``"zero3"``
@@ -60,7 +63,7 @@ CONTAINERS = ("ModuleList", "ModuleDict")
 MASTER_BYTES = 4  # fp32 master weights of mixed precision, bytes per parameter
 
 
-class EstimateError(ValueError):
+class EstimateError(MetaWidgetError, ValueError):
     """An estimate was asked with arguments that do not describe a possible run."""
 
 
@@ -117,7 +120,7 @@ def infer_optimizer(report: MemoryReport) -> str | None:
     slots = round(state / trained)
     for name, k in OPTIMIZER_SLOTS.items():
         if k == slots and name is not None:
-            return name
+            return str(name)
     raise EstimateError(
         f"the recorded optimizer state ({state} bytes) is {state / trained:.2f}x the trained "
         "parameter bytes, which matches no optimizer in OPTIMIZER_SLOTS; pass optimizer= to "
@@ -202,8 +205,8 @@ def what_if(
     name = infer_optimizer(report) if optimizer == "auto" else optimizer
     if name not in OPTIMIZER_SLOTS:
         raise EstimateError(
-            f"what_if: optimizer must be 'auto' or one of {list(OPTIMIZER_SLOTS)}, not "
-            f"{optimizer!r}."
+            f"what_if: optimizer must be 'auto', None or one of "
+            f"{[o.value for o in Optimizer]}, not {optimizer!r}."
         )
     r = recorded_element_size(report)
     c = DTYPE_BYTES[dtype]

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .errors import MetaWidgetError
+
 if TYPE_CHECKING:
     import torch
 
@@ -38,7 +40,7 @@ __all__ = [
 MAX_FRACTION = 0.9
 
 
-class MaterializeError(RuntimeError):
+class MaterializeError(MetaWidgetError, RuntimeError):
     """The model cannot be materialized as asked (e.g. the checkpoint's shapes do not fit)."""
 
 

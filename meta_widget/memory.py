@@ -24,14 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .units import DTYPE_BYTES
+
 if TYPE_CHECKING:
     import torch
 
     from .passes import Trace
     from .recorder import Allocation, CallRecord
-
-#: bytes per element of the dtypes offered as what-ifs; int4 packs two weights in a byte
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
 
 
 @dataclass

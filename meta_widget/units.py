@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: bytes per element of the dtypes offered as what-ifs; int4 packs two weights in a byte
+DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
+
 
 def format_bytes(n: float) -> str:
     """Bytes in binary units: ``1.50 GiB``."""
