@@ -8,6 +8,7 @@ registry (``register_source``): the first whose predicate accepts the object bui
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from collections.abc import Callable
@@ -72,7 +73,7 @@ def _is_module(obj: Any) -> bool:
 
 
 def all_on_meta(module: torch.nn.Module) -> bool:
-    """True when every parameter and buffer of ``module`` is a meta tensor."""
+    """True when every parameter, buffer and direct tensor attribute of ``module`` is on meta."""
     return all(t.is_meta for t in _tensors(module))
 
 
@@ -83,7 +84,6 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     for m in module.modules():
         found.extend(p for p in m._parameters.values() if p is not None)
         found.extend(b for b in m._buffers.values() if b is not None)
-        # plain tensor attributes (not registered) would otherwise be deep-copied for real
         found.extend(
             v
             for k, v in vars(m).items()
@@ -92,24 +92,133 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     return found
 
 
-def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A structural copy of ``module`` whose tensors are meta stand-ins; no data is copied.
+#: the most objects (containers, plain objects) the search for tensors visits in a module's
+#: state, and the deepest nesting it follows: past either, copying is refused (a hostile or
+#: huge object graph must not hang the analysis, and a tensor left unseen would be copied)
+MAX_OBJECTS = 1_000_000
+MAX_DEPTH = 500
 
-    Tied parameters stay tied (one stand-in per tensor object), ``requires_grad`` and strides are
-    kept. The user's module is only read.
+
+def reachable_tensors(root: Any) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor reachable from ``root`` the way ``copy.deepcopy`` walks it, with its path.
+
+    Follows lists, tuples, dicts, sets, instance ``__dict__`` and ``__slots__`` (modules,
+    dataclasses, plain objects), bound methods' ``self`` and ``functools.partial`` arguments.
+    Each object is visited once (shared references and cycles cost nothing more); functions,
+    classes and scalars are not entered, as deepcopy shares them. Raises :class:`SourceError`
+    past :data:`MAX_OBJECTS` objects or :data:`MAX_DEPTH` levels.
     """
     import torch
 
-    memo: dict[int, Any] = {}
-    for t in _tensors(module):
-        if id(t) in memo:
+    found: list[tuple[str, torch.Tensor]] = []
+    seen: set[int] = set()
+    todo: list[tuple[Any, str, int]] = [(root, "", 0)]
+    while todo:
+        obj, path, depth = todo.pop()
+        if id(obj) in seen:
             continue
-        stand_in = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-        if isinstance(t, torch.nn.Parameter):
-            stand_in = torch.nn.Parameter(stand_in, requires_grad=t.requires_grad)
-        memo[id(t)] = stand_in
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found.append((path or "module", obj))
+            continue  # a tensor's own attributes are not followed (its stand-in has none)
+        if len(seen) > MAX_OBJECTS or depth > MAX_DEPTH:
+            raise SourceError(
+                f"meta_widget will not copy {type(root).__name__}: its state holds more than "
+                f"{MAX_OBJECTS:,} objects or nests deeper than {MAX_DEPTH} levels (at "
+                f"{path or 'the module'}), too many to search for tensors whose data must not "
+                "be copied. Pass a function or class that builds the model instead, e.g. "
+                "mw.analyze(lambda: MyModel(...)): it is then built directly on meta."
+            )
+        for key, child in _children(obj):
+            if type(child) not in _ATOMIC and id(child) not in seen:
+                todo.append((child, f"{path}{key}", depth + 1))
+    return found
+
+
+def _children(obj: Any) -> list[tuple[str, Any]]:
+    """The objects deepcopy copies along with ``obj``, each with a path step."""
+    import functools
+    import types
+
+    out: list[tuple[str, Any]] = []
+    if isinstance(obj, dict):
+        out.extend((f"[{k!r}]", v) for k, v in obj.items())
+        out.extend((f".<key {k!r}>", k) for k in obj if type(k) not in _ATOMIC)
+    elif isinstance(obj, (list, tuple)):
+        out.extend((f"[{i}]", v) for i, v in enumerate(obj))
+    elif isinstance(obj, (set, frozenset)):
+        out.extend((f".<item {i}>", v) for i, v in enumerate(obj))
+    elif isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)):
+        return out  # shared by deepcopy, never copied
+    elif isinstance(obj, types.MethodType):
+        out.append((".__self__", obj.__self__))
+    elif isinstance(obj, functools.partial):
+        out.extend([(".func", obj.func), (".args", obj.args), (".keywords", obj.keywords)])
+    if type(obj) in _CONTAINERS:
+        return out
+    # instance state, also of container subclasses (a ModelOutput is a dict with fields);
+    # read without __getattr__, which a hostile or lazy object may override
     try:
-        return copy.deepcopy(module, memo)
+        state = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        state = None
+    if isinstance(state, dict):
+        out.extend((f".{k}", v) for k, v in state.items())
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            with contextlib.suppress(AttributeError):  # an empty slot has no value
+                out.append((f".{name}", object.__getattribute__(obj, name)))
+    return out
+
+
+_CONTAINERS = {dict, list, tuple, set, frozenset}
+_ATOMIC = {type(None), int, float, bool, complex, str, bytes, range, type(...)}
+
+
+def _stand_in(t: torch.Tensor, storages: dict[int, Any]) -> torch.Tensor:
+    """A meta tensor like ``t``: same shape, stride, offset and dtype, on a meta storage shared
+    with every other stand-in of the same real storage (views and ties stay views and ties)."""
+    import torch
+
+    plain = type(t) in (torch.Tensor, torch.nn.Parameter)  # nn.Buffer makes plain tensors
+    if plain and t.layout == torch.strided and not t.is_quantized:
+        st = t.untyped_storage()
+        meta = storages.get(st._cdata)
+        if meta is None:
+            meta = storages[st._cdata] = torch.UntypedStorage(st.nbytes(), device="meta")
+        out = torch.empty(0, dtype=t.dtype, device="meta").set_(
+            meta, t.storage_offset(), t.shape, t.stride()
+        )
+    else:  # sparse, quantized or a tensor subclass: a dense stand-in of the same shape
+        out = torch.empty(t.shape, dtype=t.dtype, device="meta")
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(out, requires_grad=t.requires_grad)
+    return out.requires_grad_(t.requires_grad)
+
+
+def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A structural copy of ``module`` whose tensors are meta stand-ins; no data is copied.
+
+    Every tensor reachable from the module's state gets a stand-in before the copy: parameters,
+    buffers and tensor attributes, and tensors held in lists, tuples, dicts, sets, dataclasses
+    and plain objects (see :func:`reachable_tensors`). Stand-ins keep shape, stride, storage
+    offset, dtype and ``requires_grad``; tensors sharing a storage (tied weights, views) share
+    one meta storage, so they stay tied. The user's module is only read. Should the copy hold a
+    real tensor all the same (state deepcopy reaches but the search cannot see), it is dropped
+    and :class:`SourceError` raised; real tensors the copy shares with the module (an object
+    whose ``__deepcopy__`` returns itself) are left alone.
+    """
+    memo: dict[int, Any] = {}
+    storages: dict[int, Any] = {}
+    for _path, t in reachable_tensors(module):
+        if not t.is_meta:
+            memo[id(t)] = _stand_in(t, storages)
+    originals = set(memo)  # the user's real tensors: alive (the module holds them), ids stable
+    try:
+        copied = copy.deepcopy(module, memo)
     except Exception as exc:  # deepcopy of arbitrary user state can fail in many ways
         raise SourceError(
             f"meta_widget could not copy {type(module).__name__} to analyze it without touching "
@@ -117,6 +226,22 @@ def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
             "model instead, e.g. mw.analyze(lambda: MyModel(...)): it is then built directly on "
             "the meta device."
         ) from exc
+    del memo
+    # a real tensor in the copy that is not one of the user's own was copied: refuse it (one the
+    # copy shares, e.g. through an object whose __deepcopy__ returns itself, holds no new data)
+    real = next(
+        (p for p, t in reachable_tensors(copied) if not t.is_meta and id(t) not in originals),
+        None,
+    )
+    if real is not None:
+        del copied
+        raise SourceError(
+            f"meta_widget would have copied the data of a real tensor of "
+            f"{type(module).__name__} (at {real}): it is held where the search for tensors "
+            "cannot look. Pass a function or class that builds the model instead, e.g. "
+            "mw.analyze(lambda: MyModel(...)): it is then built directly on meta."
+        )
+    return copied
 
 
 @register_source("module", _is_module)
