@@ -21,12 +21,14 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from .checkpoints import checkpoint_diff, inspect_checkpoint, sniff
 from .errors import MetaWidgetError
-
-if TYPE_CHECKING:
-    import torch
+from .sources import MetaModel, meta_copy, to_meta
+from .units import format_bytes
 
 __all__ = [
     "InsufficientMemoryError",
@@ -89,7 +91,6 @@ class MaterializeReport:
         return out
 
     def __str__(self) -> str:
-        from .units import format_bytes
 
         avail = (
             f" of {format_bytes(self.available_bytes)} available"
@@ -133,12 +134,9 @@ def available_memory(device: str = "cpu") -> int | None:
             return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
         except (ValueError, OSError, AttributeError):
             return None
-    if kind == "cuda":
-        import torch
-
-        if torch.cuda.is_available():
-            free, _total = torch.cuda.mem_get_info(torch.device(device))
-            return int(free)
+    if kind == "cuda" and torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
     return None
 
 
@@ -182,7 +180,6 @@ def materialize(
     MaterializeError
         The checkpoint's shapes do not fit the model.
     """
-    import torch
 
     start = time.perf_counter()
     module = _fresh_meta(model)
@@ -194,8 +191,6 @@ def materialize(
     )
     available = available_bytes if available_bytes is not None else available_memory(device)
     if available is not None and needed > MAX_FRACTION * available:
-        from .units import format_bytes
-
         raise InsufficientMemoryError(
             f"Refused to materialize {type(module).__name__} on {device}: its parameters and "
             f"buffers need {format_bytes(needed)} but only {format_bytes(available)} is "
@@ -223,9 +218,6 @@ def materialize(
 
 
 def _fresh_meta(model: Any) -> torch.nn.Module:
-    import torch
-
-    from .sources import MetaModel, meta_copy, to_meta
 
     if isinstance(model, MetaModel):
         if model.owned and model.rebuild is not None:
@@ -261,7 +253,6 @@ def _checkpoint_sizes(checkpoint: Any) -> tuple[dict[str, int], Any]:
         return {}, None
     if isinstance(checkpoint, Mapping):
         return {k: v.numel() * v.element_size() for k, v in checkpoint.items()}, None
-    from .checkpoints import inspect_checkpoint
 
     info = inspect_checkpoint(checkpoint)
     return {t.name: t.nbytes for t in info.tensors}, info
@@ -276,7 +267,6 @@ def _load(
     report: MaterializeReport,
     filled: set[int],
 ) -> None:
-    from .checkpoints import checkpoint_diff
 
     if info is not None:
         diff = checkpoint_diff(module, info)
@@ -327,9 +317,6 @@ def load_state_dict_file(info: Any, device: str = "cpu") -> dict[str, torch.Tens
     ``safetensors`` package needed); ``torch.save`` files with ``torch.load(weights_only=True,
     mmap=True)``.
     """
-    import torch
-
-    from .checkpoints import sniff
 
     state: dict[str, torch.Tensor] = {}
     for file in info.files:
@@ -391,7 +378,6 @@ def _initialize(
     module: torch.nn.Module, fresh: set[tuple[int, str]], report: MaterializeReport
 ) -> None:
     """Fill the freshly allocated tensors: per module whose own tensors are all fresh."""
-    import torch
 
     hf_init = getattr(module, "_init_weights", None)
     is_hf = callable(hf_init) and any(c.__name__ == "PreTrainedModel" for c in type(module).__mro__)
