@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from . import heavy
 from .choices import Optimizer
 from .errors import MetaWidgetError
 from .memory import CATEGORIES, MemoryReport
@@ -440,7 +441,7 @@ def what_if_table(analysis: Analysis) -> pd.DataFrame:
     Training: float32, bfloat16, float16, mixed bfloat16 and mixed float16. Inference: float32,
     bfloat16, float16, int8 and int4 weights (bfloat16 compute). Each row is :func:`what_if`.
     """
-    import pandas as pd
+    pd = heavy.pandas()
 
     report = analysis.memory
     rows: dict[str, dict[str, int]] = {d: what_if(report, dtype=d) for d in COMPUTE_DTYPES}
@@ -468,7 +469,7 @@ def distributed_table(
     parallel shares come from :func:`largest_block_bytes`, :func:`root_unit_bytes`,
     :func:`tp_fraction` and :func:`tp_activation_fraction`.
     """
-    import pandas as pd
+    pd = heavy.pandas()
 
     report = analysis.memory
     rows = []

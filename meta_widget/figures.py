@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import heavy
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ def memory_figure(analysis: Analysis, depth: int = 1) -> go.Figure:
 
     Modules shallower than ``depth`` without children are shown too, so every byte appears once.
     """
-    import plotly.graph_objects as go
+    go = heavy.plotly_go()
 
     nodes = [
         n for n in analysis.modules if n.depth == depth or (n.depth < depth and not n.children)
@@ -54,7 +55,7 @@ def memory_figure(analysis: Analysis, depth: int = 1) -> go.Figure:
 def timeline_figure(analysis: Analysis) -> go.Figure:
     """Live bytes after each allocation and free of the pass: phases shaded (in training), the
     peak marked with its module, op and phase, and its bytes by category in the hover."""
-    import plotly.graph_objects as go
+    go = heavy.plotly_go()
 
     mem = analysis.memory
     points = mem.timeline
@@ -111,7 +112,7 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
 
 def categories_figure(analysis: Analysis) -> go.Figure:
     """One stacked bar: the bytes live at the peak, by category (they add up to the peak)."""
-    import plotly.graph_objects as go
+    go = heavy.plotly_go()
 
     fig = go.Figure()
     for name, value in analysis.memory.categories.items():
