@@ -38,8 +38,9 @@ class Explanation:
         where = f" in module {self.module!r}" if self.module is not None else ""
         at = f"\n  at {self.file}:{self.line}" if self.file else ""
         code = f"\n    {self.code}" if self.code else ""
+        kind = f"{self.type}: " if self.type else ""
         return (
-            f"{self.title}{where}: {self.type}: {_first_line(self.message)}{at}{code}\n"
+            f"{self.title}{where}: {kind}{_first_line(self.message)}{at}{code}\n"
             f"  Why: {self.explanation}\n  Fix: {self.fix}"
         )
 
@@ -96,6 +97,21 @@ register_explanation(
     fix="Pass the number of classes: F.one_hot(labels, num_classes=N) (e.g. the vocabulary size).",
 )
 register_explanation(
+    "load_meta_state_dict",
+    r"Error\(s\) in loading state_dict.*Cannot copy out of meta tensor",
+    title="A meta state dict was loaded into a real model",
+    explanation=(
+        "The state dict's tensors are on the meta device (the state_dict() of a meta model, or "
+        "torch.load(..., map_location='meta')): they have shapes but no values, so there is "
+        "nothing to copy into the model's real parameters."
+    ),
+    fix=(
+        "Load the real weights: torch.load(path, map_location='cpu') or "
+        "safetensors.torch.load_file(path). To only check names and shapes without reading "
+        "data, use mw.analyze(model, checkpoint=path) (or mw.inspect_checkpoint(path))."
+    ),
+)
+register_explanation(
     "module_move",
     lambda exc, message: "Cannot copy out of meta tensor" in message and _in_module_apply(exc),
     title="A meta module cannot be moved with .to()/.cpu()/.cuda()",
@@ -149,6 +165,47 @@ register_explanation(
         "On meta, use a known upper bound instead (e.g. torch.arange(num_classes, "
         "device=x.device)), or skip that step when x.is_meta; sizes that depend on values "
         "cannot be traced without data."
+    ),
+)
+register_explanation(
+    "bincount",
+    r"aten::bincount\b",
+    title="bincount has no meta kernel",
+    explanation=(
+        "torch.bincount returns max(x) + 1 counts (at least minlength): a size that depends on "
+        "the values, which a meta tensor does not have, so PyTorch registers no meta kernel."
+    ),
+    fix=(
+        "With a known number of bins N, count with a fixed size: torch.zeros(N, "
+        "device=x.device).scatter_add_(0, x, torch.ones_like(x, dtype=torch.float)) (equal to "
+        "torch.bincount(x, minlength=N) when every value is below N)."
+    ),
+)
+register_explanation(
+    "histogram",
+    r"aten::histogram\b",
+    title="torch.histogram has no meta kernel",
+    explanation=(
+        "torch.histogram computes its bin edges from the data when none are given, and PyTorch "
+        "registers no meta kernel for it."
+    ),
+    fix=(
+        "Use torch.histc(x, bins=N, min=LOW, max=HIGH): it has a meta kernel and returns N "
+        "counts; or skip the step when x.is_meta."
+    ),
+)
+register_explanation(
+    "equal",
+    r"aten::equal\b",
+    title="torch.equal compares values a meta tensor does not have",
+    explanation=(
+        "torch.equal returns a Python bool computed from the values of both tensors; meta "
+        "tensors have only shapes and dtypes, and PyTorch registers no meta kernel for it."
+    ),
+    fix=(
+        "Compare what meta tensors have (a.shape == b.shape and a.dtype == b.dtype), or keep "
+        "the comparison a tensor: (a == b).all(), whose truth value mw.analyze assumes and "
+        "lists in Analysis.assumptions."
     ),
 )
 register_explanation(
@@ -263,9 +320,44 @@ register_explanation(
     ),
 )
 register_explanation(
+    "meta_into_real",
+    r"Tensor on device meta is not on the expected device (?!meta)",
+    title="A meta tensor was given to a computation on a real device",
+    explanation=(
+        "An operation whose first tensor is on a real device (the 'expected device') was given "
+        "a meta tensor. Most often a model built on meta (under torch.device('meta') or "
+        "init_empty_weights) was called with a real input: in F.linear(input, weight) the "
+        "input comes first, so its device is expected and the meta weight is refused. A tensor "
+        "created inside forward without device= and combined with a meta tensor does the same."
+    ),
+    fix=(
+        "Give a meta model meta inputs: torch.randn(shape, device='meta'), or let meta_widget "
+        "convert them: mw.analyze(model, input_data=x) (or input_size=...). To run on real data, "
+        "materialize the model first (model.to_empty(device='cpu') and load or initialize the "
+        "weights, or mw.analyze(model).materialize()). Inside forward, create tensors with "
+        "device=x.device."
+    ),
+)
+register_explanation(
+    "cpu_argument",
+    r"to be on cpu, but it's on meta|should be a 1D CPU int64 tensor, but got .*\bmeta\b",
+    title="An argument PyTorch reads on the host is a meta tensor",
+    explanation=(
+        "Some arguments are numbers that PyTorch reads on the CPU before it runs the op "
+        "(pack_padded_sequence's lengths, tensor_split's indices): they must be Python lists "
+        "or CPU tensors, and a meta tensor has no values to read."
+    ),
+    fix=(
+        "Pass them as a Python list (pack_padded_sequence(x, lengths=[...]), "
+        "torch.tensor_split(x, [1, 3])) or as a CPU tensor created without device=. With "
+        "mw.analyze, give them in input_data as lists: every tensor in input_data becomes a "
+        "meta tensor."
+    ),
+)
+register_explanation(
     "device_mix",
     r"is not on the expected device meta|Expected all tensors to be on the same device"
-    r"|found at least two devices",
+    r"|found at least two devices|(same|different) device|not at the same device",
     title="A real tensor met a meta tensor",
     explanation=(
         "The forward pass mixed a meta tensor with a tensor on a real device: usually a tensor "
@@ -274,7 +366,62 @@ register_explanation(
     ),
     fix=(
         "Create tensors on the input's device (torch.arange(n, device=x.device)) and keep "
-        "constant tensors as buffers (self.register_buffer('name', t)), so they follow the module."
+        "constant tensors as buffers (self.register_buffer('name', t)), so they follow the "
+        "module. A module given meta inputs must be on meta too: build it under "
+        "torch.device('meta'), or pass it to mw.analyze, which analyzes meta stand-ins."
+    ),
+)
+register_explanation(
+    "storage_bytes",
+    r"Not available for 'meta' device type",
+    title="The bytes of a meta tensor's storage were read",
+    explanation=(
+        "A meta tensor's storage has a size (untyped_storage().nbytes()) but no bytes, so it "
+        "cannot be iterated, converted to a list or to bytes."
+    ),
+    fix=(
+        "Read only sizes from meta storages (nbytes(), size()); skip the step that reads bytes "
+        "when t.is_meta, or materialize the model for real values."
+    ),
+)
+register_explanation(
+    "pin_memory",
+    r"cannot pin '\w*Meta\w*'",
+    title="pin_memory was called on a meta tensor",
+    explanation=(
+        "Pinning locks a CPU tensor's memory for fast copies to a GPU; a meta tensor has no "
+        "memory to lock."
+    ),
+    fix=(
+        "Pin only real CPU tensors: `if not x.is_meta: x = x.pin_memory()`, or create the "
+        "DataLoader with pin_memory=False while analyzing."
+    ),
+)
+register_explanation(
+    "dlpack",
+    r"Cannot pack tensors on meta",
+    title="A meta tensor cannot be shared through DLPack",
+    explanation=(
+        "DLPack hands another library a pointer to the tensor's memory; a meta tensor has none."
+    ),
+    fix=(
+        "Keep the computation in torch while analyzing, or skip the export when x.is_meta "
+        "(torch.utils.dlpack.to_dlpack, __dlpack__, and libraries that call them)."
+    ),
+)
+register_explanation(
+    "unallocated",
+    r"but its data is not allocated yet",
+    title="A kernel read the memory of a meta tensor",
+    explanation=(
+        "This operation's kernel reads its inputs' memory directly (a C++/CUDA extension, or "
+        "an op such as fbgemm_linear_fp16_weight without a meta implementation), and a meta "
+        "tensor has no memory."
+    ),
+    fix=(
+        "Give the op a meta implementation (torch.library.register_fake for a custom op), or "
+        "use standard torch ops for that step when x.is_meta (e.g. F.linear instead of the "
+        "fused kernel)."
     ),
 )
 register_explanation(
@@ -305,6 +452,16 @@ register_explanation(
 #: happen on real devices too)
 META_ERRORS = frozenset(
     {
+        "load_meta_state_dict",
+        "bincount",
+        "histogram",
+        "equal",
+        "meta_into_real",
+        "cpu_argument",
+        "storage_bytes",
+        "pin_memory",
+        "dlpack",
+        "unallocated",
         "one_hot",
         "module_move",
         "numpy",
@@ -320,10 +477,37 @@ META_ERRORS = frozenset(
         "device_mix",
     }
 )
+#: entries whose message does not name the meta device, but which only tensors without memory
+#: (meta and fake tensors) raise
+_META_WITHOUT_THE_WORD = frozenset({"unallocated"})
 
 
-def explanation_name(exc: BaseException) -> str | None:
-    """The name of the registry entry that explains ``exc`` (``None``: only the generic one)."""
+_TYPE_PREFIX = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Warning)):\s*(.*)$", re.DOTALL)
+
+
+def _as_exception(exc: BaseException | str) -> tuple[BaseException, str]:
+    """``exc`` and the name of its type; a message (``"RuntimeError: ..."`` pasted from a
+    traceback, or the bare text) becomes an exception without a traceback."""
+    if isinstance(exc, BaseException):
+        return exc, type(exc).__name__
+    if isinstance(exc, str):
+        typed = _TYPE_PREFIX.match(exc)
+        if typed:
+            return Exception(typed.group(2)), typed.group(1).rpartition(".")[2]
+        return Exception(exc), ""
+    raise TypeError(
+        f"explain() takes an exception or an error message (str), not {type(exc).__name__}: "
+        "e.g. mw.explain(exc) in an `except Exception as exc:` block, or "
+        "mw.explain('RuntimeError: Tensor.item() cannot be called on meta tensors')."
+    )
+
+
+def explanation_name(exc: BaseException | str) -> str | None:
+    """The name of the registry entry that explains ``exc`` (``None``: only the generic one).
+
+    ``exc`` may also be an error message (see :func:`explain`).
+    """
+    exc, _ = _as_exception(exc)
     message = str(exc)
     for name, matcher, *_ in _EXPLANATIONS:
         if matcher(exc, message):
@@ -331,10 +515,15 @@ def explanation_name(exc: BaseException) -> str | None:
     return None
 
 
-def is_meta_error(exc: BaseException) -> bool:
+def is_meta_error(exc: BaseException | str) -> bool:
     """True when ``exc`` is an error the meta device raised (``.item()``, ``nonzero``, ``.cpu()``,
-    a device mix with meta...), as opposed to an error that real devices raise too."""
-    return explanation_name(exc) in META_ERRORS and "meta" in str(exc).lower()
+    a device mix with meta...), as opposed to an error that real devices raise too.
+
+    ``exc`` may also be an error message (see :func:`explain`).
+    """
+    exc, _ = _as_exception(exc)
+    name = explanation_name(exc)
+    return name in META_ERRORS and ("meta" in str(exc).lower() or name in _META_WITHOUT_THE_WORD)
 
 
 def _first_line(message: str) -> str:
@@ -342,13 +531,21 @@ def _first_line(message: str) -> str:
 
 
 def explain(
-    exc: BaseException, *, module: str | None = None, call: int | None = None, op: str | None = None
+    exc: BaseException | str,
+    *,
+    module: str | None = None,
+    call: int | None = None,
+    op: str | None = None,
 ) -> Explanation:
     """Explain ``exc`` in plain language: what happened, where, and what to do.
 
     ``module`` and ``call`` locate it in an analysis; the source line is the innermost frame of
     the traceback outside PyTorch and meta_widget (the model's own code, or a library's).
+    ``exc`` may also be an error message, as printed on a traceback's last line
+    (``"RuntimeError: Tensor.item() cannot be called on meta tensors"``) or without its type:
+    it is explained the same way, with no source line. Anything else raises ``TypeError``.
     """
+    exc, type_name = _as_exception(exc)
     message = str(exc)
     file, line, code = user_frame(exc)
     title, explanation, fix = next(
@@ -361,7 +558,7 @@ def explain(
         ),
     )
     return Explanation(
-        type=type(exc).__name__,
+        type=type_name,
         message=message,
         title=title,
         explanation=explanation,
