@@ -14,9 +14,18 @@ ones do:
 - ``"math"``: the math path itself (what a CPU without flash support, or a custom mask
   function, would run).
 
-FLOPs are the same on every path: the scaled-dot-product formula of ``FlopCounterMode`` (two
-matmuls forward, four backward; causal masking not discounted). PyTorch 2.13 has no formula for
-the CPU flash kernel, so it is registered here with the same formulas.
+FLOPs, as ``FlopCounterMode`` counts them (causal masking never discounted):
+
+- **forward**: the same on every path, two matmuls (``QK^T`` and ``PV``).
+- **backward**: *not* the same. The fused kernels (flash, memory-efficient, CPU flash) keep no
+  score matrix, so their backward recomputes ``QK^T`` before the four gradient matmuls (``dV``,
+  ``dP``, ``dQ``, ``dK``): five matmuls, ``FlopCounterMode``'s scaled-dot-product backward
+  formula. The math path back-propagates through the scores it saved: four matmuls. A training
+  step therefore counts one more ``QK^T`` per attention call on ``"cuda"`` and ``"cpu"`` than on
+  ``"math"`` (7 against 6 matmuls of that size).
+
+PyTorch 2.13 has no formula for the CPU flash kernel (forward or backward), so both are
+registered here with ``FlopCounterMode``'s formulas for the other fused kernels.
 """
 
 from __future__ import annotations
