@@ -6,6 +6,7 @@ custom messages (see ``meta_widget.protocol``).
 
 from __future__ import annotations
 
+import html
 import json
 import pathlib
 import time
@@ -182,8 +183,8 @@ def standalone_html(payload: dict[str, Any]) -> str:
             f"{script} is missing: the front end was not built. Reinstall meta_widget "
             "(pip install meta-widget) or build it with `npm install && npm run build`."
         )
-    data = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
-    title = str(payload.get("title", "model")).replace("<", "&lt;").replace(">", "&gt;")
+    data = script_json(payload)
+    title = html.escape(str(payload.get("title", "model")), quote=True)
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'>"
         f"<title>meta_widget · {title}</title>\n"
@@ -198,6 +199,23 @@ def standalone_html(payload: dict[str, Any]) -> str:
         "JSON.parse(document.getElementById('meta-widget-data').textContent));</script>\n"
         "</body></html>\n"
     )
+
+
+#: characters that could end or re-mode a <script> element (``</script>``, ``<!--<script>``);
+#: inside JSON strings they are written as \\u escapes, which ``JSON.parse`` reads back
+_SCRIPT_UNSAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def script_json(payload: Any) -> str:
+    """``payload`` as JSON that is inert inside a ``<script type='application/json'>`` element.
+
+    Names in the payload are the user's (class names, module names, error messages). The HTML
+    tokenizer ends a script element at ``</script``, and after ``<!--`` followed by ``<script``
+    it stops ending it there at all ("script data double escaped" state), so the rest of the page
+    becomes data. With ``<``, ``>`` and ``&`` escaped no markup can appear: JSON has these
+    characters only inside strings, where ``\\u003c`` means the same character.
+    """
+    return json.dumps(payload, separators=(",", ":")).translate(_SCRIPT_UNSAFE)
 
 
 def _inline(js: str) -> str:
