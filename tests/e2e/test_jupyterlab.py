@@ -304,10 +304,10 @@ class SavedWidgetNotRestored(AssertionError):
     """The saved widget state was not rendered."""
 
 
-def wait_rendered(page: Any, screenshot: Path) -> None:
+def wait_rendered(page: Any, screenshot: Path, timeout_ms: int = SLOW_MS) -> None:
     try:
         page.wait_for_function(
-            "() => document.querySelectorAll('.mw-root .mw-row').length > 0", timeout=SLOW_MS
+            "() => document.querySelectorAll('.mw-root .mw-row').length > 0", timeout=timeout_ms
         )
     except Exception as e:
         page.screenshot(path=str(screenshot))
@@ -346,7 +346,8 @@ def test_saved_notebook_without_kernel(
         )
         assert api(lab, "/api/kernels") == [], "a kernel was started"
         page.screenshot(path=str(artifacts / "lab-saved-no-kernel.png"), full_page=True)
-        wait_rendered(page, artifacts / "lab-saved-no-kernel.png")
+        # known not to render (the xfail above): a shorter wait, so the suite does not idle
+        wait_rendered(page, artifacts / "lab-saved-no-kernel.png", timeout_ms=45_000)
         assert page.locator(".mw-root").count() == 2
         for nth in (0, 1):
             check_tree(page, nth)
