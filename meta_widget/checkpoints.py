@@ -11,8 +11,13 @@
 - sharded Hugging Face checkpoints: a ``*.index.json`` (or a folder holding one), every shard's
   header merged into one view.
 
-The format is told by the file's first bytes, not its extension. ``checkpoint_diff(module, info)``
-compares a model with a checkpoint: missing, unexpected, mis-shaped and re-typed keys.
+The format is told by the file's first bytes, not its extension. Every file is treated as
+hostile: files an index names must stay inside its folder, safetensors headers are checked by the
+safetensors library's own rules, pickles are walked once per shared object under caps, and each
+refusal is a :class:`CheckpointError` that never quotes the file's bytes.
+
+``checkpoint_diff(module, info)`` compares a model with a checkpoint: missing, unexpected,
+mis-shaped and re-typed keys.
 """
 
 from __future__ import annotations
@@ -463,7 +468,8 @@ def _natural_key(name: str) -> list[Any]:
 _MAX_HEADER = 100_000_000  # the safetensors library's MAX_HEADER_SIZE
 _MAX_JSON_DEPTH = 127  # serde_json (inside safetensors) refuses a 128th nested array/object
 _MAX_INDEX_BYTES = 100_000_000  # a real index is ~100 KB even for a 400B model
-_MAX_PICKLE_BYTES = 256 * 1024 * 1024  # data.pkl: ~150 B per tensor, so ~1.7M tensors
+_MAX_PICKLE_BYTES = 64 * 1024 * 1024  # data.pkl: ~150 B per tensor, so ~450k tensors;
+# a pickle becomes Python objects ~30x its size at worst, so this also bounds torch.load
 _MAX_ENTRIES = 1_000_000  # tensors + other values listed from one torch.save file
 _MAX_NESTING = 100  # containers inside containers in one torch.save file
 _MAX_NAME_CHARS = 64 * 1024 * 1024  # all dotted names of one torch.save file together
