@@ -310,6 +310,17 @@ def _load(
         filled.add(id(tensor))
 
 
+def _torch_dtype(name: str, tensor: str, file: str) -> torch.dtype:
+    """The torch dtype of a checkpoint dtype name; sub-byte packed ones (F4, F6) have none."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise MaterializeError(
+            f"{tensor!r} in {file!r} is stored as {name}, which has no torch dtype of one element "
+            "per value (sub-byte formats are packed); load it with the library that wrote it."
+        )
+    return dtype
+
+
 def load_state_dict_file(info: Any, device: str = "cpu") -> dict[str, torch.Tensor]:
     """The real tensors of the checkpoint ``info`` (a :class:`CheckpointInfo`) on ``device``.
 
@@ -330,7 +341,7 @@ def load_state_dict_file(info: Any, device: str = "cpu") -> dict[str, torch.Tens
                     start, end = header[t.name]["data_offsets"]
                     f.seek(base + start)
                     raw = bytearray(f.read(end - start))
-                    dtype = getattr(torch, t.dtype)
+                    dtype = _torch_dtype(t.dtype, t.name, file)
                     flat = (
                         torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
                     )
