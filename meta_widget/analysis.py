@@ -6,10 +6,22 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .explain import Explanation
+from .options import (
+    DEFAULT_OPTIMIZER,
+    check_assume,
+    check_buildable,
+    check_depth,
+    check_device,
+    check_mode,
+    check_optimizer,
+    checkpoint_selection,
+    input_dtypes,
+    input_shapes,
+)
+from .tree import ModuleNode, build_tree
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -28,59 +40,6 @@ if TYPE_CHECKING:
     from .widget import MetaWidget
 
 MODES = ("inference", "training")
-
-
-@dataclass
-class ModuleNode:
-    """One module of the tree (an entry of ``named_modules()``), with the calls made to it.
-
-    ``params``, ``trainable_params``, ``param_bytes``, ``float_params`` and ``buffer_bytes`` count
-    the module's whole subtree, each tensor once (tied weights once).
-    """
-
-    index: int
-    path: str
-    name: str
-    type: str
-    depth: int
-    parent: int
-    params: int
-    trainable_params: int
-    param_bytes: int
-    float_params: int
-    buffer_bytes: int
-    own_params: list[tuple[str, TensorInfo]]
-    children: list[ModuleNode] = field(default_factory=list)
-    calls: list[CallRecord] = field(default_factory=list)
-
-    @property
-    def flops(self) -> int:
-        """FLOPs of all calls of this module, sub-calls included."""
-        return sum(c.flops for c in self.calls)
-
-    @property
-    def backward_flops(self) -> int:
-        """In a training step: FLOPs of the backward of what its calls computed."""
-        return sum(c.backward_flops for c in self.calls)
-
-    @property
-    def activation_bytes(self) -> int:
-        """Bytes of new storage held by the outputs of this module's calls, summed over calls."""
-        return sum(c.activation_bytes for c in self.calls)
-
-    @property
-    def error(self) -> bool:
-        return any(c.error for c in self.calls)
-
-    @property
-    def assumed(self) -> bool:
-        """Whether a call of this module took an assumption or produced assumed shapes."""
-        return any(c.assumed for c in self.calls)
-
-    def walk(self) -> Any:
-        yield self
-        for child in self.children:
-            yield from child.walk()
 
 
 class Analysis:
@@ -376,81 +335,6 @@ class Analysis:
 
 
 # ---------------------------------------------------------------------------------------------
-# building the tree
-
-
-def build_tree(module: torch.nn.Module) -> list[ModuleNode]:
-    """Nodes for ``module.named_modules()``, with subtree parameter counts (each tensor once).
-
-    Subtrees are gathered bottom-up once per module object (``Module.parameters()`` per module
-    would walk each subtree again: half a second on a 70B model).
-    """
-    from .flatten import TensorInfo
-
-    params: dict[int, tuple[int, int, bool, bool]] = {}  # id -> numel, bytes, float, grad
-    buffers: dict[int, int] = {}
-    subtree: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
-
-    def gather(m: torch.nn.Module) -> tuple[frozenset[int], frozenset[int]]:
-        found = subtree.get(id(m))
-        if found is not None:
-            return found
-        ps: set[int] = set()
-        bs: set[int] = set()
-        for p in m._parameters.values():
-            if p is not None:
-                params[id(p)] = (
-                    p.numel(),
-                    p.numel() * p.element_size(),
-                    p.is_floating_point(),
-                    p.requires_grad,
-                )
-                ps.add(id(p))
-        for b in m._buffers.values():
-            if b is not None:
-                buffers[id(b)] = b.numel() * b.element_size()
-                bs.add(id(b))
-        for child in m._modules.values():
-            if child is not None:
-                cp, cb = gather(child)
-                ps |= cp
-                bs |= cb
-        found = subtree[id(m)] = (frozenset(ps), frozenset(bs))
-        return found
-
-    gather(module)
-    nodes: list[ModuleNode] = []
-    row_by_path: dict[str, int] = {}
-    for i, (path, m) in enumerate(module.named_modules()):
-        row_by_path[path] = i
-        ps, bs = subtree[id(m)]
-        info = [params[k] for k in ps]
-        parent_path, _, name = path.rpartition(".")
-        parent = row_by_path[parent_path] if path else -1
-        nodes.append(
-            ModuleNode(
-                index=i,
-                path=path,
-                name=name,
-                type=type(m).__name__,
-                depth=path.count(".") + 1 if path else 0,
-                parent=parent,
-                params=sum(n for n, _, _, _ in info),
-                trainable_params=sum(n for n, _, _, grad in info if grad),
-                param_bytes=sum(b for _, b, _, _ in info),
-                float_params=sum(n for n, _, fl, _ in info if fl),
-                buffer_bytes=sum(buffers[k] for k in bs),
-                own_params=[
-                    (n, TensorInfo.of(p)) for n, p in m._parameters.items() if p is not None
-                ],
-            )
-        )
-        if parent >= 0:
-            nodes[parent].children.append(nodes[-1])
-    return nodes
-
-
-# ---------------------------------------------------------------------------------------------
 # analyze
 
 
@@ -459,12 +343,12 @@ def analyze(
     input_size: Any = None,
     *,
     input_data: Any = None,
-    dtypes: Sequence[torch.dtype] | None = None,
+    dtypes: torch.dtype | str | Sequence[torch.dtype | str] | None = None,
     mode: str = "inference",
-    optimizer: str | None = "adamw",
+    optimizer: str | None = DEFAULT_OPTIMIZER,
     loss: Callable[[Any], Any] | None = None,
     device: str = "cuda",
-    activation_checkpointing: bool | Sequence[str] = False,
+    activation_checkpointing: bool | str | Sequence[str] = False,
     depth: int | None = None,
     widget: bool | MetaWidget | None = None,
     strict: bool = False,
@@ -487,15 +371,16 @@ def analyze(
         A tensor, a tuple/list of positional arguments or a dict of keyword arguments, nested
         freely; real tensors are replaced by meta tensors of the same shape and dtype.
     dtypes
-        One dtype per ``input_size`` shape (default float32; integer ids for models whose first
-        layer is an embedding, with a note).
+        One dtype per ``input_size`` shape, or one dtype for all of them (``torch.long`` or its
+        name ``"long"``). Default float32; integer ids for models whose first layer is an
+        embedding, with a note.
     mode
         ``"inference"`` (``eval()``, no autograd, one forward pass) or ``"training"``
         (``train()``: forward, loss, backward and one optimizer step, each a phase of the
         memory timeline).
     optimizer
         In training: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd-momentum"`` or None
-        (no step).
+        (no step). Given in inference, it is not used, and ``notes`` says so.
     loss
         In training: ``loss(output) -> scalar tensor``; default the sum of every floating output.
     device
@@ -505,7 +390,8 @@ def analyze(
         whole score matrix; what meta itself runs).
     activation_checkpointing
         In training: ``True`` checkpoints every block (each child of a ``ModuleList``, e.g. the
-        decoder layers of a transformer); a list of module paths or class names picks them.
+        decoder layers of a transformer); a module path or class name, or a list of them,
+        picks them.
     depth
         The depth the widget and summary open at (default 3).
     widget
@@ -535,28 +421,44 @@ def analyze(
         Also when the forward pass fails: ``error`` then explains it, and the records made
         before the failure are kept. Given a checkpoint path as ``model``, the
         :class:`~meta_widget.checkpoints.CheckpointInfo` of ``inspect_checkpoint`` instead.
+
+    Raises
+    ------
+    OptionError
+        Before anything is built or traced, for an argument that cannot be used (a
+        ``ValueError``; ``OptionTypeError``, also a ``TypeError``, for a wrong type): the checks
+        of ``meta_widget.options``, shared with ``%meta`` and ``meta-widget``.
     """
     from .flatten import named_tensors
     from .inputs import make_inputs
-    from .kernels import DEVICES
     from .memory import memory_report
     from .passes import trace
     from .sources import to_meta
 
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
+    # every argument is checked before anything is built (one message each, shared with the
+    # magic and the command: meta_widget.options)
+    given_notes: list[str] = []
+    mode = check_mode(mode)
+    device = check_device(device)
+    step_optimizer = check_optimizer(optimizer, mode, given_notes)
+    check_depth(depth)
+    assume = check_assume(assume)
+    checkpointing = checkpoint_selection(activation_checkpointing)
+    if input_size is not None:
+        input_dtypes(dtypes, len(input_shapes(input_size)))
+    elif dtypes is not None:
+        input_dtypes(dtypes, 0)
     if isinstance(model, (str, os.PathLike)):
         from .checkpoints import inspect_checkpoint
 
         return inspect_checkpoint(model)  # type: ignore[return-value]
+    check_buildable(model)
     start = time.perf_counter()
     meta = to_meta(model)
     module = meta.module
     diff = _checkpoint_diff(module, checkpoint) if checkpoint is not None else None
     inputs = make_inputs(module, input_size, input_data, dtypes)
-    notes = [*meta.notes, *inputs.notes]
+    notes = [*meta.notes, *inputs.notes, *given_notes]
     options: dict[str, Any] = {  # what rerun() passes again: meta inputs, no data
         "input_data": inputs.kwargs if inputs.kwargs and not inputs.args else inputs.args,
         "mode": mode,
@@ -606,10 +508,10 @@ def analyze(
         inputs.args,
         inputs.kwargs,
         training=mode == "training",
-        optimizer=optimizer,
+        optimizer=step_optimizer,
         loss=loss,
         device=device,
-        checkpointed=_checkpointed(module, activation_checkpointing),
+        checkpointed=_checkpointed(module, checkpointing),
         listeners=all_listeners,
         policy=_policy(strict, assume, assume_nonzero),
         on_phase=stream.phase if stream is not None else None,
@@ -664,7 +566,7 @@ def _checkpoint_diff(module: torch.nn.Module, path: Any) -> CheckpointDiff:
     return checkpoint_diff(module, info)
 
 
-def _checkpointed(module: torch.nn.Module, which: bool | Sequence[str]) -> list[torch.nn.Module]:
+def _checkpointed(module: torch.nn.Module, which: bool | list[str]) -> list[torch.nn.Module]:
     """The modules to run under activation checkpointing."""
     import torch
 

@@ -2,6 +2,12 @@
 
 meta-widget examples/llama_70b.py:config --input 1,4096 --html llama.html
 meta-widget torch.nn:Transformer --input 10,2,512 --input 12,2,512
+meta-widget models:Net --input 1,3,32,32     (models.py in the current folder)
+
+Every mistake (a bad option, a name that does not import, an object that is not a model, a file
+that cannot be written) is one line on stderr and a nonzero exit: 2 for the command line, 1 for
+everything else (also a model whose forward pass fails: the summary shows the error). ``--debug``
+shows the Python traceback instead.
 """
 
 from __future__ import annotations
@@ -11,56 +17,48 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
+
+from .errors import MetaWidgetError
+from .options import (
+    OptionError,
+    check_depth,
+    dtype_options,
+    input_dtypes,
+    parse_dtype,
+    parse_shape,
+)
+from .sources import SourceError
+
+__all__ = ["CommandError", "UsageError", "build_parser", "load_object", "main"]
+
+PROG = "meta-widget"
 
 
-class UsageError(ValueError):
-    """A command-line argument the CLI cannot use."""
+class UsageError(OptionError):
+    """A command-line argument the command cannot use (exit status 2)."""
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"1,3,224,224"`` (or ``1x3x224x224``) -> ``(1, 3, 224, 224)``."""
-    parts = [p for p in text.replace("x", ",").replace(" ", "").split(",") if p]
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        raise UsageError(
-            f"cannot read the shape {text!r}: write integers separated by commas, e.g. 1,3,224,224"
-        ) from None
-    if not shape or any(d < 0 for d in shape):
-        raise UsageError(f"cannot read the shape {text!r}: dimensions must be non-negative")
-    return shape
-
-
-def parse_dtype(text: str) -> Any:
-    import torch
-
-    aliases = {"long": "int64", "int": "int32", "float": "float32", "half": "float16"}
-    dtype = getattr(torch, aliases.get(text, text), None)
-    if not isinstance(dtype, torch.dtype):
-        raise UsageError(f"unknown dtype {text!r}: use e.g. float32, bfloat16, long, int32")
-    return dtype
+class CommandError(Exception):
+    """Something the command could not do with valid arguments (exit status 1)."""
 
 
 def load_object(spec: str) -> Any:
-    """``package.module:attr`` or ``path/to/file.py:attr`` -> the object."""
+    """``package.module:attr`` or ``path/to/file.py:attr`` -> the object.
+
+    A plain module name is looked up in the current folder first, as ``python -m`` does (the
+    ``meta-widget`` script's own folder is what Python puts on ``sys.path``). Errors raised while
+    importing the user's code become a :class:`CommandError` that names the file and line.
+    """
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise UsageError(f"{spec!r} is not of the form module:attr (e.g. mypkg.models:Net)")
-    if target.endswith(".py") or os.sep in target:
-        if not os.path.exists(target):
-            raise UsageError(f"no file {target!r}")
-        module_spec = importlib.util.spec_from_file_location("_meta_widget_target", target)
-        if module_spec is None or module_spec.loader is None:
-            raise UsageError(f"cannot import {target!r}")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
+    if target.endswith(".py") or os.sep in target or (os.altsep and os.altsep in target):
+        module = _import_file(target)
     else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise UsageError(f"cannot import {target!r}: {exc}") from exc
+        module = _import_module(target)
     value: Any = module
     for part in attr.split("."):
         if not hasattr(value, part):
@@ -69,10 +67,65 @@ def load_object(spec: str) -> Any:
     return value
 
 
+def _import_file(target: str) -> Any:
+    if not os.path.isfile(target):
+        raise UsageError(f"no file {target!r}")
+    module_spec = importlib.util.spec_from_file_location("_meta_widget_target", target)
+    if module_spec is None or module_spec.loader is None:
+        raise UsageError(f"cannot import {target!r}: not a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: report it in one line, with where
+        raise CommandError(f"importing {target!r} raised {_where(exc)}") from exc
+    return module
+
+
+def _import_module(target: str) -> Any:
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (target == exc.name or target.startswith(exc.name + ".")):
+            raise UsageError(
+                f"cannot import {target!r}: no module {exc.name!r} in the current folder or on "
+                "the Python path (a file can be named as path/to/file.py:attr)"
+            ) from exc
+        raise CommandError(f"importing {target!r} raised {_where(exc)}") from exc
+    except Exception as exc:  # the user's code: report it in one line, with where
+        raise CommandError(f"importing {target!r} raised {_where(exc)}") from exc
+
+
+def _where(exc: BaseException) -> str:
+    """``Type: message (file:line)``: the innermost frame of the user's code, in one line."""
+    message = " ".join(str(exc).split())
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" ({exc.filename}:{exc.lineno})"
+        message = " ".join((exc.msg or "").split())
+    else:
+        frames = [
+            f
+            for f in traceback.extract_tb(exc.__traceback__)
+            if not f.filename.startswith("<frozen") and "importlib" not in f.filename
+        ]
+        if frames:
+            where = f" ({frames[-1].filename}:{frames[-1].lineno})"
+    return f"{type(exc).__name__}: {message}{where}"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse prints the usage too: two lines
+        _fail(f"{message} (see {PROG} --help)", 2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="meta-widget",
+    parser = _Parser(
+        prog=PROG,
         description="Analyze a PyTorch model on the meta device: tree, shapes, FLOPs, memory.",
+        allow_abbrev=False,
     )
     parser.add_argument("model", help="module:attr of an nn.Module, class, factory or config")
     parser.add_argument(
@@ -93,22 +146,48 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--depth", type=int, default=3, help="depth of the printed tree")
     parser.add_argument("--html", metavar="PATH", help="write a standalone HTML report here")
     parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON here")
+    parser.add_argument(
+        "--debug", action="store_true", help="show Python tracebacks instead of one-line errors"
+    )
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _fail(message: str, status: int) -> NoReturn:
+    one_line = " ".join(message.split())
+    print(f"{PROG}: error: {one_line}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+def _check_writable(path: str, option: str) -> None:
+    """Refuse an output path that cannot be written, before the (maybe long) analysis."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path!r} is a folder: give a file name")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path!r}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path!r} cannot be written (permission denied)")
+
+
+def _write(path: str, text: str, option: str) -> None:
     try:
-        model = load_object(args.model)
-        shapes = [parse_shape(s) for s in args.input]
-        dtypes = [parse_dtype(d) for d in args.dtype] or None
-        if dtypes is not None and len(dtypes) != len(shapes):
-            raise UsageError("give one --dtype per --input, or none")
-    except UsageError as exc:
-        parser.error(str(exc))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise CommandError(f"cannot write {option} {path!r}: {exc.strerror or exc}") from exc
+
+
+def _run(args: argparse.Namespace) -> int:
     from .analysis import analyze
 
+    check_depth(args.depth)
+    shapes = [parse_shape(s) for s in args.input]
+    dtypes = dtype_options([parse_dtype(d) for d in args.dtype])
+    input_dtypes(dtypes, len(shapes))
+    for path, option in ((args.html, "--html"), (args.json, "--json")):
+        if path:
+            _check_writable(path, option)
+    model = load_object(args.model)
     analysis = analyze(
         model,
         input_size=(shapes if len(shapes) != 1 else shapes[0]) if shapes else None,
@@ -117,13 +196,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(analysis.summary(args.depth))
     if args.html:
-        analysis.to_html(args.html)
+        _write(args.html, analysis.to_html(), "--html")
         print(f"\nWrote {args.html}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(analysis.to_json())
+        _write(args.json, analysis.to_json(), "--json")
         print(f"Wrote {args.json}")
     return 1 if analysis.error is not None else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status (errors exit through ``SystemExit``)."""
+    args = build_parser().parse_args(argv)
+    if args.debug:
+        return _run(args)
+    try:
+        return _run(args)
+    except UsageError as exc:
+        _fail(str(exc), 2)
+    except OptionError as exc:  # the checks analyze shares with %meta: same message
+        _fail(str(exc), 2)
+    except CommandError as exc:
+        _fail(f"{exc} (run with --debug for the traceback)", 1)
+    except (SourceError, MetaWidgetError) as exc:  # their messages say what and what to do
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:  # anything else still gets one line; --debug shows the traceback
+        _fail(f"{_where(exc)} (run with --debug for the traceback)", 1)
 
 
 if __name__ == "__main__":

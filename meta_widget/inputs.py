@@ -1,5 +1,8 @@
 """Model inputs, following torchinfo's conventions, turned into meta tensors.
 
+The arguments are checked by ``meta_widget.options`` (the checks ``%meta`` and the command
+share); ``InputError`` is defined there and re-exported here.
+
 - ``input_size``: one shape ``(1, 3, 224, 224)`` or a list of shapes ``[(1, 16), (1, 16)]``, batch
   dimension included; each becomes a meta tensor of the matching ``dtypes`` entry.
 - ``input_data``: a tensor, a tuple/list (positional arguments) or a dict (keyword arguments),
@@ -10,16 +13,13 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .options import InputError, check_bytes, input_dtypes, input_shapes
+
 if TYPE_CHECKING:
     import torch
-
-
-class InputError(ValueError):
-    """The inputs given to ``analyze`` cannot be turned into model arguments."""
 
 
 @dataclass
@@ -37,11 +37,13 @@ def make_inputs(
     module: torch.nn.Module,
     input_size: Any = None,
     input_data: Any = None,
-    dtypes: Sequence[torch.dtype] | None = None,
+    dtypes: Any = None,
 ) -> MetaInputs:
     """Meta ``args`` and ``kwargs`` for ``module`` from torchinfo-style arguments."""
     if input_size is not None and input_data is not None:
         raise InputError("Pass either input_size or input_data, not both.")
+    if input_size is None:
+        input_dtypes(dtypes, 0)  # dtypes without input_size: refused with its message
     if input_data is not None:
         if isinstance(input_data, dict):
             return MetaInputs((), {k: to_meta_value(v) for k, v in input_data.items()})
@@ -71,36 +73,14 @@ def to_meta_value(value: Any) -> Any:
     return value
 
 
-def _is_shape(value: Any) -> bool:
-    return isinstance(value, Sequence) and all(
-        isinstance(d, int) and not isinstance(d, bool) for d in value
-    )
-
-
-def _from_sizes(
-    module: torch.nn.Module, input_size: Any, dtypes: Sequence[torch.dtype] | None
-) -> MetaInputs:
+def _from_sizes(module: torch.nn.Module, input_size: Any, dtypes: Any) -> MetaInputs:
     import torch
 
-    if _is_shape(input_size):
-        shapes = [tuple(input_size)]
-    elif isinstance(input_size, Sequence) and all(_is_shape(s) for s in input_size):
-        shapes = [tuple(s) for s in input_size]
-    else:
-        raise InputError(
-            f"input_size={input_size!r} is not a shape or a list of shapes. Examples: "
-            "input_size=(1, 3, 224, 224), or input_size=[(1, 16), (1, 16)] for two inputs."
-        )
-    if any(d < 0 for s in shapes for d in s):
-        raise InputError(f"input_size={input_size!r} has a negative dimension.")
-    if dtypes is not None and len(dtypes) != len(shapes):
-        raise InputError(
-            f"dtypes has {len(dtypes)} entries but input_size has {len(shapes)} shapes; "
-            "give one dtype per input."
-        )
+    shapes = input_shapes(input_size)
+    given = input_dtypes(dtypes, len(shapes))
     notes: list[str] = []
-    chosen = list(dtypes) if dtypes is not None else [torch.float32] * len(shapes)
-    if dtypes is None:
+    chosen = given if given is not None else [torch.float32] * len(shapes)
+    if given is None:
         reason = _takes_token_ids(module)
         if reason:
             chosen[0] = torch.long
@@ -108,6 +88,8 @@ def _from_sizes(
                 f"Input 0 was given dtype torch.long because {reason}; pass "
                 "dtypes=[torch.float32] (or another dtype) to override."
             )
+    for shape, dtype in zip(shapes, chosen, strict=True):
+        check_bytes(shape, dtype)
     args = tuple(
         torch.empty(s, dtype=dt, device="meta") for s, dt in zip(shapes, chosen, strict=True)
     )

@@ -24,6 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from .options import (
+    OptionError,
+    check_depth,
+    dtype_options,
+    input_dtypes,
+    parse_dtype,
+    parse_shape,
+)
+
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -56,7 +65,7 @@ class MagicArgs:
 
     expr: str
     input_size: Any = None
-    dtypes: list[Any] | None = None
+    dtypes: Any = None
     mode: str = "inference"
     depth: int | None = None
     given: list[str] = field(default_factory=list)
@@ -64,9 +73,6 @@ class MagicArgs:
 
 def parse_magic_line(line: str) -> MagicArgs:
     """Split ``EXPR --opt ...`` and parse the options; bad ones raise ``UsageError`` (one line)."""
-    from .cli import UsageError as CliUsageError
-    from .cli import parse_dtype, parse_shape
-
     match = _OPTION_START.search(line)
     expr, rest = (line[: match.start(1)], line[match.start(1) :]) if match else (line, "")
     try:
@@ -74,18 +80,13 @@ def parse_magic_line(line: str) -> MagicArgs:
     except ValueError as exc:
         raise UsageError(f"%meta: cannot split the options {rest!r} ({exc}).") from None
     ns = _parser().parse_args(tokens)
-    try:
+    try:  # the checks analyze and the command share: one message each
         shapes = [parse_shape(s) for s in ns.input]
-        dtypes = [parse_dtype(d) for d in ns.dtype] or None
-    except CliUsageError as exc:
+        dtypes = dtype_options([parse_dtype(d) for d in ns.dtype])
+        input_dtypes(dtypes, len(shapes))
+        check_depth(ns.depth)
+    except OptionError as exc:
         raise UsageError(f"%meta: {exc}") from None
-    if dtypes is not None and len(dtypes) != len(shapes):
-        raise UsageError(
-            f"%meta: {len(dtypes)} --dtype for {len(shapes)} --input: give one --dtype per "
-            "--input (in the same order), or none."
-        )
-    if ns.depth is not None and ns.depth < 0:
-        raise UsageError("%meta: --depth must be 0 or more.")
     given = [t for t in tokens if t.startswith("--")]
     return MagicArgs(
         expr=expr.strip(),
@@ -103,6 +104,8 @@ def _analyze(obj: Any, args: MagicArgs, what: str) -> Any:
 
     try:
         return analyze(obj, args.input_size, dtypes=args.dtypes, mode=args.mode, depth=args.depth)
+    except OptionError as exc:
+        raise UsageError(f"%meta: {exc}") from None
     except SourceError:
         raise UsageError(
             f"%meta: {what} evaluates to {type(obj).__name__}, not a model: give an nn.Module, "

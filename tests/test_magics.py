@@ -113,7 +113,12 @@ def test_cell_magic_builds_on_meta_and_shows_every_new_module(ip: InteractiveShe
     [
         ("%meta net --bogus 3", "unrecognized arguments: --bogus"),
         ("%meta net --input 1,a", "cannot read the shape '1,a'"),
-        ("%meta net --input 1,2 --dtype float32 --dtype long", "give one --dtype per --input"),
+        ("%meta net --input 1,2 --dtype float32 --dtype long", "give one dtype per input"),
+        ("%meta net --input 1,,8", "cannot read the shape '1,,8': a dimension is missing"),
+        ("%meta net --input 1,8,", "cannot read the shape '1,8,': a dimension is missing"),
+        ("%meta net --depth -1", "depth must be 0 or more"),
+        ("%meta NeedsArgs --input 1,8", "the class NeedsArgs needs arguments to build the model"),
+        ("%meta net --input 9999999999,9999999999", "more than a tensor can hold"),
         ("%meta net --dtype quarter", "unknown dtype 'quarter'"),
         ("%meta net --mode fast", "invalid choice: 'fast'"),
         ("%meta net --depth x", "invalid int value: 'x'"),
@@ -132,7 +137,14 @@ def test_bad_arguments_give_one_line_usage_errors(
     save_file({"w": torch.zeros(2)}, str(ckpt))
     bad = tmp_path / "bad.bin"
     bad.write_text("not a checkpoint")
-    ip.user_ns.update(net=SmallCNN(), count=3, ckpt=str(ckpt), bad_path=str(bad))
+
+    class NeedsArgs(torch.nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+
+    ip.user_ns.update(
+        net=SmallCNN(), count=3, ckpt=str(ckpt), bad_path=str(bad), NeedsArgs=NeedsArgs
+    )
     result, cap = run(ip, cell)
     err = result.error_in_exec
     assert isinstance(err, UsageError), err

@@ -1,0 +1,353 @@
+"""The checks that ``analyze``, ``%meta`` and the ``meta-widget`` command share.
+
+Each argument a user can get wrong is checked here, once, before anything is built or traced,
+and a mistake raises :class:`OptionError` (a ``ValueError``; :class:`OptionTypeError` is also a
+``TypeError``) with a one-line message that says what was given and what to give instead. The
+magic prefixes it with ``%meta:``, the command with ``meta-widget: error:``; the text is the same.
+
+Decisions (documented in the README):
+
+- ``dtypes`` may be one dtype (``torch.long`` or ``"long"``): it applies to every input.
+- ``activation_checkpointing="blocks.0"`` is one module path or class name, not its characters.
+- ``optimizer`` belongs to training: in inference it is not an error (the widget's mode switch
+  keeps it for the next training run), but ``Analysis.notes`` says it was not used.
+- Dimensions may be any integer type (``numpy.int64`` included), never ``bool``; a shape whose
+  tensor would hold more than ``2**63 - 1`` bytes is refused.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .choices import Device, Mode, Optimizer, choose
+from .errors import MetaWidgetError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "DEFAULT_OPTIMIZER",
+    "InputError",
+    "OptionError",
+    "OptionTypeError",
+    "check_assume",
+    "check_buildable",
+    "check_depth",
+    "check_device",
+    "check_mode",
+    "check_optimizer",
+    "checkpoint_selection",
+    "dtype_options",
+    "input_dtypes",
+    "input_shapes",
+    "parse_dtype",
+    "parse_shape",
+]
+
+#: the largest element count or byte count a tensor can have (PyTorch sizes are int64)
+INT64_MAX = 2**63 - 1
+
+
+class OptionError(MetaWidgetError, ValueError):
+    """An argument of ``analyze``, ``%meta`` or ``meta-widget`` that cannot be used."""
+
+
+class OptionTypeError(OptionError, TypeError):
+    """An argument of the wrong type (also a ``TypeError``)."""
+
+
+class InputError(OptionError):
+    """The inputs given to ``analyze`` cannot be turned into model arguments."""
+
+
+# -- shapes ----------------------------------------------------------------------------------
+
+_SHAPE_EXAMPLES = (
+    "Examples: input_size=(1, 3, 224, 224), or input_size=[(1, 16), (1, 16)] for two inputs."
+)
+
+
+def _is_dim(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)  # int, numpy integers, 0-dim integer tensors
+    except TypeError:
+        return False
+    return True
+
+
+def _is_shape(value: Any) -> bool:
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and all(_is_dim(d) for d in value)
+    )
+
+
+def check_shape(shape: Sequence[Any]) -> tuple[int, ...]:
+    """``shape`` as a tuple of Python ints: non-negative, and few enough elements for int64."""
+    dims = tuple(operator.index(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise InputError(f"the input shape {dims} has a negative dimension: sizes are 0 or more.")
+    numel = 1
+    for d in dims:
+        numel *= d
+    if numel > INT64_MAX:
+        raise InputError(
+            f"the input shape {dims} has {numel:.3g} elements, more than a tensor can hold "
+            "(2**63 - 1): check the dimensions (a missing comma joins two numbers)."
+        )
+    return dims
+
+
+def input_shapes(input_size: Any) -> list[tuple[int, ...]]:
+    """``input_size`` (one shape or a list of shapes) as a list of int tuples."""
+    if _is_shape(input_size):
+        return [check_shape(input_size)]
+    if (
+        isinstance(input_size, Sequence)
+        and not isinstance(input_size, (str, bytes))
+        and input_size
+        and all(_is_shape(s) for s in input_size)
+    ):
+        return [check_shape(s) for s in input_size]
+    raise InputError(
+        f"input_size={_show(input_size)} is not a shape or a list of shapes (of integers). "
+        + _SHAPE_EXAMPLES
+    )
+
+
+def check_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Refuse a shape whose tensor of ``dtype`` would need more bytes than int64 counts."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel * dtype.itemsize > INT64_MAX:
+        raise InputError(
+            f"the input shape {shape} of {dtype} needs {numel * dtype.itemsize:.3g} bytes, more "
+            "than a tensor can address (2**63 - 1): check the dimensions."
+        )
+
+
+_FIELD = re.compile(r"[,x]")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,224,224"`` (or ``"1x3x224x224"``) -> ``(1, 3, 224, 224)``; empty fields refused."""
+    fields = _FIELD.split(text.replace(" ", ""))
+    if not text.strip() or any(f == "" for f in fields):
+        raise InputError(
+            f"cannot read the shape {text!r}: a dimension is missing (empty field); write "
+            "integers separated by commas, e.g. 1,3,224,224"
+        )
+    try:
+        dims = tuple(int(f) for f in fields)
+    except ValueError:
+        raise InputError(
+            f"cannot read the shape {text!r}: write integers separated by commas, e.g. 1,3,224,224"
+        ) from None
+    return check_shape(dims)
+
+
+# -- dtypes ----------------------------------------------------------------------------------
+
+_DTYPE_ALIASES = {"long": "int64", "int": "int32", "float": "float32", "half": "float16"}
+
+
+def parse_dtype(text: str) -> torch.dtype:
+    """``"long"``, ``"bfloat16"``, ``"torch.float16"`` -> the ``torch.dtype``."""
+    import torch
+
+    name = text.strip().removeprefix("torch.")
+    dtype = getattr(torch, _DTYPE_ALIASES.get(name, name), None) if name else None
+    if not isinstance(dtype, torch.dtype):
+        raise OptionError(f"unknown dtype {text!r}: use e.g. float32, bfloat16, long, int32")
+    return dtype
+
+
+def dtype_options(dtypes: list[torch.dtype]) -> torch.dtype | list[torch.dtype] | None:
+    """Repeated ``--dtype`` options as ``analyze`` takes them: one given applies to every
+    input, several are one per input."""
+    if not dtypes:
+        return None
+    return dtypes[0] if len(dtypes) == 1 else dtypes
+
+
+def _one_dtype(value: Any) -> torch.dtype:
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        return parse_dtype(value)
+    raise OptionTypeError(
+        f"dtypes holds {_show(value)} ({type(value).__name__}), not a dtype: give torch dtypes "
+        "such as torch.long, or their names ('long')."
+    )
+
+
+def input_dtypes(dtypes: Any, count: int) -> list[torch.dtype] | None:
+    """One dtype per input shape: a list as long as ``count``, or one dtype for every input."""
+    import torch
+
+    if dtypes is None:
+        return None
+    if count == 0:
+        raise OptionError(
+            "dtypes applies to the shapes of input_size, and none was given: pass input_size, "
+            "or give input_data tensors of the dtypes you want."
+        )
+    if isinstance(dtypes, (torch.dtype, str)):
+        return [_one_dtype(dtypes)] * count
+    if not isinstance(dtypes, Sequence):
+        raise OptionTypeError(
+            f"dtypes={_show(dtypes)} is not a dtype or a list of dtypes: e.g. dtypes=[torch.long]."
+        )
+    chosen = [_one_dtype(d) for d in dtypes]
+    if len(chosen) != count:
+        raise InputError(
+            f"{len(chosen)} dtypes (dtypes= / --dtype) for {count} input shapes (input_size= / "
+            "--input): give one dtype per input, in the same order, or one dtype for all."
+        )
+    return chosen
+
+
+# -- the other options -------------------------------------------------------------------------
+
+
+class _DefaultOptimizer(str):
+    """``"adamw"``, as the default: a distinct object, so that a given optimizer is noticed."""
+
+    __slots__ = ()
+
+
+#: ``analyze``'s default optimizer: equal to ``"adamw"``, but not the caller's choice
+DEFAULT_OPTIMIZER = _DefaultOptimizer("adamw")
+
+
+def check_mode(mode: Any) -> str:
+    return _choose(Mode, mode, "mode")
+
+
+def check_device(device: Any) -> str:
+    return _choose(Device, device, "device")
+
+
+def check_optimizer(optimizer: Any, mode: str, notes: list[str]) -> str | None:
+    """The optimizer's name (``None``: no step); in inference a given one is noted as unused."""
+    if optimizer is None:
+        return None
+    name = _choose(Optimizer, optimizer, "optimizer")
+    if mode == Mode.INFERENCE and optimizer is not DEFAULT_OPTIMIZER:
+        notes.append(
+            f"optimizer={name!r} was not used: an inference analysis runs no optimizer step "
+            "(mode='training' does)."
+        )
+    return name
+
+
+def _choose(kind: Any, value: Any, argument: str) -> str:
+    if not isinstance(value, str):
+        names = ", ".join(repr(m.value) for m in kind)
+        raise OptionTypeError(f"{argument} must be one of {names}, not {_show(value)}")
+    try:
+        return str(choose(kind, value, argument).value)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def check_depth(depth: Any) -> int | None:
+    """``None`` or a non-negative int."""
+    if depth is None:
+        return None
+    if not _is_dim(depth):
+        raise OptionTypeError(f"depth must be an integer (0 or more) or None, not {_show(depth)}")
+    value = operator.index(depth)
+    if value < 0:
+        raise OptionError(f"depth must be 0 or more, not {value}")
+    return value
+
+
+def checkpoint_selection(which: Any) -> bool | list[str]:
+    """``activation_checkpointing``: ``True``/``False``, or module paths or class names (a single
+    string is one name)."""
+    if isinstance(which, bool):
+        return which
+    if which is None:
+        return False
+    if isinstance(which, str):
+        return [which]
+    if isinstance(which, (Sequence, set, frozenset)) and all(isinstance(n, str) for n in which):
+        return list(which)
+    raise OptionTypeError(
+        f"activation_checkpointing={_show(which)} must be True, False, or module paths / class "
+        "names as strings, e.g. ['model.layers.0', 'LlamaDecoderLayer']."
+    )
+
+
+def check_assume(assume: Any) -> dict[str, Any] | None:
+    """``assume``: ``{"file.py:LINE" or module path: number or bool}``."""
+    if assume is None:
+        return None
+    if not isinstance(assume, Mapping):
+        raise OptionTypeError(
+            f"assume must be a dict of site -> value, not {type(assume).__name__}: e.g. "
+            "assume={'model.py:42': 8, 'encoder.router': True}."
+        )
+    for key, value in assume.items():
+        if not isinstance(key, str):  # ("" is the root module)
+            raise OptionTypeError(
+                f"assume key {_show(key)} is not a site: keys are 'file.py:LINE' strings or "
+                "module paths, e.g. assume={'model.py:42': 8}."
+            )
+        if not isinstance(value, (bool, numbers.Real)):
+            raise OptionTypeError(
+                f"assume[{key!r}] = {_show(value)} is not a number or a bool: give the value "
+                "the code would have read (.item(), int(t)) or the truth value of the condition."
+            )
+    return dict(assume)
+
+
+def check_buildable(model: Any) -> None:
+    """Refuse a class or function that cannot be called without arguments, naming them."""
+    import torch
+
+    is_class = isinstance(model, type)
+    if is_class and not issubclass(model, torch.nn.Module):
+        return  # not a module class: the sources say what they accept
+    if not callable(model) or isinstance(model, torch.nn.Module):
+        return
+    required = _required_parameters(model)
+    if not required:
+        return
+    name = getattr(model, "__name__", None) or repr(model)
+    what = "class" if is_class else "function"
+    sample = ", ".join(f"{p}=..." for p in required)
+    raise OptionTypeError(
+        f"the {what} {name} needs arguments to build the model ({', '.join(required)}): pass "
+        f"an instance, or a function that builds it: mw.analyze(lambda: {name}({sample}))."
+    )
+
+
+def _required_parameters(factory: Callable[..., Any]) -> list[str]:
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return []
+    return [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, shortened to one line of at most ``limit`` characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
