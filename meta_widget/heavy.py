@@ -1,6 +1,7 @@
-"""The heavy libraries the views use, imported on first use so that ``import meta_widget`` stays
-fast: pandas (DataFrames), plotly (figures) and IPython (display). These are the package's only
-imports made inside functions; every other import is at the top of its module.
+"""The heavy libraries the views use, imported on first use so that ``import meta_widget`` and an
+analysis in a script stay fast: pandas (DataFrames), plotly (figures), IPython (display) and
+anywidget (the widget module, ~0.5 s to import). These are the package's only imports made inside
+functions; every other import is at the top of its module.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-__all__ = ["display", "pandas", "plotly_go"]
+__all__ = ["display", "pandas", "plotly_go", "widget"]
 
 
 def pandas() -> ModuleType:
@@ -30,3 +31,10 @@ def display(obj: Any) -> None:
     from IPython.display import display as show
 
     show(obj)
+
+
+def widget() -> ModuleType:
+    """``meta_widget.widget`` (it imports anywidget and traitlets)."""
+    from . import widget as module
+
+    return module

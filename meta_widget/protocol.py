@@ -99,10 +99,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .analysis import Analysis, ModuleNode
+    from .analysis import Analysis
     from .explain import Explanation
     from .flatten import TensorInfo
     from .recorder import CallRecord
+    from .tree import ModuleNode
 
 VERSION = 1
 

@@ -8,6 +8,11 @@ from collections.abc import Sequence
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
 
 
+def is_floating(dtype: str) -> bool:
+    """True for floating-point dtype names (``float32``, ``bfloat16``, ``float8_e4m3fn``...)."""
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
 def format_bytes(n: float) -> str:
     """Bytes in binary units: ``1.50 GiB``."""
     value = float(n)
