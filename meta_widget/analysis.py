@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .explain import Explanation
 from .options import (
     DEFAULT_OPTIMIZER,
+    carried_optimizer,
     check_assume,
     check_buildable,
     check_depth,
@@ -311,6 +312,8 @@ class Analysis:
         if self._source is None or self._options is None:
             raise ValueError("this Analysis cannot be re-run (it was not made by mw.analyze)")
         options = {**self._options, **changes}
+        if "optimizer" not in changes:  # not chosen again: no "not used" note in inference
+            options["optimizer"] = carried_optimizer(options.get("optimizer"))
         if "input_size" in changes and "input_data" not in changes:
             options.pop("input_data", None)
         return analyze(self._source.module, **options)

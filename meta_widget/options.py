@@ -35,6 +35,7 @@ __all__ = [
     "InputError",
     "OptionError",
     "OptionTypeError",
+    "carried_optimizer",
     "check_assume",
     "check_buildable",
     "check_depth",
@@ -221,14 +222,20 @@ def input_dtypes(dtypes: Any, count: int) -> list[torch.dtype] | None:
 # -- the other options -------------------------------------------------------------------------
 
 
-class _DefaultOptimizer(str):
-    """``"adamw"``, as the default: a distinct object, so that a given optimizer is noticed."""
+class _NotChosen(str):
+    """An optimizer name the caller did not give in this call (the default, or one a re-run
+    carries over): a distinct type, so that a given optimizer is noticed."""
 
     __slots__ = ()
 
 
 #: ``analyze``'s default optimizer: equal to ``"adamw"``, but not the caller's choice
-DEFAULT_OPTIMIZER = _DefaultOptimizer("adamw")
+DEFAULT_OPTIMIZER = _NotChosen("adamw")
+
+
+def carried_optimizer(optimizer: Any) -> Any:
+    """``optimizer`` as a re-run carries it over: the same name, not chosen in that call."""
+    return _NotChosen(optimizer) if isinstance(optimizer, str) else optimizer
 
 
 def check_mode(mode: Any) -> str:
@@ -244,7 +251,7 @@ def check_optimizer(optimizer: Any, mode: str, notes: list[str]) -> str | None:
     if optimizer is None:
         return None
     name = _choose(Optimizer, optimizer, "optimizer")
-    if mode == Mode.INFERENCE and optimizer is not DEFAULT_OPTIMIZER:
+    if mode == Mode.INFERENCE and not isinstance(optimizer, _NotChosen):
         notes.append(
             f"optimizer={name!r} was not used: an inference analysis runs no optimizer step "
             "(mode='training' does)."

@@ -93,6 +93,10 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
             allowed = RERUN_OPTIONS[key]
             if value not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, not {value!r}")
+        if changes.get("mode", self.analysis.mode) == "inference":
+            # the switches always send the optimizer (its menu is only disabled in inference):
+            # keep the analysis's own for a later training run, and no "not used" note
+            changes.pop("optimizer", None)
         self.analysis = self.analysis.rerun(widget=self, **changes)
 
     def show(self, analysis: Analysis) -> None:

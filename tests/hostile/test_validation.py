@@ -233,3 +233,21 @@ def test_a_class_or_function_that_needs_arguments_is_named() -> None:
     # what the message suggests works
     a = mw.analyze(lambda: NeedsArgs(width=3), (2, 3))
     assert a.error is None and a.total_params == 3 * 3 + 3
+
+
+def test_the_widgets_switches_do_not_note_the_optimizer_they_always_send() -> None:
+    from meta_widget.widget import MetaWidget
+
+    a = mw.analyze(nn.Linear(3, 2), (2, 3), mode="training", optimizer="sgd")
+    view = MetaWidget()
+    view.analysis = a
+    # what js/switches.ts sends when the device changes in inference: the optimizer too
+    view._on_message(view, {"type": "rerun", "mode": "inference", "optimizer": "sgd"}, [])
+    inference = view.analysis
+    assert inference is not None and inference.mode == "inference"
+    assert not [n for n in inference.notes if "was not used" in n]
+    # nor does a re-run that carries the optimizer over; one that gives it again does
+    assert not [n for n in a.rerun(mode="inference").notes if "was not used" in n]
+    assert [n for n in a.rerun(mode="inference", optimizer="sgd").notes if "was not used" in n]
+    view._on_message(view, {"type": "rerun", "mode": "training"}, [])
+    assert view.analysis is not None and view.analysis.memory.optimizer_state_bytes == 0  # sgd
