@@ -329,9 +329,15 @@ export interface SelectMessage {
   module: number;
 }
 
-export type Mode = "inference" | "training";
-export type Optimizer = "adamw" | "adam" | "sgd" | "sgd-momentum";
-export type Device = "cuda" | "cpu" | "math";
+/** The fixed name sets, as `meta_widget/choices.py` defines them (checked by choices.test.ts). */
+export const MODES = ["inference", "training"] as const;
+export const PHASES = ["forward", "backward", "optimizer"] as const;
+export const DEVICES = ["cuda", "cpu", "math"] as const;
+export const OPTIMIZERS = ["adamw", "adam", "sgd", "sgd-momentum"] as const;
+export type Mode = (typeof MODES)[number];
+export type Phase = (typeof PHASES)[number];
+export type Device = (typeof DEVICES)[number];
+export type Optimizer = (typeof OPTIMIZERS)[number];
 
 /** Front end -> kernel: analyze again with these switches (`widget.RERUN_OPTIONS`). */
 export interface RerunMessage {

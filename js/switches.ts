@@ -5,22 +5,31 @@
  * no state of their own besides the DOM.
  */
 import { h } from "./details";
-import type { Analysis, Device, Mode, Optimizer, RerunMessage } from "./protocol";
+import {
+  DEVICES,
+  MODES,
+  OPTIMIZERS,
+  type Analysis,
+  type Device,
+  type Mode,
+  type Optimizer,
+  type RerunMessage,
+} from "./protocol";
 import { canRerun, initialSession, type Session } from "./session";
 
-export const OPTIMIZERS: [Optimizer | "none", string][] = [
-  ["adamw", "AdamW"],
-  ["adam", "Adam"],
-  ["sgd", "SGD"],
-  ["sgd-momentum", "SGD + momentum"],
-  ["none", "none"],
-];
-export const DEVICES: [Device, string][] = [
-  ["cuda", "CUDA kernels"],
-  ["cpu", "CPU"],
-  ["math", "math path"],
-];
-const MODES: Mode[] = ["inference", "training"];
+/** What each optimizer and device is called in the menus (every name of protocol.ts has one). */
+export const OPTIMIZER_LABELS: Record<Optimizer | "none", string> = {
+  adamw: "AdamW",
+  adam: "Adam",
+  sgd: "SGD",
+  "sgd-momentum": "SGD + momentum",
+  none: "none",
+};
+export const DEVICE_LABELS: Record<Device, string> = {
+  cuda: "CUDA kernels",
+  cpu: "CPU",
+  math: "math path",
+};
 const NO_KERNEL = "No kernel: this page cannot re-run the analysis (run the cell in a notebook)";
 
 export class Switches {
@@ -41,13 +50,13 @@ export class Switches {
       this.modeBox.append(b);
     }
     modeLabel.append(this.modeBox);
-    for (const [v, label] of OPTIMIZERS) {
-      const o = h("option", "", label);
+    for (const v of [...OPTIMIZERS, "none" as const]) {
+      const o = h("option", "", OPTIMIZER_LABELS[v]);
       o.value = v;
       this.optimizerSel.append(o);
     }
-    for (const [v, label] of DEVICES) {
-      const o = h("option", "", label);
+    for (const v of DEVICES) {
+      const o = h("option", "", DEVICE_LABELS[v]);
       o.value = v;
       this.deviceSel.append(o);
     }

@@ -4,6 +4,8 @@
 - ``js/fixtures/gpt2-tiny.messages.json``: the messages streamed while tracing it.
 - ``js/fixtures/failing.json``: the payload of an analysis whose trace failed in a submodule.
 - ``js/fixtures/gpt2-tiny.training.json``: the payload of a training step of the tiny GPT-2.
+- ``js/fixtures/choices.json``: the fixed name sets (``meta_widget.choices``) the front end's
+  constants must equal.
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ class Capture:
 
     def send(self, message: dict[str, Any]) -> None:
         self.sent.append(json.loads(json.dumps(message)))
+
+
+def choices() -> dict[str, list[str]]:
+    """Each fixed name set of ``meta_widget.choices``, in its order."""
+    from meta_widget.choices import Device, Mode, Optimizer, Phase
+
+    return {
+        "modes": [m.value for m in Mode],
+        "phases": [p.value for p in Phase],
+        "devices": [d.value for d in Device],
+        "optimizers": [o.value for o in Optimizer],
+    }
 
 
 def samples() -> dict[str, Any]:
@@ -59,6 +73,7 @@ def samples() -> dict[str, Any]:
         "gpt2-tiny.messages.json": capture.sent,
         "failing.json": failing.to_payload(),
         "gpt2-tiny.training.json": training.to_payload(),
+        "choices.json": choices(),
     }
 
 
