@@ -1,14 +1,33 @@
-"""``analyze`` and the :class:`Analysis` it returns: the module tree with its calls, and totals."""
+"""``analyze`` and the :class:`Analysis` it returns: the module tree with its calls, and totals.
+
+``analyze`` is a short pipeline over frozen :class:`Options`: check every option, build the meta
+model and inputs, trace (or not, without inputs), then assemble the :class:`Analysis` in one
+place. ``Analysis.rerun`` replaces fields of the options and runs the pipeline again.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from .explain import Explanation
+import torch
+
+from . import heavy
+from .assume import Assumption, Policy
+from .checkpoints import CheckpointDiff, checkpoint_diff, inspect_checkpoint
+from .choices import Mode
+from .estimates import distributed_table, what_if_table
+from .explain import Explanation, explain
+from .figures import categories_figure, memory_figure, timeline_figure
+from .flatten import TensorInfo, named_tensors
+from .inputs import make_inputs
+from .materialize import MaterializeReport, materialize
+from .memory import MemoryReport, memory_report
 from .options import (
     DEFAULT_OPTIMIZER,
     carried_optimizer,
@@ -22,27 +41,81 @@ from .options import (
     input_dtypes,
     input_shapes,
 )
+from .passes import Trace, trace
+from .protocol import encode_analysis
+from .recorder import CallRecord
+from .sources import MetaModel, to_meta
+from .summary import render_summary
 from .tree import ModuleNode, build_tree
+from .units import format_bytes, format_count, format_flops
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     import pandas as pd
     import plotly.graph_objects as go
-    import torch
 
-    from .assume import Assumption
-    from .checkpoints import CheckpointDiff, CheckpointInfo
-    from .flatten import TensorInfo
-    from .materialize import MaterializeReport
-    from .memory import MemoryReport
-    from .recorder import CallRecord
-    from .sources import MetaModel
     from .widget import MetaWidget
 
-MODES = ("inference", "training")
+#: how deep ``summary()`` and the widget open when ``analyze`` was given no ``depth``
+DEFAULT_DEPTH = 3
 
 
+@dataclass(frozen=True)
+class Options:
+    """The options of one analysis, as :func:`analyze` takes them (its docstring says each).
+
+    ``checked()`` checks and normalizes them (``meta_widget.options``, the same checks as
+    ``%meta`` and the command line). The options an :class:`Analysis` keeps hold its meta
+    inputs in ``input_data``, never real data; ``rerun`` replaces fields.
+    """
+
+    input_size: Any = None
+    input_data: Any = None
+    dtypes: Any = None
+    mode: str = Mode.INFERENCE.value
+    optimizer: str | None = DEFAULT_OPTIMIZER
+    loss: Callable[[Any], Any] | None = None
+    device: str = "cuda"
+    activation_checkpointing: bool | str | Sequence[str] = False
+    depth: int | None = None
+    strict: bool = False
+    assume: Mapping[str, Any] | None = None
+    assume_nonzero: bool | None = None
+    checkpoint: Any = None
+
+    def checked(self) -> tuple[Options, list[str]]:
+        """Every option checked before anything is built, and the notes a given option leaves
+        (an optimizer given in inference is not used)."""
+        notes: list[str] = []
+        mode = check_mode(self.mode)
+        if self.input_size is not None:
+            input_dtypes(self.dtypes, len(input_shapes(self.input_size)))
+        elif self.dtypes is not None:
+            input_dtypes(self.dtypes, 0)
+        checked = replace(
+            self,
+            mode=mode,
+            device=check_device(self.device),
+            optimizer=check_optimizer(self.optimizer, mode, notes),
+            depth=check_depth(self.depth),
+            assume=check_assume(self.assume),
+            activation_checkpointing=checkpoint_selection(self.activation_checkpointing),
+        )
+        return checked, notes
+
+    @property
+    def training(self) -> bool:
+        return self.mode == Mode.TRAINING
+
+    def policy(self) -> Policy | None:
+        """The assumption policy: on unless ``strict`` (then only what ``assume`` gives)."""
+        if not self.strict:
+            return Policy(truth=True, nonzero=self.assume_nonzero is not False, values=self.assume)
+        if self.assume or self.assume_nonzero:
+            return Policy(truth=False, nonzero=bool(self.assume_nonzero), values=self.assume)
+        return None
+
+
+@dataclass(eq=False)
 class Analysis:
     """What meta_widget learned about a model from one meta pass (or from its structure alone).
 
@@ -57,45 +130,26 @@ class Analysis:
       buffers, inputs and not-yet-freed activations) over the pass.
     """
 
-    def __init__(
-        self,
-        *,
-        title: str,
-        source: str,
-        mode: str,
-        modules: list[ModuleNode],
-        calls: list[CallRecord],
-        memory: MemoryReport,
-        total_flops: int,
-        error: Explanation | None,
-        notes: list[str],
-        traced: bool,
-        seconds: float,
-        orphan_ops: dict[str, int] | None = None,
-        assumptions: list[Assumption] | None = None,
-        checkpoint_diff: CheckpointDiff | None = None,
-        source_model: MetaModel | None = None,
-    ) -> None:
-        self.title = title
-        self.source = source
-        self.mode = mode
-        self.modules = modules
-        self.calls = calls
-        self.memory = memory
-        self.total_flops = total_flops
-        self.error = error
-        self.notes = notes
-        self.traced = traced
-        self.seconds = seconds
-        self.orphan_ops = orphan_ops or {}
-        #: where the trace assumed a value it did not have (see ``meta_widget.assume``)
-        self.assumptions = assumptions or []
-        #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
-        self.checkpoint_diff = checkpoint_diff
-        # the meta model (no data) that ``materialize`` builds a real copy of
-        self._source = source_model
-        # the options of analyze (meta inputs included), for ``rerun``
-        self._options: dict[str, Any] | None = None
+    title: str
+    source: str
+    mode: str
+    modules: list[ModuleNode]
+    calls: list[CallRecord]
+    memory: MemoryReport
+    total_flops: int
+    error: Explanation | None
+    notes: list[str]
+    traced: bool
+    seconds: float
+    orphan_ops: dict[str, int] = field(default_factory=dict)
+    #: where the trace assumed a value it did not have (see ``meta_widget.assume``)
+    assumptions: list[Assumption] = field(default_factory=list)
+    #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
+    checkpoint_diff: CheckpointDiff | None = None
+    #: the meta model (no data) that ``materialize`` builds a real copy of and ``rerun`` traces
+    source_model: MetaModel | None = field(default=None, repr=False)
+    #: the checked options, with the meta inputs: what ``rerun`` changes
+    options: Options = field(default_factory=Options, repr=False)
 
     # -- totals -------------------------------------------------------------------------------
 
@@ -125,6 +179,11 @@ class Analysis:
         return self.memory.peak_bytes
 
     @property
+    def depth(self) -> int:
+        """How deep ``summary()`` and the widget open (``analyze``'s ``depth``, default 3)."""
+        return DEFAULT_DEPTH if self.options.depth is None else self.options.depth
+
+    @property
     def status(self) -> str:
         if self.error is not None:
             return "error"
@@ -138,8 +197,6 @@ class Analysis:
         raise KeyError(f"no module {path!r} in {self.title}")
 
     def __repr__(self) -> str:
-        from .units import format_bytes, format_count, format_flops
-
         return (
             f"<Analysis {self.title}: {format_count(self.total_params)} params, "
             f"{format_flops(self.total_flops)}, peak {format_bytes(self.peak_bytes)}, "
@@ -154,7 +211,7 @@ class Analysis:
         Shapes are tuples of ints; ``input_shapes``/``output_shapes`` hold, per call, the shapes of
         every tensor in the call's arguments / output.
         """
-        import pandas as pd
+        pd = heavy.pandas()
 
         def shapes(items: list[tuple[str, TensorInfo]]) -> list[tuple[int, ...]]:
             return [info.shape for _, info in items]
@@ -211,17 +268,14 @@ class Analysis:
             return None
         return self.modules[self.calls[self.error.call].module]
 
-    def summary(self, depth: int | None = 3) -> str:
-        """A text table of the tree down to ``depth`` (None: all), with totals."""
-        from .summary import render_summary
-
-        return render_summary(self, depth)
+    def summary(self, depth: int | EllipsisType | None = ...) -> str:
+        """A text table of the tree down to ``depth`` (None: all; default: :attr:`depth`), with
+        totals."""
+        return render_summary(self, self.depth if depth is ... else depth)
 
     def figure(self, kind: str = "memory", depth: int = 1) -> go.Figure:
         """A plotly figure: ``"memory"`` (bytes per module at ``depth``), ``"timeline"`` (live
         bytes over the pass, phases shaded) or ``"categories"`` (the peak by category)."""
-        from .figures import categories_figure, memory_figure, timeline_figure
-
         if kind == "memory":
             return memory_figure(self, depth)
         if kind == "timeline":
@@ -232,8 +286,6 @@ class Analysis:
 
     def to_payload(self) -> dict[str, Any]:
         """The analysis as the widget's payload (see ``meta_widget.protocol``)."""
-        from .protocol import encode_analysis
-
         return encode_analysis(self)
 
     def to_json(self) -> str:
@@ -245,9 +297,7 @@ class Analysis:
 
         Written to ``path`` when given; the HTML is returned either way.
         """
-        from .widget import standalone_html
-
-        html = standalone_html(self.to_payload())
+        html = heavy.widget().standalone_html(self.to_payload())
         if path is not None:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(html)
@@ -260,8 +310,6 @@ class Analysis:
         optimizer state). Inference: float32, bfloat16, float16, int8 and int4 weights. The
         formulas are in ``meta_widget.estimates`` and ``docs/estimates.md``.
         """
-        from .estimates import what_if_table
-
         return what_if_table(self)
 
     def distributed(
@@ -276,8 +324,6 @@ class Analysis:
         Computed from the recorded categories (``meta_widget.estimates.distributed``); the
         formulas and a measured FSDP2 comparison are in ``docs/estimates.md``.
         """
-        from .estimates import distributed_table
-
         return distributed_table(self, sizes, dtype=dtype, mixed_precision=mixed_precision)
 
     def materialize(
@@ -295,11 +341,9 @@ class Analysis:
         before allocating anything, when it does not fit in the free memory. The user's module
         is never touched. See ``meta_widget.materialize.materialize``.
         """
-        from .materialize import materialize
-
-        if self._source is None:
+        if self.source_model is None:
             raise ValueError("this Analysis has no model to materialize (it was loaded from JSON)")
-        return materialize(self._source, device, checkpoint, available_bytes=available_bytes)
+        return materialize(self.source_model, device, checkpoint, available_bytes=available_bytes)
 
     def rerun(self, **changes: Any) -> Analysis:
         """Analyze the same (meta) model and inputs again with some options changed.
@@ -309,20 +353,24 @@ class Analysis:
         (``widget=True`` shows its progress). The keyword arguments of :func:`analyze`; the
         widget's mode, optimizer and device switches call this.
         """
-        if self._source is None or self._options is None:
+        if self.source_model is None:
             raise ValueError("this Analysis cannot be re-run (it was not made by mw.analyze)")
-        options = {**self._options, **changes}
+        widget = changes.pop("widget", None)
+        listeners = changes.pop("listeners", ())
         if "optimizer" not in changes:  # not chosen again: no "not used" note in inference
-            options["optimizer"] = carried_optimizer(options.get("optimizer"))
+            changes["optimizer"] = carried_optimizer(self.options.optimizer)
         if "input_size" in changes and "input_data" not in changes:
-            options.pop("input_data", None)
-        return analyze(self._source.module, **options)
+            changes["input_data"] = None
+        try:
+            options = replace(self.options, **changes)
+        except TypeError:
+            unknown = sorted(set(changes) - set(Options.__dataclass_fields__))
+            raise TypeError(f"rerun() got unknown options {unknown}; see mw.analyze") from None
+        return run(self.source_model.module, options, widget, listeners)
 
     def widget(self) -> MetaWidget:
         """A widget showing this analysis (its mode/optimizer switches re-run it)."""
-        from .widget import MetaWidget
-
-        view = MetaWidget(payload=self.to_payload())
+        view = heavy.widget().MetaWidget(payload=self.to_payload(), depth=self.depth)
         view.analysis = self
         return view
 
@@ -338,7 +386,7 @@ class Analysis:
 
 
 # ---------------------------------------------------------------------------------------------
-# analyze
+# analyze: check, build, trace, assemble
 
 
 def analyze(
@@ -396,7 +444,7 @@ def analyze(
         decoder layers of a transformer); a module path or class name, or a list of them,
         picks them.
     depth
-        The depth the widget and summary open at (default 3).
+        The depth the widget and ``summary()`` open at (default 3).
     widget
         ``True`` shows the widget before tracing and streams calls into it; a ``MetaWidget`` is
         used as is. Default: no widget (display the returned Analysis to see one).
@@ -432,147 +480,154 @@ def analyze(
         ``ValueError``; ``OptionTypeError``, also a ``TypeError``, for a wrong type): the checks
         of ``meta_widget.options``, shared with ``%meta`` and ``meta-widget``.
     """
-    from .flatten import named_tensors
-    from .inputs import make_inputs
-    from .memory import memory_report
-    from .passes import trace
-    from .sources import to_meta
-
-    # every argument is checked before anything is built (one message each, shared with the
-    # magic and the command: meta_widget.options)
-    given_notes: list[str] = []
-    mode = check_mode(mode)
-    device = check_device(device)
-    step_optimizer = check_optimizer(optimizer, mode, given_notes)
-    check_depth(depth)
-    assume = check_assume(assume)
-    checkpointing = checkpoint_selection(activation_checkpointing)
-    if input_size is not None:
-        input_dtypes(dtypes, len(input_shapes(input_size)))
-    elif dtypes is not None:
-        input_dtypes(dtypes, 0)
+    options = Options(
+        input_size=input_size,
+        input_data=input_data,
+        dtypes=dtypes,
+        mode=mode,
+        optimizer=optimizer,
+        loss=loss,
+        device=device,
+        activation_checkpointing=activation_checkpointing,
+        depth=depth,
+        strict=strict,
+        assume=assume,
+        assume_nonzero=assume_nonzero,
+        checkpoint=checkpoint,
+    )
     if isinstance(model, (str, os.PathLike)):
-        from .checkpoints import inspect_checkpoint
-
+        options.checked()  # the same checks, for the same messages
         return inspect_checkpoint(model)  # type: ignore[return-value]
+    return run(model, options, widget, listeners)
+
+
+def run(
+    model: Any,
+    options: Options,
+    widget: bool | MetaWidget | None = None,
+    listeners: Sequence[Callable[[CallRecord], None]] = (),
+) -> Analysis:
+    """The pipeline of :func:`analyze` over ``options`` (``Analysis.rerun`` calls it too)."""
+    options, given_notes = options.checked()  # every option, before anything is built
     check_buildable(model)
     start = time.perf_counter()
     meta = to_meta(model)
     module = meta.module
-    diff = _checkpoint_diff(module, checkpoint) if checkpoint is not None else None
-    inputs = make_inputs(module, input_size, input_data, dtypes)
+    diff = (
+        checkpoint_diff(module, inspect_checkpoint(options.checkpoint))
+        if options.checkpoint is not None
+        else None
+    )
+    inputs = make_inputs(module, options.input_size, options.input_data, options.dtypes)
+    # what rerun() passes again: the meta inputs (no data), dtypes and sizes already applied
+    kept = replace(
+        options,
+        input_size=None,
+        input_data=None
+        if inputs.empty
+        else inputs.kwargs
+        if inputs.kwargs and not inputs.args
+        else inputs.args,
+        dtypes=None,
+        checkpoint=None,
+    )
     notes = [*meta.notes, *inputs.notes, *given_notes]
-    options: dict[str, Any] = {  # what rerun() passes again: meta inputs, no data
-        "input_data": inputs.kwargs if inputs.kwargs and not inputs.args else inputs.args,
-        "mode": mode,
-        "optimizer": optimizer,
-        "loss": loss,
-        "device": device,
-        "activation_checkpointing": activation_checkpointing,
-        "strict": strict,
-        "assume": assume,
-        "assume_nonzero": assume_nonzero,
-    }
-    if inputs.empty:
-        options["input_data"] = None
     nodes = build_tree(module)
     input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
-    view = _resolve_widget(widget)
-    if inputs.empty:
-        report = memory_report(module, input_tensors)
-        analysis = Analysis(
-            title=type(module).__name__,
-            source=meta.source,
-            mode=mode,
-            modules=nodes,
-            calls=[],
-            memory=report,
-            total_flops=0,
-            error=None,
-            notes=[*notes, "No inputs given: structural analysis only (no forward pass)."],
-            traced=False,
-            seconds=time.perf_counter() - start,
-            checkpoint_diff=diff,
-            source_model=meta,
-        )
-        analysis._options = options
-        if view is not None:
-            view.analysis = analysis
-            view.show(analysis)
-        return analysis
-
-    all_listeners = list(listeners)
+    view = _resolve_widget(widget, options)
     stream = None
-    if view is not None:
-        stream = view.stream(nodes, title=type(module).__name__, source=meta.source, mode=mode)
-        all_listeners.append(stream.add)
-    result = trace(
-        module,
-        inputs.args,
-        inputs.kwargs,
-        training=mode == "training",
-        optimizer=step_optimizer,
-        loss=loss,
-        device=device,
-        checkpointed=_checkpointed(module, checkpointing),
-        listeners=all_listeners,
-        policy=_policy(strict, assume, assume_nonzero),
-        on_phase=stream.phase if stream is not None else None,
-    )
-    error = None
-    if result.exception is not None:
-        from .explain import explain
-
-        call = result.error_call
-        error = _blame_assumptions(
-            explain(
-                result.exception,
-                module=result.calls[call].path if call is not None else None,
-                call=call,
-                op=result.failed_op,
-            ),
-            result.assumptions,
+    result = None
+    if not inputs.empty:
+        if view is not None:
+            stream = view.stream(
+                nodes, title=type(module).__name__, source=meta.source, mode=options.mode
+            )
+        result = trace(
+            module,
+            inputs.args,
+            inputs.kwargs,
+            training=options.training,
+            optimizer=options.optimizer,
+            loss=options.loss,
+            device=options.device,
+            checkpointed=_checkpointed(module, options.activation_checkpointing),
+            listeners=[*listeners, stream.add] if stream is not None else list(listeners),
+            policy=options.policy(),
+            on_phase=stream.phase if stream is not None else None,
         )
-    for rec in result.calls:
-        if rec.module >= 0:
-            nodes[rec.module].calls.append(rec)
-    report = memory_report(module, input_tensors, result.calls, result, mode == "training")
-    total = result.orphan_flops + sum(c.self_flops + c.backward_self_flops for c in result.calls)
-    analysis = Analysis(
-        title=type(module).__name__,
-        source=meta.source,
-        mode=mode,
-        modules=nodes,
-        calls=result.calls,
-        memory=report,
-        total_flops=total,
-        error=error,
-        notes=notes,
-        traced=True,
-        seconds=time.perf_counter() - start,
-        orphan_ops=result.orphan_ops,
-        assumptions=result.assumptions,
-        checkpoint_diff=diff,
-        source_model=meta,
-    )
-    analysis._options = options
-    if stream is not None:
+    analysis = _assemble(meta, nodes, input_tensors, kept, notes, diff, result)
+    analysis.seconds = time.perf_counter() - start
+    if view is not None:
         view.analysis = analysis
-        stream.finish(analysis)
+        if stream is not None:
+            stream.finish(analysis)
+        else:
+            view.show(analysis)
     return analysis
 
 
-def _checkpoint_diff(module: torch.nn.Module, path: Any) -> CheckpointDiff:
-    from .checkpoints import checkpoint_diff, inspect_checkpoint
+def _assemble(
+    meta: MetaModel,
+    nodes: list[ModuleNode],
+    input_tensors: list[torch.Tensor],
+    options: Options,
+    notes: list[str],
+    diff: CheckpointDiff | None,
+    result: Trace | None,
+) -> Analysis:
+    """The :class:`Analysis` of a trace (``result``), or of the structure alone (None)."""
+    module = meta.module
+    if result is None:
+        report = memory_report(module, input_tensors)
+        notes = [*notes, "No inputs given: structural analysis only (no forward pass)."]
+    else:
+        for rec in result.calls:
+            if rec.module >= 0:
+                nodes[rec.module].calls.append(rec)
+        report = memory_report(module, input_tensors, result.calls, result, options.training)
+    return Analysis(
+        title=type(module).__name__,
+        source=meta.source,
+        mode=options.mode,
+        modules=nodes,
+        calls=result.calls if result is not None else [],
+        memory=report,
+        total_flops=_total_flops(result),
+        error=_explained(result),
+        notes=notes,
+        traced=result is not None,
+        seconds=0.0,
+        orphan_ops=result.orphan_ops if result is not None else {},
+        assumptions=result.assumptions if result is not None else [],
+        checkpoint_diff=diff,
+        source_model=meta,
+        options=options,
+    )
 
-    info: CheckpointInfo = inspect_checkpoint(path)
-    return checkpoint_diff(module, info)
+
+def _total_flops(result: Trace | None) -> int:
+    """Every op's FLOPs once: each call's own body, forward and backward, plus ops outside calls."""
+    if result is None:
+        return 0
+    return result.orphan_flops + sum(c.self_flops + c.backward_self_flops for c in result.calls)
 
 
-def _checkpointed(module: torch.nn.Module, which: bool | list[str]) -> list[torch.nn.Module]:
+def _explained(result: Trace | None) -> Explanation | None:
+    """The trace's exception explained at its module and op, naming assumptions it may follow."""
+    if result is None or result.exception is None:
+        return None
+    call = result.error_call
+    error = explain(
+        result.exception,
+        module=result.calls[call].path if call is not None else None,
+        call=call,
+        op=result.failed_op,
+    )
+    return _blame_assumptions(error, result.assumptions)
+
+
+def _checkpointed(module: torch.nn.Module, which: bool | Sequence[str]) -> list[torch.nn.Module]:
     """The modules to run under activation checkpointing."""
-    import torch
-
     if which is False or not which:
         return []
     if which is True:
@@ -592,22 +647,10 @@ def _checkpointed(module: torch.nn.Module, which: bool | list[str]) -> list[torc
     return found
 
 
-def _policy(strict: bool, assume: Mapping[str, Any] | None, assume_nonzero: bool | None) -> Any:
-    from .assume import Policy
-
-    if not strict:
-        return Policy(truth=True, nonzero=assume_nonzero is not False, values=assume)
-    if assume or assume_nonzero:
-        return Policy(truth=False, nonzero=bool(assume_nonzero), values=assume)
-    return None
-
-
 def _blame_assumptions(error: Explanation, assumptions: Sequence[Assumption]) -> Explanation:
     """Name the assumptions a failure may follow from, and how to override them."""
     if not assumptions:
         return error
-    from dataclasses import replace
-
     last = assumptions[-1]
     flip = "False" if last.value == "True" else "True" if last.value == "False" else "VALUE"
     note = (
@@ -620,19 +663,19 @@ def _blame_assumptions(error: Explanation, assumptions: Sequence[Assumption]) ->
     return replace(error, explanation=error.explanation + note, fix=error.fix + fix)
 
 
-def _resolve_widget(widget: Any) -> Any:
+def _resolve_widget(widget: Any, options: Options) -> Any:
     if widget is None or widget is False:
         return None
-    from .widget import MetaWidget
-
+    module = heavy.widget()
     if widget is True:
-        view = MetaWidget()
-        from IPython.display import display
-
-        display(view)
-        return view
-    if isinstance(widget, MetaWidget):
-        return widget
-    raise TypeError(
-        f"widget must be True, False, None or a MetaWidget, not {type(widget).__name__}"
-    )
+        view = module.MetaWidget()
+        heavy.display(view)
+    elif isinstance(widget, module.MetaWidget):
+        view = widget
+    else:
+        raise TypeError(
+            f"widget must be True, False, None or a MetaWidget, not {type(widget).__name__}"
+        )
+    if options.depth is not None:
+        view.depth = options.depth
+    return view

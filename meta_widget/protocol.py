@@ -300,9 +300,8 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     )
     payload["error"] = encode_error(a.error)
     payload["notes"] = list(a.notes)
-    options = a._options or {}
-    payload["optimizer"] = options.get("optimizer", "adamw")
-    payload["device"] = options.get("device", "cuda")
+    payload["optimizer"] = a.options.optimizer
+    payload["device"] = a.options.device
     payload["assumptions"] = [x.to_dict() for x in a.assumptions]
     if a.checkpoint_diff is not None:
         payload["checkpoint"] = a.checkpoint_diff.to_dict()

@@ -308,12 +308,6 @@ def test_adam_state_is_what_a_real_adam_step_keeps() -> None:
 # depth=, activation_checkpointing=[paths]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="analyze(depth=...) is accepted and documented ('the depth the widget and summary "
-    "open at') but never used: summary() and the widget open at 3 whatever depth is "
-    "(meta_widget/analysis.py: `depth` is not stored nor passed on)",
-)
 def test_depth_sets_where_the_summary_and_the_widget_open() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU())), nn.Linear(4, 2))

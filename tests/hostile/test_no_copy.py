@@ -112,7 +112,7 @@ def test_real_tensor_held_anywhere_is_not_copied(place: str) -> None:
         # no real 1 GiB storage alive but the user's own
         assert _real_big_storages() == {big.untyped_storage()._cdata}
         # the copy holds a meta stand-in with the same layout as what the user holds
-        copy = read(a._source.module.stash)
+        copy = read(a.source_model.module.stash)
         assert copy.is_meta
         assert (copy.shape, copy.stride(), copy.storage_offset(), copy.dtype) == (
             held.shape,
