@@ -21,6 +21,7 @@ meta while the CPU and CUDA kernels take float32), so such models trace with exa
 
 from __future__ import annotations
 
+import linecache
 import operator
 import os
 import sys
@@ -113,8 +114,6 @@ def _internal(path: str) -> bool:
 
 def caller_site() -> tuple[str | None, int | None, str | None]:
     """The innermost Python frame outside PyTorch and meta_widget: (file, line, code)."""
-    import linecache
-
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)

@@ -21,6 +21,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from . import heavy
 from .errors import MetaWidgetError
 from .options import (
     OptionError,
@@ -41,7 +42,7 @@ class UsageError(OptionError):
     """A command-line argument the command cannot use (exit status 2)."""
 
 
-class CommandError(Exception):
+class CommandError(MetaWidgetError):
     """Something the command could not do with valid arguments (exit status 1)."""
 
 
@@ -178,8 +179,7 @@ def _write(path: str, text: str, option: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .analysis import analyze
-
+    analyze = heavy.analysis().analyze  # torch: only once the arguments are known to be good
     check_depth(args.depth)
     shapes = [parse_shape(s) for s in args.input]
     dtypes = dtype_options([parse_dtype(d) for d in args.dtype])

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import heavy
+
 
 @dataclass(frozen=True)
 class Explanation:
@@ -573,10 +575,9 @@ def explain(
 
 
 def _internal_dirs() -> tuple[str, ...]:
-    import torch
-
+    torch = heavy.torch()
     here = os.path.dirname(os.path.abspath(__file__))
-    return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, here + os.sep)
+    return (os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep, here + os.sep)
 
 
 def user_frame(exc: BaseException) -> tuple[str | None, int | None, str | None]:

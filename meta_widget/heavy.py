@@ -1,7 +1,7 @@
-"""The heavy libraries the views use, imported on first use so that ``import meta_widget`` and an
-analysis in a script stay fast: pandas (DataFrames), plotly (figures), IPython (display) and
-anywidget (the widget module, ~0.5 s to import). These are the package's only imports made inside
-functions; every other import is at the top of its module.
+"""The heavy libraries, imported on first use: torch (~2 s; ``import meta_widget``, the command's
+``--help`` and its usage errors answer without it), pandas (DataFrames), plotly (figures), IPython
+(display) and anywidget (the widget module, ~0.5 s). These are the package's only imports made
+inside functions; every other import is at the top of its module.
 """
 
 from __future__ import annotations
@@ -9,7 +9,21 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-__all__ = ["display", "pandas", "plotly_go", "widget"]
+__all__ = ["analysis", "display", "pandas", "plotly_go", "torch", "widget"]
+
+
+def torch() -> ModuleType:
+    """The ``torch`` module."""
+    import torch
+
+    return torch
+
+
+def analysis() -> ModuleType:
+    """``meta_widget.analysis``, the analyzer (it imports torch and the tracer)."""
+    from . import analysis as module
+
+    return module
 
 
 def pandas() -> ModuleType:

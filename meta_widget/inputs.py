@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from .options import InputError, check_bytes, input_dtypes, input_shapes
-
-if TYPE_CHECKING:
-    import torch
 
 
 @dataclass
@@ -57,8 +56,6 @@ def make_inputs(
 
 def to_meta_value(value: Any) -> Any:
     """``value`` with every tensor inside replaced by a meta tensor (no data is copied)."""
-    import torch
-
     if isinstance(value, torch.Tensor):
         if value.is_meta:
             return value
@@ -74,8 +71,6 @@ def to_meta_value(value: Any) -> Any:
 
 
 def _from_sizes(module: torch.nn.Module, input_size: Any, dtypes: Any) -> MetaInputs:
-    import torch
-
     shapes = input_shapes(input_size)
     given = input_dtypes(dtypes, len(shapes))
     notes: list[str] = []
@@ -101,8 +96,6 @@ _ID_NAMES = ("input_ids", "ids", "tokens", "token_ids", "idx", "indices")
 
 def _takes_token_ids(module: torch.nn.Module) -> str:
     """Why the first input should be integer ids, or ``""`` when nothing says so."""
-    import torch
-
     try:
         params = [
             p

@@ -22,8 +22,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 from IPython.core.error import UsageError
 
+from . import heavy
+from .analysis import analyze
+from .checkpoints import CheckpointError, inspect_checkpoint
+from .explain import explain, is_meta_error
 from .options import (
     OptionError,
     check_depth,
@@ -32,6 +37,7 @@ from .options import (
     parse_dtype,
     parse_shape,
 )
+from .sources import SourceError
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -99,9 +105,6 @@ def parse_magic_line(line: str) -> MagicArgs:
 
 
 def _analyze(obj: Any, args: MagicArgs, what: str) -> Any:
-    from .analysis import analyze
-    from .sources import SourceError
-
     try:
         return analyze(obj, args.input_size, dtypes=args.dtypes, mode=args.mode, depth=args.depth)
     except OptionError as exc:
@@ -115,8 +118,6 @@ def _analyze(obj: Any, args: MagicArgs, what: str) -> Any:
 
 
 def _inspect(path: str, args: MagicArgs) -> Any:
-    from .checkpoints import CheckpointError, inspect_checkpoint
-
     extra = [g for g in args.given if g in ("--input", "--dtype", "--mode")]
     if extra:
         raise UsageError(
@@ -161,9 +162,6 @@ def _line(shell: InteractiveShell, args: MagicArgs) -> Any:
 
 
 def _cell(shell: InteractiveShell, args: MagicArgs, cell: str) -> None:
-    import torch
-    from IPython.display import display
-
     ns = shell.user_ns
     before = {k: v for k, v in ns.items() if not k.startswith("_")}
     code = shell.transform_cell(cell)
@@ -186,7 +184,7 @@ def _cell(shell: InteractiveShell, args: MagicArgs, cell: str) -> None:
         analysis = _analyze(module, args, name)
         if len(bound) > 1:
             print(f"{name}: {type(module).__name__}")
-        display(analysis)
+        heavy.display(analysis)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,8 +195,6 @@ def _explained_traceback(
     shell: InteractiveShell, etype: type, value: BaseException, tb: Any, tb_offset: int | None
 ) -> Any:
     """The custom exception handler: the usual traceback, plus the explanation of meta errors."""
-    from .explain import explain, is_meta_error
-
     # IPython records the error for %tb, %debug and pdb in showtraceback, which a custom handler
     # bypasses: record it first, on every path (the previous handler's included)
     _record_last_exception(etype, value, tb)

@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import heavy
 from .choices import Device, Mode, Optimizer, choose
 from .errors import MetaWidgetError
 
@@ -163,7 +164,7 @@ _DTYPE_ALIASES = {"long": "int64", "int": "int32", "float": "float32", "half": "
 
 def parse_dtype(text: str) -> torch.dtype:
     """``"long"``, ``"bfloat16"``, ``"torch.float16"`` -> the ``torch.dtype``."""
-    import torch
+    torch = heavy.torch()
 
     name = text.strip().removeprefix("torch.")
     dtype = getattr(torch, _DTYPE_ALIASES.get(name, name), None) if name else None
@@ -181,7 +182,7 @@ def dtype_options(dtypes: list[torch.dtype]) -> torch.dtype | list[torch.dtype] 
 
 
 def _one_dtype(value: Any) -> torch.dtype:
-    import torch
+    torch = heavy.torch()
 
     if isinstance(value, torch.dtype):
         return value
@@ -195,7 +196,7 @@ def _one_dtype(value: Any) -> torch.dtype:
 
 def input_dtypes(dtypes: Any, count: int) -> list[torch.dtype] | None:
     """One dtype per input shape: a list as long as ``count``, or one dtype for every input."""
-    import torch
+    torch = heavy.torch()
 
     if dtypes is None:
         return None
@@ -323,7 +324,7 @@ def check_assume(assume: Any) -> dict[str, Any] | None:
 
 def check_buildable(model: Any) -> None:
     """Refuse a class or function that cannot be called without arguments, naming them."""
-    import torch
+    torch = heavy.torch()
 
     is_class = isinstance(model, type)
     if is_class and not issubclass(model, torch.nn.Module):
