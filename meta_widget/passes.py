@@ -3,24 +3,27 @@
 Inference: ``eval()``, ``torch.no_grad()``, one forward pass. Training: ``train()``, a forward pass,
 the loss (``loss(output)``, or the sum of every floating output), ``backward()``, and one
 optimizer step, each recorded as a phase of the live-bytes timeline (``forward``, ``backward``,
-``optimizer``). Everything is undone afterwards: hooks, modes and ``training`` flags.
+``optimizer``). Everything is undone afterwards, whatever interrupts it: hooks, modes, grad
+mode, ``training`` flags, patched forwards, gradients and the garbage collector switch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from .assume import Assumption, Policy
+from .errors import MetaWidgetError
 from .flatten import named_tensors
 from .kernels import AttentionKernels
-from .recorder import Allocation, CallRecord, Event, Listener, Recorder
+from .recorder import Allocation, CallRecord, Event, FunctionModes, Listener, Recorder, Undo
+from .sources import interrupt_behind
 
 OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
     "adamw": lambda ps: torch.optim.AdamW(ps, foreach=False),
@@ -94,18 +97,28 @@ def trace(
     the forward of each module in ``checkpointed`` runs under activation checkpointing
     (``torch.utils.checkpoint``, non-reentrant): its activations are recomputed in backward.
     ``on_phase(name)`` is told when a training step enters ``backward`` and ``optimizer``.
+
+    Every change made to global or user state is undone before returning, on every path, and
+    an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
+    included, leaves none behind: hooks, dispatch and function modes, grad mode, saved-tensor
+    hooks, ``training`` flags, patched ``forward`` attributes, parameters' ``.grad`` and the
+    cyclic garbage collector (see :class:`~meta_widget.recorder.Undo`).
+
+    Threads: traces of different models may run in parallel threads. A module (or a sub-module
+    shared with another model) is traced by one thread at a time: a second trace of it while the
+    first runs raises :class:`ConcurrentTraceError` at once, as its ``training`` flags and
+    ``.grad`` cannot be changed for one thread only.
     """
     # PyTorch imports torch._dynamo the first time some of its functions run. Were that first
     # time mid-trace, the import would keep the frames then running alive (an exception stored
     # during it holds their traceback), and with them the tensors of the model's calls: the
     # first analysis of a process would show activations that are never freed.
-    import torch._dynamo
+    import torch._dynamo  # noqa: F401 (imported for the side effect above)
 
     if training and optimizer is not None and optimizer not in OPTIMIZERS:
         raise ValueError(
             f"optimizer must be one of {sorted(OPTIMIZERS)} or None, not {optimizer!r}"
         )
-    flags = [(m, m.training) for m in module.modules()]
     recorder = Recorder(
         module,
         listeners,
@@ -113,65 +126,28 @@ def trace(
         policy=policy,
         tag_grad_nodes=training,
     )
-    phase_starts = {"forward": 0}
-    grad_keys: set[int] = set()
-    state_keys: set[int] = set()
-    state_other = 0
-    exception: BaseException | None = None
-    output = opt = None  # both outlive the recorder: the timeline ends as a training loop would
+    run = _Run(recorder)
     start = time.perf_counter()
     params = [p for p in module.parameters() if p.requires_grad]
-    grads = [p.grad for p in params]  # restored afterwards: a user's meta module is left as it was
-    patched = [_checkpoint_forward(m, device) for m in checkpointed] if training else []
-    # The cyclic garbage collector is paused while tracing: it would scan the growing records
-    # again and again (a third of the time on a 20,000-module model). Reference counting still
-    # frees storages the moment they die, so the memory timeline is unchanged.
-    collecting = gc.isenabled()
-    gc.disable()
+
+    def step(saved: _SavedTensorsHooks) -> None:
+        run.step(module, args, kwargs, training, optimizer, loss, params, on_phase, saved)
+
+    undo = Undo()
+    # Two nested finally blocks each begin with undo.run(): an interrupt that breaks off the
+    # first (or lands before it) leaves the rest to the second. Their bodies hold only calls:
+    # CPython leaves the entry of a nested ``try`` outside the enclosing handler.
     try:
-        module.train(training)
-        kernels = AttentionKernels(device) if device != "math" else contextlib.nullcontext()
-        with torch.set_grad_enabled(training), recorder, kernels:
-            if not training:
-                output = module(*args, **kwargs)  # kept alive: the timeline ends with outputs
-            else:
-                with torch.autograd.graph.saved_tensors_hooks(_pack(recorder), _unpack):
-                    output = module(*args, **kwargs)
-                    value = (loss or default_loss)(output)
-                recorder.phase = "backward"
-                phase_starts["backward"] = len(recorder.events)
-                if on_phase is not None:
-                    on_phase("backward")
-                value.backward()
-                del value
-                recorder.sum_backward()
-                grad_keys = {p.grad.untyped_storage()._cdata for p in params if p.grad is not None}
-                if optimizer is not None:
-                    recorder.phase = "optimizer"
-                    phase_starts["optimizer"] = len(recorder.events)
-                    if on_phase is not None:
-                        on_phase("optimizer")
-                    opt = OPTIMIZERS[optimizer](params)
-                    opt.step()
-                    for state in opt.state.values():
-                        for v in state.values():
-                            if isinstance(v, torch.Tensor):
-                                if v.is_meta:
-                                    state_keys.add(v.untyped_storage()._cdata)
-                                else:
-                                    state_other += v.numel() * v.element_size()
-    except Exception as exc:
-        exception = exc
+        try:
+            _claim(module, undo)
+            _keep_state(module, params, undo)
+            run.exception = _setup_and_run(run, undo, training, checkpointed, device, step)
+        finally:
+            undo.run()
     finally:
-        for m, flag in flags:
-            m.training = flag
-        if collecting:
-            gc.enable()
-        for m in patched:
-            del m.forward  # back to the class's forward
-        for p, g in zip(params, grads, strict=True):
-            p.grad = g
-    del output, opt
+        undo.run()  # what an interrupt inside the first run left undone
+    exception = run.exception
+    run.output = run.opt = None  # freed after the trace: the timeline ends as a loop would
     if exception is not None and recorder.error_call is None and recorder.calls:
         recorder.error_call = _deepest_unfinished(recorder.calls)
     return Trace(
@@ -185,11 +161,251 @@ def trace(
         error_call=recorder.error_call,
         seconds=time.perf_counter() - start,
         assumptions=list(recorder.assumptions.values()),
-        phase_starts=phase_starts,
-        grad_keys=grad_keys,
-        state_keys=state_keys,
-        state_other_bytes=state_other,
+        phase_starts=run.phase_starts,
+        grad_keys=run.grad_keys,
+        state_keys=run.state_keys,
+        state_other_bytes=run.state_other,
     )
+
+
+def _setup_and_run(
+    run: _Run,
+    undo: Undo,
+    training: bool,
+    checkpointed: Sequence[torch.nn.Module],
+    device: str,
+    step: Callable[[_SavedTensorsHooks], None],
+) -> Exception | None:
+    """Make the trace's changes (each undo step registered first) and run ``step``; return the
+    exception the model raised, if any (interrupts go through)."""
+    try:
+        run.recorder.root.train(training)
+        _patch_forwards(checkpointed if training else (), device, undo)
+        undo.add(FunctionModes().restore)
+        if device != "math":
+            AttentionKernels(device).__enter__()
+        _set_grad_enabled(training, undo)
+        saved = _SavedTensorsHooks(undo)
+        run.recorder.open(undo)
+        _pause_gc(undo)  # last: its undo runs first
+        step(saved)
+    except Exception as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:
+            raise interrupt from None
+        return exc
+    return None
+
+
+class _Run:
+    """What the body of one trace produces, kept outside its frame so the trace can return it
+    (and drop the outputs) after the cleanup."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.phase_starts = {"forward": 0}
+        self.grad_keys: set[int] = set()
+        self.state_keys: set[int] = set()
+        self.state_other = 0
+        self.exception: BaseException | None = None
+        self.output: Any = None  # outlives the recorder: the timeline ends with the outputs
+        self.opt: Any = None
+
+    def step(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        training: bool,
+        optimizer: str | None,
+        loss: Callable[[Any], torch.Tensor] | None,
+        params: list[torch.nn.Parameter],
+        on_phase: Callable[[str], None] | None,
+        saved: _SavedTensorsHooks,
+    ) -> None:
+        """One forward pass, or forward, loss, backward and optimizer step."""
+        recorder = self.recorder
+        if not training:
+            self.output = module(*args, **kwargs)
+            return
+        saved.push(_pack(recorder), _unpack)
+        try:
+            self.output = module(*args, **kwargs)
+            value = (loss or default_loss)(self.output)
+        finally:
+            saved.restore()  # also run by the trace's undo, should an interrupt land here
+        self._phase("backward", on_phase)
+        value.backward()
+        del value
+        recorder.sum_backward()
+        self.grad_keys = {p.grad.untyped_storage()._cdata for p in params if p.grad is not None}
+        if optimizer is None:
+            return
+        self._phase("optimizer", on_phase)
+        self.opt = OPTIMIZERS[optimizer](params)
+        self.opt.step()
+        for state in self.opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    if v.is_meta:
+                        self.state_keys.add(v.untyped_storage()._cdata)
+                    else:
+                        self.state_other += v.numel() * v.element_size()
+
+    def _phase(self, name: str, on_phase: Callable[[str], None] | None) -> None:
+        self.recorder.phase = name
+        self.phase_starts[name] = len(self.recorder.events)
+        if on_phase is not None:
+            on_phase(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the changes a trace makes, each with its undo step registered first (see recorder.Undo)
+
+
+class ConcurrentTraceError(MetaWidgetError, RuntimeError):
+    """A module is already being traced by another thread."""
+
+
+#: id of each module being traced -> the token of the trace (its Undo); set and cleared with
+#: single dict operations, atomic under the GIL, so no lock an interrupt could leave held
+_claims: dict[int, int] = {}
+
+
+def _claim(module: torch.nn.Module, undo: Undo) -> None:
+    """Mark every module of ``module`` as being traced, or raise if a running trace has one."""
+    token = id(undo)
+    ids = [id(m) for m in module.modules()]
+
+    def release() -> None:
+        for i in ids:
+            if _claims.get(i) == token:
+                _claims.pop(i, None)
+
+    undo.add(release)
+    for i in ids:
+        if _claims.setdefault(i, token) != token:
+            name = next((n for n, m in module.named_modules() if id(m) == i), "")
+            where = f" (its module {name!r})" if name else ""
+            raise ConcurrentTraceError(
+                f"{type(module).__name__}{where} is being analyzed already, by another thread "
+                "(or by a listener of the same analysis). One module cannot be traced twice at "
+                "once: its training flags and gradients would be shared. Analyze it again once "
+                "the other analysis returns, or give each thread its own model."
+            )
+
+
+def _keep_state(module: torch.nn.Module, params: list[torch.nn.Parameter], undo: Undo) -> None:
+    """Register restoring ``training`` flags and gradients: a user's meta module is left as it
+    was (the forward, backward and optimizer step change both)."""
+    flags = [(m, m.training) for m in module.modules()]
+    grads = [(p, p.grad) for p in params]
+
+    def restore() -> None:
+        for m, flag in flags:
+            m.training = flag
+        for p, g in grads:
+            if p.grad is not g:
+                p.grad = g
+
+    undo.add(restore)
+
+
+def _patch_forwards(modules: Sequence[torch.nn.Module], device: str, undo: Undo) -> None:
+    """Run each module's forward under activation checkpointing (an instance attribute); the
+    undo step puts back exactly what was there, a ``forward`` the user set on the instance too."""
+    for m in modules:
+        state = vars(m)
+        had, before = "forward" in state, state.get("forward")
+
+        def restore(m: torch.nn.Module = m, had: bool = had, before: Any = before) -> None:
+            if had:
+                vars(m)["forward"] = before
+            else:
+                vars(m).pop("forward", None)  # back to the class's forward
+
+        undo.add(restore)
+        _checkpoint_forward(m, device)
+
+
+def _set_grad_enabled(enabled: bool, undo: Undo) -> None:
+    before = torch.is_grad_enabled()
+    undo.add(lambda: torch._C._set_grad_enabled(before))
+    torch._C._set_grad_enabled(enabled)
+
+
+class _SavedTensorsHooks:
+    """The saved-tensors hooks of this thread: saved when made, with the undo step popping back
+    down to the hooks then on top (also any an interrupted checkpoint left). Idempotent."""
+
+    def __init__(self, undo: Undo) -> None:
+        self.top = _top_saved_hooks()
+        undo.add(self.restore)
+
+    def push(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], Any]) -> None:
+        torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+    def restore(self) -> None:
+        while (top := _top_saved_hooks()) is not None and not _same_hooks(top, self.top):
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def _top_saved_hooks() -> tuple[Any, Any] | None:
+    return torch._C._autograd._top_saved_tensors_default_hooks(True)  # type: ignore[no-any-return]
+
+
+def _same_hooks(a: tuple[Any, Any] | None, b: tuple[Any, Any] | None) -> bool:
+    return a is b or (a is not None and b is not None and a[0] is b[0] and a[1] is b[1])
+
+
+class _GcPause:
+    """The cyclic garbage collector paused while any trace runs, in any thread.
+
+    It would scan the growing records again and again (a third of the time on a 20,000-module
+    model); reference counting still frees storages the moment they die, so the memory timeline
+    is unchanged. It is switched back on when the last trace ends, if it was on before the first.
+    Each step is ordered so that an interrupt between two lines leaves it right after ``resume``;
+    the lock is reentrant and let go of in full at the end of each, so that an interrupt landing
+    just before a ``with`` releases it cannot leave it held.
+    """
+
+    lock: ClassVar[threading.RLock] = threading.RLock()
+    holders: ClassVar[set[int]] = set()  # one token per trace running
+    enable_after: ClassVar[bool] = False
+
+    @classmethod
+    def pause(cls, token: int) -> None:
+        try:
+            with cls.lock:
+                if not cls.holders:
+                    cls.enable_after = gc.isenabled()
+                cls.holders.add(token)
+                gc.disable()
+        finally:
+            cls.let_go()
+
+    @classmethod
+    def resume(cls, token: int) -> None:
+        try:
+            with cls.lock:
+                if token in cls.holders:
+                    if cls.holders == {token} and cls.enable_after:
+                        gc.enable()  # before the token goes: an interrupt here is harmless
+                    cls.holders.discard(token)
+        finally:
+            cls.let_go()
+
+    @classmethod
+    def let_go(cls) -> None:
+        """Release the lock as often as this thread holds it."""
+        while cls.lock._is_owned():  # type: ignore[attr-defined]
+            cls.lock.release()
+
+
+def _pause_gc(undo: Undo) -> None:
+    token = id(undo)
+    undo.add(lambda: _GcPause.resume(token))
+    _GcPause.pause(token)
 
 
 def _checkpoint_forward(m: torch.nn.Module, device: str) -> torch.nn.Module:

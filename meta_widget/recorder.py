@@ -4,15 +4,21 @@ Module pre/post hooks keep the call stack; one ``TorchDispatchMode`` sees every 
 credits its FLOPs and the storage it allocates to the innermost module call running. Records hold
 summaries (shapes, dtypes, strides, byte counts, names), never tensors or modules.
 
-Everything the recorder installs (hooks, the dispatch mode, ``train()``/``eval()`` state) is
-undone on exit, errors included.
+Everything the recorder installs (hooks, the dispatch mode) is undone on exit, errors and
+interrupts included: :class:`Undo` holds the undo steps of every change a trace makes, each
+registered before its change and safe to run twice, and runs them all whatever is raised meanwhile
+(``KeyboardInterrupt`` included). Hooks only record calls made by the thread that opened the
+recorder.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
+import threading
 import time
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +26,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import torch
+import torch.utils._python_dispatch as _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
@@ -128,6 +135,122 @@ class Allocation:
 
 
 # ---------------------------------------------------------------------------------------------
+# undoing changes, whatever interrupts it
+
+
+class Undo:
+    """The undo steps of the changes a trace makes to global or user state.
+
+    Each change registers its step *before* it is made (a step must then also be right when its
+    change never happened), and every step is idempotent: it restores a saved state rather than
+    reversing an action, so running it again is harmless. :meth:`run` runs the steps, the last
+    added first, and removes each only once it has run: an interrupt that lands inside ``run``
+    leaves the steps not yet done in place for a second ``run``. Callers therefore run it twice,
+    from two nested ``finally`` blocks, each starting with the call (see ``passes.trace``)::
+
+        undo = Undo()
+        try:
+            try:
+                ...  # undo.add(step) before each change, then the change
+            finally:
+                undo.run()
+        finally:
+            undo.run()  # the rest, if an interrupt broke the first run off
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[Callable[[], object]] = []
+
+    def add(self, step: Callable[[], object]) -> None:
+        """Register ``step``; make the change it undoes after this returns."""
+        self.steps.append(step)
+
+    def run(self) -> None:
+        """Run every step, the last added first. Whatever a step raises (``KeyboardInterrupt``
+        included) waits until every other step has run; then the first is raised.
+
+        A step that fails with an ``Exception`` is not tried again; one that is interrupted is
+        (the interrupt may have come before it even started), up to :attr:`RETRIES` times.
+        """
+        steps = self.steps
+        first: BaseException | None = None
+        interrupts = 0
+        while steps:
+            try:
+                steps[-1]()
+            except Exception as exc:  # a failing step must not stop the others
+                if first is None:
+                    first = exc
+            except BaseException as exc:  # an interrupt: the same step again
+                if first is None:
+                    first = exc
+                interrupts += 1
+                if interrupts <= self.RETRIES:
+                    continue
+            steps.pop()
+        if first is not None:
+            raise first
+
+    #: how many interrupts one run of the steps absorbs (retrying the interrupted step)
+    RETRIES = 10
+
+
+class DispatchModes:
+    """The dispatch-mode state of this thread, saved to be restored exactly (see :meth:`restore`).
+
+    Besides its stack, ``TorchDispatchMode.__enter__`` sets three module flags of
+    ``torch.utils._python_dispatch`` (and one in C): ``__exit__`` pops them back, which is not
+    safe to run twice nor to break off halfway, so the saved values are written back instead.
+    """
+
+    _FLAGS = (
+        "_is_in_torch_dispatch_mode",
+        "_is_in_non_infra_torch_dispatch_mode",
+        "_is_in_any_mode_without_ignore_compile_internals",
+    )
+
+    def __init__(self) -> None:
+        self.depth = torch._C._len_torch_dispatch_stack()
+        self.flags = tuple(getattr(_python_dispatch, name) for name in self._FLAGS)
+
+    def restore(self, mode: TorchDispatchMode) -> None:
+        """Pop every mode pushed since (``mode`` and any left by an interrupted body), and put
+        the flags back. Idempotent."""
+        while torch._C._len_torch_dispatch_stack() > self.depth:
+            torch._C._pop_torch_dispatch_stack(None)
+        for name, value in zip(self._FLAGS, self.flags, strict=True):
+            setattr(_python_dispatch, name, value)
+        _python_dispatch.set_is_in_mode_without_ignore_compile_internals(self.flags[2])
+        for stack in ("old_dispatch_mode_flags", "old_non_infra_dispatch_mode_flags"):
+            getattr(mode, stack, []).clear()
+        getattr(mode, "old_without_ignore_compile_internals_dispatch_mode_flags", []).clear()
+
+
+class FunctionModes:
+    """This thread's ``TorchFunctionMode`` stack, saved to be restored exactly.
+
+    Restoring empties the stack and pushes the saved modes back, so it is idempotent and also
+    repairs a stack an interrupted ``torch.device(...)`` context left reordered.
+    """
+
+    def __init__(self) -> None:
+        self.modes = _function_stack()
+
+    def restore(self) -> None:
+        """Put the saved stack back (nothing to do when it is already there). Idempotent."""
+        if [id(m) for m in _function_stack()] == [id(m) for m in self.modes]:
+            return
+        while torch._C._len_torch_function_stack():
+            torch._C._pop_torch_function_stack()
+        for mode in self.modes:
+            torch._C._push_on_torch_function_stack(mode)
+
+
+def _function_stack() -> list[Any]:
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+
+
+# ---------------------------------------------------------------------------------------------
 # the recorder
 
 
@@ -197,8 +320,10 @@ class Recorder:
             for t in [*module.parameters(), *module.buffers(), *existing]
             if t.is_meta
         }
-        self._handles: list[Any] = []
         self._active = False
+        self._thread = threading.get_ident()
+        self._modes: DispatchModes | None = None  # saved by open(), restored by close()
+        self._undo = Undo()
         self._op_names: dict[Any, str] = {}
         # per aten op: (decompose it?, how to run it, its FLOP formula, its name)
         self._ops: dict[Any, tuple[bool, str, Any, str]] = {}
@@ -217,31 +342,63 @@ class Recorder:
 
     # -- context manager ----------------------------------------------------------------------
 
+    def open(self, undo: Undo) -> None:
+        """Install the hooks and the dispatch mode; ``undo`` first gets the step removing them.
+
+        Calls are recorded from the calling thread only: hooks ignore calls from other threads
+        (dispatch modes are per thread already).
+        """
+        self._thread = threading.get_ident()
+        self._modes = DispatchModes()
+        undo.add(self.close)
+        self._active = True
+        for m in self.root.modules():
+            m.register_forward_pre_hook(self._pre, with_kwargs=True)
+            m.register_forward_hook(self._post, with_kwargs=True, always_call=True)
+        self._mode.__enter__()
+
+    def close(self) -> None:
+        """Remove what :meth:`open` installed, however far it got. Idempotent."""
+        self._active = False
+        if self._modes is not None:
+            self._modes.restore(self._mode)
+        self._remove_hooks()
+
     def __enter__(self) -> Recorder:
+        undo = self._undo = Undo()
         try:
-            for m in self.root.modules():
-                self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
-                self._handles.append(
-                    m.register_forward_hook(self._post, with_kwargs=True, always_call=True)
-                )
-            self._active = True
-            self._mode.__enter__()
+            self.open(undo)
         except BaseException:
-            self._remove_hooks()
+            try:
+                undo.run()
+            finally:
+                undo.run()
             raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            self._mode.__exit__(*exc)
+            self._undo.run()
         finally:
-            self._active = False
-            self._remove_hooks()
+            self._undo.run()
 
     def _remove_hooks(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        """Remove this recorder's hooks from every module: found by owner, not by handle, so a
+        hook whose handle was never kept (an interrupt inside ``register_*``) goes too."""
+        for m in self.root.modules():
+            for hooks, extras in (
+                (m._forward_pre_hooks, (m._forward_pre_hooks_with_kwargs,)),
+                (m._forward_hooks, (m._forward_hooks_with_kwargs, m._forward_hooks_always_called)),
+            ):
+                mine = [
+                    k
+                    for k, h in hooks.items()
+                    if type(h) is types.MethodType and h.__self__ is self
+                ]
+                for k in mine:
+                    for extra in extras:
+                        extra.pop(k, None)
+                    hooks.pop(k, None)
 
     # -- module hooks -------------------------------------------------------------------------
 
@@ -257,6 +414,8 @@ class Recorder:
         return candidates[0]
 
     def _pre(self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if threading.get_ident() != self._thread:
+            return  # another thread running the same module: not this trace's call
         stack = self._stack
         if self.phase == "backward":
             stack.append(self._recomputation(mod))
@@ -283,6 +442,8 @@ class Recorder:
     def _post(
         self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
+        if threading.get_ident() != self._thread:
+            return
         stack, ids = self._stack, self._stack_ids
         if not ids or id(mod) not in ids:
             return  # a call we did not see start (e.g. hooks added mid-call)
@@ -600,6 +761,14 @@ class Recorder:
         self.events.append(Event(n, self.live_bytes, index, op, self.phase))
 
     def _free(self, key: int, _ref: Any) -> None:
+        # a weak reference's callback: Python prints and drops what it raises, a Ctrl-C too;
+        # hand the interrupt on to the code running when the storage died
+        try:
+            self._note_free(key)
+        except KeyboardInterrupt:
+            _thread.interrupt_main()
+
+    def _note_free(self, key: int) -> None:
         entry = self._live.pop(key, None)
         if entry is None or not self._active:
             return

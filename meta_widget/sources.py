@@ -259,15 +259,12 @@ def _is_transformers_config(obj: Any) -> bool:
 @register_source("config", _is_transformers_config)
 def _from_config(config: Any) -> MetaModel:
     def build() -> torch.nn.Module:
-        import torch
         import transformers
 
         archs = getattr(config, "architectures", None) or []
         cls = getattr(transformers, archs[0], None) if archs else None
-        with torch.device("meta"):
-            if cls is not None:
-                return cls(config)  # type: ignore[no-any-return]
-            return transformers.AutoModel.from_config(config)  # type: ignore[no-any-return]
+        make = cls if cls is not None else transformers.AutoModel.from_config
+        return on_meta(lambda: make(config))  # type: ignore[no-any-return]
 
     module = build()
     return MetaModel(module, "config", owned=True, rebuild=build)
@@ -295,8 +292,7 @@ def _from_factory(factory: Callable[[], Any]) -> MetaModel:
     import torch
 
     def build() -> torch.nn.Module:
-        with torch.device("meta"):
-            built = factory()
+        built = on_meta(factory)
         if not isinstance(built, torch.nn.Module):
             raise SourceError(
                 f"{getattr(factory, '__name__', factory)!r} returned a "
@@ -309,3 +305,82 @@ def _from_factory(factory: Callable[[], Any]) -> MetaModel:
         return built
 
     return MetaModel(build(), "factory", owned=True, rebuild=build)
+
+
+def on_meta(build: Callable[[], Any]) -> Any:
+    """``build()`` under ``torch.device("meta")``; the default device is put back exactly.
+
+    Leaving ``torch.device(...)`` runs Python code that reorders the function-mode stack: an
+    interrupt landing inside it would leave ``meta`` the default device of the session. So the
+    state before (the module's ``CURRENT_DEVICE`` and the stack) is saved first and written back
+    from two nested ``finally`` blocks, each a no-op when the context left things as they were.
+    """
+
+    saved = _DeviceState()
+    try:
+        try:
+            return _build_under_meta(build)
+        finally:
+            saved.restore()
+    finally:
+        saved.restore()  # should an interrupt have broken off the first
+
+
+def _build_under_meta(build: Callable[[], Any]) -> Any:
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build()
+    except Exception as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:  # torch's exit broke off halfway: the interrupt is what happened
+            raise interrupt from None
+        raise
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The ``KeyboardInterrupt`` an error was raised while handling, if any.
+
+    Some of torch's own cleanup fails once an interrupt broke it off halfway (leaving
+    ``torch.device(...)`` or ``torch.utils.checkpoint``'s recomputation: "trying to pop from
+    empty mode stack"); that error is no error of the model, and the user's Ctrl-C must still
+    reach them.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
+
+
+class _DeviceState:
+    """The default device (``torch.utils._device.CURRENT_DEVICE`` and the function modes)."""
+
+    def __init__(self) -> None:
+        from torch.utils import _device
+
+        self.device = _device.CURRENT_DEVICE
+        self.modes = _function_modes()
+
+    def restore(self) -> None:
+        """Write the saved state back. Idempotent."""
+        import torch
+        from torch.utils import _device
+
+        _device.CURRENT_DEVICE = self.device
+        if [id(m) for m in _function_modes()] == [id(m) for m in self.modes]:
+            return
+        while torch._C._len_torch_function_stack():
+            torch._C._pop_torch_function_stack()
+        for mode in self.modes:
+            torch._C._push_on_torch_function_stack(mode)
+
+
+def _function_modes() -> list[Any]:
+    import torch
+
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
