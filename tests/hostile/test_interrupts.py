@@ -157,6 +157,19 @@ def _state(model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
+_MODULE_FIELDS = (
+    "training",
+    "forward hooks",
+    "forward pre-hooks",
+    "hooks with kwargs",
+    "hooks always called",
+    "pre-hooks with kwargs",
+    "has an instance forward",
+    "instance forward",
+    "backward hooks",
+)
+
+
 def _diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     out = []
     for key, value in before.items():
@@ -166,6 +179,11 @@ def _diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
                 q, rg2, grad2, meta2 = now[name]
                 if q is not p or rg2 != rg or grad2 is not grad or meta2 != meta:
                     out.append(f"parameter {name}: {(rg, grad, meta)} -> {(rg2, grad2, meta2)}")
+        elif key == "modules":
+            for name, fields in value.items():
+                for field, was, now_ in zip(_MODULE_FIELDS, fields, now[name], strict=True):
+                    if now_ != was:
+                        out.append(f"module {name!r} {field}: {was} -> {now_}")
         elif key in ("function modes", "dispatch modes"):
             if [id(m) for m in now] != [id(m) for m in value]:
                 out.append(f"{key}: {value} -> {now}")
