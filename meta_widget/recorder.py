@@ -280,6 +280,10 @@ class Recorder:
     >>> with Recorder(model) as rec:
     ...     model(*args)
     >>> rec.calls  # one CallRecord per module call, in start order
+
+    As a context manager it is as safe as ``with`` lets it be (an interrupt landing as
+    ``__exit__`` starts escapes it); ``passes.trace`` calls :meth:`open` with its :class:`Undo`
+    instead, which nothing can break off. Calls from other threads are not recorded.
     """
 
     def __init__(
