@@ -18,7 +18,22 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Analysis",
+    "CheckpointError",
+    "CommandError",
+    "ConcurrentTraceError",
+    "EstimateError",
+    "InputError",
+    "InsufficientMemoryError",
+    "MaterializeError",
+    "MetaValueNeeded",
     "MetaWidget",
+    "MetaWidgetError",
+    "OptionError",
+    "OptionTypeError",
+    "Options",
+    "SourceError",
+    "UnsafeCheckpointError",
+    "UsageError",
     "analyze",
     "checkpoint_diff",
     "explain",
@@ -28,26 +43,53 @@ __all__ = [
     "unload_ipython_extension",
 ]
 
-# explain.py imports only the standard library at the top; importing it here keeps the function
-# (not the submodule of the same name) as ``meta_widget.explain``.
+# errors.py and explain.py import only the standard library at the top; importing explain here
+# keeps the function (not the submodule of the same name) as ``meta_widget.explain``.
+from .errors import MetaWidgetError
 from .explain import explain
 
+#: where each public name lives, imported on first use
 _WHERE = {
     "Analysis": "analysis",
+    "Options": "analysis",
     "analyze": "analysis",
     "MetaWidget": "widget",
     "inspect_checkpoint": "checkpoints",
     "checkpoint_diff": "checkpoints",
+    "CheckpointError": "checkpoints",
+    "UnsafeCheckpointError": "checkpoints",
     "materialize": "materialize",
+    "MaterializeError": "materialize",
+    "InsufficientMemoryError": "materialize",
     "load_ipython_extension": "magics",
     "unload_ipython_extension": "magics",
+    "OptionError": "options",
+    "OptionTypeError": "options",
+    "InputError": "options",
+    "SourceError": "sources",
+    "ConcurrentTraceError": "passes",
+    "EstimateError": "estimates",
+    "MetaValueNeeded": "assume",
+    "UsageError": "cli",
+    "CommandError": "cli",
 }
 
 if TYPE_CHECKING:
-    from .analysis import Analysis, analyze
-    from .checkpoints import checkpoint_diff, inspect_checkpoint
+    from .analysis import Analysis, Options, analyze
+    from .assume import MetaValueNeeded
+    from .checkpoints import (
+        CheckpointError,
+        UnsafeCheckpointError,
+        checkpoint_diff,
+        inspect_checkpoint,
+    )
+    from .cli import CommandError, UsageError
+    from .estimates import EstimateError
     from .magics import load_ipython_extension, unload_ipython_extension
-    from .materialize import materialize
+    from .materialize import InsufficientMemoryError, MaterializeError, materialize
+    from .options import InputError, OptionError, OptionTypeError
+    from .passes import ConcurrentTraceError
+    from .sources import SourceError
     from .widget import MetaWidget
 
 

@@ -43,7 +43,7 @@ from .options import (
 )
 from .passes import Trace, trace
 from .protocol import encode_analysis
-from .recorder import CallRecord
+from .records import CallRecord
 from .sources import MetaModel, to_meta
 from .summary import render_summary
 from .tree import ModuleNode, build_tree

@@ -27,11 +27,14 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import MetaWidgetError
+
+if TYPE_CHECKING:
+    from .records import CallRecord
 
 aten = torch.ops.aten
 
@@ -230,3 +233,144 @@ DATA_DEPENDENT = frozenset(
         aten._index_put_impl_.default,
     }
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# the policy at work during one trace
+
+
+class Assumptions:
+    """The assumption policy at work in one trace: answers data-dependent ops, records each
+    answer as an :class:`Assumption` at its module and source line, and follows what derives
+    from an assumed shape (``tainted`` storages) or from known values (an upper-bound
+    ``nonzero``'s index grid, 0-dim results computed from it).
+
+    ``stack`` is the recorder's call stack (innermost call last), read to name the module;
+    ``tainted`` the set of storages with assumed shapes, which the call stack reads too.
+    """
+
+    def __init__(self, policy: Policy | None, stack: list[CallRecord], tainted: set[int]) -> None:
+        self.policy = policy
+        self.recorded: dict[tuple[Any, ...], Assumption] = {}
+        #: storages whose shape came from an assumption (shared with the call stack)
+        self.tainted = tainted
+        # values known despite meta: storage -> mask shape of an upper-bound nonzero (its
+        # values are the index grid), or a Python number for a 0-dim result computed from them
+        self._known: dict[int, Any] = {}
+        self._stack = stack
+
+    def answer(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Answer a data-dependent op under the policy, recording what was assumed."""
+        policy = self.policy
+        assert policy is not None
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor) or not first.is_meta:
+            return func(*args, **kwargs)
+        if func is aten._local_scalar_dense.default:
+            return self._scalar(first)
+        if not policy.nonzero:
+            return func(*args, **kwargs)
+        if func is aten.nonzero.default:
+            out = nonzero_upper_bound(first)
+            self._known[out.untyped_storage()._cdata] = tuple(first.shape)
+            op = "nonzero"
+        elif func is aten.masked_select.default:
+            out = masked_select_upper_bound(first, args[1])
+            op = "masked_select"
+        elif has_mask(args[1] if len(args) > 1 else None):
+            out = index_upper_bound(func, args, kwargs)
+            op = "x[mask]" if func is aten.index.Tensor else "x[mask] = v"
+            if func is not aten.index.Tensor:  # in place: the shape of x is unchanged
+                self._record("nonzero", op, "every element selected", *caller_site())
+                return out
+        else:
+            return func(*args, **kwargs)
+        self._record("nonzero", op, "every element selected", *caller_site())
+        self.taint(out)
+        return out
+
+    def _scalar(self, t: torch.Tensor) -> Any:
+        """``.item()`` of a meta tensor: a known value, a truth assumption, or the user's number."""
+        policy = self.policy
+        assert policy is not None
+        known = self._known_value(t)
+        if known is not None:
+            return known
+        file, line, code = caller_site()
+        path = self._stack[-1].path if self._stack else ""
+        found, value = policy.lookup(file, line, path)
+        if t.dtype == torch.bool and (found or policy.truth):
+            answer = bool(value) if found else True
+            self._record("truth", "bool(tensor)", answer, file, line, code)
+            return answer
+        if not found:
+            site = f"{os.path.basename(file)}:{line}" if file else path
+            raise MetaValueNeeded(
+                "Tensor.item() cannot be called on meta tensors: the code needs a number "
+                f"from a {t.dtype} tensor here. Pass it with assume={{{site!r}: value}}."
+            )
+        number = float(value) if t.dtype.is_floating_point else int(value)
+        self._record("value", "item()", number, file, line, code)
+        return number
+
+    def follow(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+        """After any op: taint what derives from an assumed shape; fold known 0-dim values."""
+        if self.tainted and _any_in(args, self.tainted):
+            self.taint(out)
+        if self._known and func in SCALAR_OPS:
+            self._fold_scalar(func, args, out)
+
+    def taint(self, out: Any) -> None:
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                self.tainted.add(t.untyped_storage()._cdata)
+
+    def _known_value(self, t: torch.Tensor) -> Any:
+        """The value of a one-element tensor read from a known storage, else None."""
+        entry = self._known.get(t.untyped_storage()._cdata)
+        if entry is None or t.numel() != 1:
+            return None
+        if isinstance(entry, tuple):
+            return grid_value(entry, int(t.storage_offset()))
+        return entry
+
+    def _fold_scalar(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+        """Compute a 0-dim result whose inputs are all known values."""
+        if not isinstance(out, torch.Tensor) or out.numel() != 1 or len(args) < 2:
+            return
+        values = []
+        for a in args[:2]:
+            if isinstance(a, torch.Tensor):
+                a = self._known_value(a)
+                if a is None:
+                    return
+            values.append(a)
+        self._known[out.untyped_storage()._cdata] = SCALAR_OPS[func](values[0], values[1])
+
+    def _record(
+        self, kind: str, op: str, value: Any, file: str | None, line: int | None, code: str | None
+    ) -> None:
+        stack = self._stack
+        path = stack[-1].path if stack else ""
+        key = (kind, op, str(value), file, line, path)
+        found = self.recorded.get(key)
+        if found is not None:
+            found.count += 1
+        else:
+            call = stack[-1].index if stack else -1
+            self.recorded[key] = Assumption(kind, op, str(value), path, call, file, line, code)
+        for rec in stack:
+            rec.assumed = True
+
+
+def _any_in(args: tuple[Any, ...], keys: set[int]) -> bool:
+    """Whether a tensor among ``args`` (or in a list argument) has its storage in ``keys``."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.is_meta and a.untyped_storage()._cdata in keys:
+                return True
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor) and b.is_meta and b.untyped_storage()._cdata in keys:
+                    return True
+    return False

@@ -31,7 +31,6 @@ from .options import (
     parse_dtype,
     parse_shape,
 )
-from .sources import SourceError
 
 __all__ = ["CommandError", "UsageError", "build_parser", "load_object", "main"]
 
@@ -217,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(exc), 2)
     except CommandError as exc:
         _fail(f"{exc} (run with --debug for the traceback)", 1)
-    except (SourceError, MetaWidgetError) as exc:  # their messages say what and what to do
+    except MetaWidgetError as exc:  # its messages say what and what to do (SourceError too)
         _fail(str(exc), 1)
     except KeyboardInterrupt:
         _fail("interrupted", 130)

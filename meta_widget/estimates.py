@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING
 
 from . import heavy
-from .choices import Optimizer
+from .choices import Optimizer, Phase
 from .errors import MetaWidgetError
 from .memory import CATEGORIES, MemoryReport
 from .units import DTYPE_BYTES
@@ -100,7 +100,7 @@ def recorded_optimizer_state_bytes(report: MemoryReport) -> int:
     recorded = int(getattr(report, "optimizer_state_bytes", 0) or 0)
     if recorded or report.mode != "training":
         return recorded
-    start = report.phases.get("optimizer")
+    start = report.phases.get(Phase.OPTIMIZER)
     if start is None or start < 1 or not report.timeline:
         return int(report.categories.get("optimizer state", 0))
     return max(0, report.timeline[-1][0] - report.timeline[start - 1][0])
@@ -117,7 +117,7 @@ def infer_optimizer(report: MemoryReport) -> str | None:
     trained = int(getattr(report, "gradient_bytes", 0) or 0) or _float_param_bytes(report)
     state = recorded_optimizer_state_bytes(report)
     if trained == 0 or state == 0:
-        return "sgd" if "optimizer" in report.phases else None
+        return "sgd" if Phase.OPTIMIZER in report.phases else None
     slots = round(state / trained)
     for name, k in OPTIMIZER_SLOTS.items():
         if k == slots and name is not None:
@@ -218,7 +218,7 @@ def what_if(
     buffers = report.buffer_bytes
     if not mixed_precision:
         buffers = report.buffer_bytes - float_buffers + round(float_buffers * c / r)
-    temp_size = s if report.peak_phase == "optimizer" else c
+    temp_size = s if report.peak_phase == Phase.OPTIMIZER else c
     out = {
         "parameters": report.param_bytes_at(weights or dtype),
         "buffers": buffers,

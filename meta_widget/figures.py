@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import heavy
+from .choices import Phase
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -71,10 +72,10 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
         hovertemplate="%{y:.2f} MiB<br>%{customdata[0]} (%{customdata[1]})<extra></extra>",
     )
     starts = sorted((i, name) for name, i in mem.phases.items())
-    shades = {
-        "forward": "rgba(99,110,250,0.07)",
-        "backward": "rgba(239,85,59,0.07)",
-        "optimizer": "rgba(0,204,150,0.09)",
+    shades: dict[str, str] = {
+        Phase.FORWARD: "rgba(99,110,250,0.07)",
+        Phase.BACKWARD: "rgba(239,85,59,0.07)",
+        Phase.OPTIMIZER: "rgba(0,204,150,0.09)",
     }
     for k, (i, name) in enumerate(starts if len(starts) > 1 else []):
         end = starts[k + 1][0] if k + 1 < len(starts) else len(points)

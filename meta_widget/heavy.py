@@ -1,7 +1,8 @@
 """The heavy libraries, imported on first use: torch (~2 s; ``import meta_widget``, the command's
 ``--help`` and its usage errors answer without it), pandas (DataFrames), plotly (figures), IPython
-(display) and anywidget (the widget module, ~0.5 s). These are the package's only imports made
-inside functions; every other import is at the top of its module.
+(display), anywidget (the widget module, ~0.5 s) and transformers (only for its configs). These
+are the package's only imports made inside functions; every other import is at the top of its
+module.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-__all__ = ["analysis", "display", "pandas", "plotly_go", "torch", "widget"]
+__all__ = ["analysis", "display", "pandas", "plotly_go", "torch", "transformers", "widget"]
 
 
 def torch() -> ModuleType:
@@ -24,6 +25,13 @@ def analysis() -> ModuleType:
     from . import analysis as module
 
     return module
+
+
+def transformers() -> ModuleType:
+    """The ``transformers`` module (a config's model class is built from it)."""
+    import transformers
+
+    return transformers
 
 
 def pandas() -> ModuleType:

@@ -24,13 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .choices import Phase
 from .units import DTYPE_BYTES
 
 if TYPE_CHECKING:
     import torch
 
     from .passes import Trace
-    from .recorder import Allocation, CallRecord
+    from .records import Allocation, CallRecord
 
 
 @dataclass
@@ -75,8 +76,10 @@ class MemoryReport:
         if self.peak_phase is None:
             return None
         if self.peak_module is None:
-            return "the optimizer step" if self.peak_phase == "optimizer" else "outside any module"
-        whose = "the backward of " if self.peak_phase == "backward" else ""
+            return (
+                "the optimizer step" if self.peak_phase == Phase.OPTIMIZER else "outside any module"
+            )
+        whose = "the backward of " if self.peak_phase == Phase.BACKWARD else ""
         return f"{whose}{self.peak_module or 'the root module'}"
 
     def param_bytes_at(self, dtype: str) -> int:
@@ -93,7 +96,7 @@ class MemoryReport:
         """The phase of each timeline point."""
         starts = sorted((i, name) for name, i in self.phases.items())
         out: list[str] = []
-        current = starts[0][1] if starts else "forward"
+        current = starts[0][1] if starts else Phase.FORWARD
         k = 0
         for i in range(len(self.timeline)):
             while k < len(starts) and starts[k][0] <= i:
@@ -154,11 +157,11 @@ def category(a: Allocation, trace: Trace, training: bool) -> str:
         return "gradients"
     if a.freed < 0 and a.key in trace.state_keys:
         return "optimizer state"
-    if a.phase != "forward":
+    if a.phase != Phase.FORWARD:
         return "temporaries"
     if not training:
         return "activations"
-    forward_end = trace.phase_starts.get("backward", len(trace.events))
+    forward_end = trace.phase_starts.get(Phase.BACKWARD, len(trace.events))
     return "activations" if a.saved or a.freed < 0 or a.freed >= forward_end else "temporaries"
 
 
@@ -178,7 +181,7 @@ def memory_report(
         param_bytes=sum(params_by_dtype.values()),
         buffer_bytes=sum(buffers_by_dtype.values()),
         input_bytes=storage_bytes(inputs),
-        activation_bytes=sum(e.nbytes for e in events if e.nbytes > 0 and e.phase == "forward"),
+        activation_bytes=sum(e.nbytes for e in events if e.nbytes > 0 and e.phase == Phase.FORWARD),
         params_by_dtype=params_by_dtype,
         buffers_by_dtype=buffers_by_dtype,
         float_params=sum(p.numel() for p in params if p.is_floating_point()),

@@ -18,21 +18,29 @@ from typing import Any, ClassVar
 
 import torch
 
+# PyTorch imports torch._dynamo the first time some of its functions run. Were that first time
+# mid-trace, the import would keep the frames then running alive (an exception stored during it
+# holds their traceback), and with them the tensors of the model's calls: the first analysis of
+# a process would show activations that are never freed. So it is imported before any trace.
+import torch._dynamo
+from torch.utils.checkpoint import checkpoint
+
 from .assume import Assumption, Policy
+from .callstack import Listener
+from .choices import Optimizer, Phase
 from .errors import MetaWidgetError
 from .flatten import named_tensors
 from .kernels import AttentionKernels
-from .recorder import Allocation, CallRecord, Event, FunctionModes, Listener, Recorder, Undo
-from .sources import interrupt_behind
+from .recorder import Recorder
+from .records import Allocation, CallRecord, Event
+from .undo import FunctionModes, Undo, interrupt_behind
 
 OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
-    "adamw": lambda ps: torch.optim.AdamW(ps, foreach=False),
-    "adam": lambda ps: torch.optim.Adam(ps, foreach=False),
-    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.01, foreach=False),
-    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=False),
+    Optimizer.ADAMW: lambda ps: torch.optim.AdamW(ps, foreach=False),
+    Optimizer.ADAM: lambda ps: torch.optim.Adam(ps, foreach=False),
+    Optimizer.SGD: lambda ps: torch.optim.SGD(ps, lr=0.01, foreach=False),
+    Optimizer.SGD_MOMENTUM: lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=False),
 }
-
-PHASES = ("forward", "backward", "optimizer")
 
 
 @dataclass
@@ -102,19 +110,13 @@ def trace(
     an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
     included, leaves none behind: hooks, dispatch and function modes, grad mode, saved-tensor
     hooks, ``training`` flags, patched ``forward`` attributes, parameters' ``.grad`` and the
-    cyclic garbage collector (see :class:`~meta_widget.recorder.Undo`).
+    cyclic garbage collector (see :mod:`meta_widget.undo`).
 
     Threads: traces of different models may run in parallel threads. A module (or a sub-module
     shared with another model) is traced by one thread at a time: a second trace of it while the
     first runs raises :class:`ConcurrentTraceError` at once, as its ``training`` flags and
     ``.grad`` cannot be changed for one thread only.
     """
-    # PyTorch imports torch._dynamo the first time some of its functions run. Were that first
-    # time mid-trace, the import would keep the frames then running alive (an exception stored
-    # during it holds their traceback), and with them the tensors of the model's calls: the
-    # first analysis of a process would show activations that are never freed.
-    import torch._dynamo  # noqa: F401 (imported for the side effect above)
-
     if training and optimizer is not None and optimizer not in OPTIMIZERS:
         raise ValueError(
             f"optimizer must be one of {sorted(OPTIMIZERS)} or None, not {optimizer!r}"
@@ -148,19 +150,20 @@ def trace(
         undo.run()  # what an interrupt inside the first run left undone
     exception = run.exception
     run.output = run.opt = None  # freed after the trace: the timeline ends as a loop would
-    if exception is not None and recorder.error_call is None and recorder.calls:
-        recorder.error_call = _deepest_unfinished(recorder.calls)
+    stack, storage = recorder.callstack, recorder.storage
+    if exception is not None and stack.error_call is None and stack.calls:
+        stack.error_call = _deepest_unfinished(stack.calls)
     return Trace(
-        calls=recorder.calls,
-        events=recorder.events,
-        allocations=recorder.allocations,
+        calls=stack.calls,
+        events=storage.events,
+        allocations=storage.allocations,
         orphan_flops=recorder.orphan_flops,
         orphan_ops=recorder.orphan_ops,
         exception=exception,
         failed_op=recorder.failed_op,
-        error_call=recorder.error_call,
+        error_call=stack.error_call,
         seconds=time.perf_counter() - start,
-        assumptions=list(recorder.assumptions.values()),
+        assumptions=list(recorder.assumptions.recorded.values()),
         phase_starts=run.phase_starts,
         grad_keys=run.grad_keys,
         state_keys=run.state_keys,
@@ -203,7 +206,7 @@ class _Run:
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
-        self.phase_starts = {"forward": 0}
+        self.phase_starts: dict[str, int] = {Phase.FORWARD: 0}
         self.grad_keys: set[int] = set()
         self.state_keys: set[int] = set()
         self.state_other = 0
@@ -234,14 +237,14 @@ class _Run:
             value = (loss or default_loss)(self.output)
         finally:
             saved.restore()  # also run by the trace's undo, should an interrupt land here
-        self._phase("backward", on_phase)
+        self._phase(Phase.BACKWARD, on_phase)
         value.backward()
         del value
-        recorder.sum_backward()
+        recorder.callstack.sum_backward()
         self.grad_keys = {p.grad.untyped_storage()._cdata for p in params if p.grad is not None}
         if optimizer is None:
             return
-        self._phase("optimizer", on_phase)
+        self._phase(Phase.OPTIMIZER, on_phase)
         self.opt = OPTIMIZERS[optimizer](params)
         self.opt.step()
         for state in self.opt.state.values():
@@ -254,13 +257,13 @@ class _Run:
 
     def _phase(self, name: str, on_phase: Callable[[str], None] | None) -> None:
         self.recorder.phase = name
-        self.phase_starts[name] = len(self.recorder.events)
+        self.phase_starts[name] = len(self.recorder.storage.events)
         if on_phase is not None:
             on_phase(name)
 
 
 # ---------------------------------------------------------------------------------------------
-# the changes a trace makes, each with its undo step registered first (see recorder.Undo)
+# the changes a trace makes, each with its undo step registered first (see undo.Undo)
 
 
 class ConcurrentTraceError(MetaWidgetError, RuntimeError):
@@ -414,8 +417,6 @@ def _checkpoint_forward(m: torch.nn.Module, device: str) -> torch.nn.Module:
     The recomputation runs inside the autograd engine, where the attention mode of the trace is
     not active: it is entered again around the forward, so both runs use the same kernels.
     """
-    from torch.utils.checkpoint import checkpoint
-
     forward = m.forward
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -431,7 +432,7 @@ def _checkpoint_forward(m: torch.nn.Module, device: str) -> torch.nn.Module:
 
 def _pack(recorder: Recorder) -> Callable[[torch.Tensor], torch.Tensor]:
     def pack(t: torch.Tensor) -> torch.Tensor:
-        recorder.mark_saved(t)
+        recorder.storage.mark_saved(t)
         return t
 
     return pack

@@ -102,7 +102,7 @@ if TYPE_CHECKING:
     from .analysis import Analysis
     from .explain import Explanation
     from .flatten import TensorInfo
-    from .recorder import CallRecord
+    from .records import CallRecord
     from .tree import ModuleNode
 
 VERSION = 1

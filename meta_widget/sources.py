@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
+
+from . import heavy
+from .errors import MetaWidgetError
+from .undo import on_meta
 
 
-class SourceError(TypeError):
+class SourceError(MetaWidgetError, TypeError):
     """The object given to ``analyze`` cannot be turned into a meta model."""
 
 
@@ -67,8 +72,6 @@ def to_meta(obj: Any) -> MetaModel:
 
 
 def _is_module(obj: Any) -> bool:
-    import torch
-
     return isinstance(obj, torch.nn.Module)
 
 
@@ -78,8 +81,6 @@ def all_on_meta(module: torch.nn.Module) -> bool:
 
 
 def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
-    import torch
-
     found: list[torch.Tensor] = []
     for m in module.modules():
         found.extend(p for p in m._parameters.values() if p is not None)
@@ -108,8 +109,6 @@ def reachable_tensors(root: Any) -> list[tuple[str, torch.Tensor]]:
     classes and scalars are not entered, as deepcopy shares them. Raises :class:`SourceError`
     past :data:`MAX_OBJECTS` objects or :data:`MAX_DEPTH` levels.
     """
-    import torch
-
     found: list[tuple[str, torch.Tensor]] = []
     seen: set[int] = set()
     todo: list[tuple[Any, str, int]] = [(root, "", 0)]
@@ -137,9 +136,6 @@ def reachable_tensors(root: Any) -> list[tuple[str, torch.Tensor]]:
 
 def _children(obj: Any) -> list[tuple[str, Any]]:
     """The objects deepcopy copies along with ``obj``, each with a path step."""
-    import functools
-    import types
-
     out: list[tuple[str, Any]] = []
     if isinstance(obj, dict):
         out.extend((f"[{k!r}]", v) for k, v in obj.items())
@@ -181,8 +177,6 @@ _ATOMIC = {type(None), int, float, bool, complex, str, bytes, range, type(...)}
 def _stand_in(t: torch.Tensor, storages: dict[int, Any]) -> torch.Tensor:
     """A meta tensor like ``t``: same shape, stride, offset and dtype, on a meta storage shared
     with every other stand-in of the same real storage (views and ties stay views and ties)."""
-    import torch
-
     plain = type(t) in (torch.Tensor, torch.nn.Parameter)  # nn.Buffer makes plain tensors
     if plain and t.layout == torch.strided and not t.is_quantized:
         st = t.untyped_storage()
@@ -259,8 +253,7 @@ def _is_transformers_config(obj: Any) -> bool:
 @register_source("config", _is_transformers_config)
 def _from_config(config: Any) -> MetaModel:
     def build() -> torch.nn.Module:
-        import transformers
-
+        transformers = heavy.transformers()
         archs = getattr(config, "architectures", None) or []
         cls = getattr(transformers, archs[0], None) if archs else None
         make = cls if cls is not None else transformers.AutoModel.from_config
@@ -271,8 +264,6 @@ def _from_config(config: Any) -> MetaModel:
 
 
 def _is_factory(obj: Any) -> bool:
-    import torch
-
     if isinstance(obj, type):
         return issubclass(obj, torch.nn.Module)
     if not callable(obj) or isinstance(obj, (str, bytes)):
@@ -289,8 +280,6 @@ def _is_factory(obj: Any) -> bool:
 
 @register_source("factory", _is_factory)
 def _from_factory(factory: Callable[[], Any]) -> MetaModel:
-    import torch
-
     def build() -> torch.nn.Module:
         built = on_meta(factory)
         if not isinstance(built, torch.nn.Module):
@@ -305,82 +294,3 @@ def _from_factory(factory: Callable[[], Any]) -> MetaModel:
         return built
 
     return MetaModel(build(), "factory", owned=True, rebuild=build)
-
-
-def on_meta(build: Callable[[], Any]) -> Any:
-    """``build()`` under ``torch.device("meta")``; the default device is put back exactly.
-
-    Leaving ``torch.device(...)`` runs Python code that reorders the function-mode stack: an
-    interrupt landing inside it would leave ``meta`` the default device of the session. So the
-    state before (the module's ``CURRENT_DEVICE`` and the stack) is saved first and written back
-    from two nested ``finally`` blocks, each a no-op when the context left things as they were.
-    """
-
-    saved = _DeviceState()
-    try:
-        try:
-            return _build_under_meta(build)
-        finally:
-            saved.restore()
-    finally:
-        saved.restore()  # should an interrupt have broken off the first
-
-
-def _build_under_meta(build: Callable[[], Any]) -> Any:
-    import torch
-
-    try:
-        with torch.device("meta"):
-            return build()
-    except Exception as exc:
-        interrupt = interrupt_behind(exc)
-        if interrupt is not None:  # torch's exit broke off halfway: the interrupt is what happened
-            raise interrupt from None
-        raise
-
-
-def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
-    """The ``KeyboardInterrupt`` an error was raised while handling, if any.
-
-    Some of torch's own cleanup fails once an interrupt broke it off halfway (leaving
-    ``torch.device(...)`` or ``torch.utils.checkpoint``'s recomputation: "trying to pop from
-    empty mode stack"); that error is no error of the model, and the user's Ctrl-C must still
-    reach them.
-    """
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__context__
-    return None
-
-
-class _DeviceState:
-    """The default device (``torch.utils._device.CURRENT_DEVICE`` and the function modes)."""
-
-    def __init__(self) -> None:
-        from torch.utils import _device
-
-        self.device = _device.CURRENT_DEVICE
-        self.modes = _function_modes()
-
-    def restore(self) -> None:
-        """Write the saved state back. Idempotent."""
-        import torch
-        from torch.utils import _device
-
-        _device.CURRENT_DEVICE = self.device
-        if [id(m) for m in _function_modes()] == [id(m) for m in self.modes]:
-            return
-        while torch._C._len_torch_function_stack():
-            torch._C._pop_torch_function_stack()
-        for mode in self.modes:
-            torch._C._push_on_torch_function_stack(mode)
-
-
-def _function_modes() -> list[Any]:
-    import torch
-
-    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]

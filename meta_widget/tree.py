@@ -13,7 +13,7 @@ from .flatten import TensorInfo
 if TYPE_CHECKING:
     import torch
 
-    from .recorder import CallRecord
+    from .records import CallRecord
 
 __all__ = ["ModuleNode", "build_tree"]
 

@@ -20,7 +20,7 @@ from .protocol import Dictionary, drop_zero_columns, encode_calls, encode_error,
 
 if TYPE_CHECKING:
     from .analysis import Analysis, ModuleNode
-    from .recorder import CallRecord
+    from .records import CallRecord
 
 STATIC = pathlib.Path(__file__).parent / "static"
 

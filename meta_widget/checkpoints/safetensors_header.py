@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .entries import DAMAGED, CheckpointError, TensorEntry, natural_key, quoted
@@ -179,6 +180,14 @@ def _header_entry(name: str, spec: object, shown: str) -> tuple[str, tuple[int, 
     if extra and max(map(_json_depth, extra)) > _MAX_JSON_DEPTH - 2:
         raise refuse(f"nests more than {_MAX_JSON_DEPTH} arrays or objects")
     begin, end = offsets
+    _check_size(code, shape, begin, end, refuse)
+    return code, tuple(shape), begin, end
+
+
+def _check_size(
+    code: str, shape: list[int], begin: int, end: int, refuse: Callable[[str], CheckpointError]
+) -> None:
+    """The entry's element and bit counts fit in u64, end on a byte, and fill its offsets."""
     if begin > end:
         raise refuse(f"begins after it ends (data_offsets [{begin}, {end}])")
     numel = 1
@@ -196,7 +205,6 @@ def _header_entry(name: str, spec: object, shown: str) -> tuple[str, tuple[int, 
             f"says {numel} {code} elements (shape {list(shape)}, {bits // 8} bytes) but its "
             f"data_offsets span {end - begin} bytes"
         )
-    return code, tuple(shape), begin, end
 
 
 def _is_u64(v: object) -> bool:

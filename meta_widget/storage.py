@@ -1,0 +1,113 @@
+"""The storage tracker: every storage a trace allocates and frees, as a live-bytes timeline.
+
+A storage is known by its key (:func:`storage_key`). Storage that existed before the trace
+(parameters, buffers, inputs) is never new. A new storage is noted when an op returns it, and
+its free when the storage object dies: a weak reference reports it, so the timeline follows
+reference counting exactly as a real allocator would see it.
+"""
+
+from __future__ import annotations
+
+import _thread
+import weakref
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
+
+import torch
+
+from .records import Allocation, CallRecord, Event
+
+__all__ = ["StorageTracker", "storage_key"]
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """The key of ``t``'s storage: equal for views of one storage, unique among live ones."""
+    return t.untyped_storage()._cdata
+
+
+class StorageTracker:
+    """Allocations and frees of meta storage, credited to module calls.
+
+    ``events`` is the timeline (one :class:`Event` per allocation or free), ``allocations`` one
+    :class:`Allocation` per new storage. ``free_owner()`` names the call a free happens in
+    (given by the recorder: the call stack decides). Frees are noted only while ``active``.
+    """
+
+    def __init__(
+        self, existing: Iterable[torch.Tensor], free_owner: Callable[[], CallRecord | None]
+    ) -> None:
+        self.events: list[Event] = []
+        self.allocations: list[Allocation] = []
+        self.live_bytes = 0
+        self.phase = "forward"
+        self.active = False
+        self._free_owner = free_owner
+        # storage key -> (its Allocation, the weak reference that reports its free)
+        self._live: dict[int, tuple[Allocation, weakref.ref[Any]]] = {}
+        self._existing = {storage_key(t) for t in existing if t.is_meta}
+
+    def track(self, t: torch.Tensor, op: str, call: CallRecord | None, backward: bool) -> None:
+        """Note new storage of an op's output, allocated for ``call`` (a backward one: for its
+        backward, which the forward's ``alloc_bytes`` leaves out)."""
+        if not t.is_meta:
+            return
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._live or key in self._existing:
+            return
+        n = st.nbytes()
+        if not n:
+            return
+        index = call.index if call is not None else -1
+        alloc = Allocation(key, n, len(self.events), index, self.phase)
+        self.allocations.append(alloc)
+        self._live[key] = (alloc, weakref.ref(st, partial(self._free, key)))
+        self.live_bytes += n
+        if call is not None and not backward:
+            call.alloc_bytes += n
+        self.events.append(Event(n, self.live_bytes, index, op, self.phase))
+
+    def track_output(self, out: Any, op: str, call: CallRecord | None, backward: bool) -> None:
+        """:meth:`track` each tensor an op returned (a tensor, or a tuple/list of them)."""
+        if isinstance(out, torch.Tensor):
+            self.track(out, op, call, backward)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    self.track(o, op, call, backward)
+
+    def _free(self, key: int, _ref: Any) -> None:
+        # a weak reference's callback: Python prints and drops what it raises, a Ctrl-C too;
+        # hand the interrupt on to the code running when the storage died
+        try:
+            self._note_free(key)
+        except KeyboardInterrupt:
+            _thread.interrupt_main()
+
+    def _note_free(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is None or not self.active:
+            return
+        alloc = entry[0]
+        alloc.freed = len(self.events)
+        self.live_bytes -= alloc.nbytes
+        owner = self._free_owner()
+        call = owner.index if owner is not None else -1
+        self.events.append(Event(-alloc.nbytes, self.live_bytes, call, "free", self.phase))
+
+    def mark_saved(self, t: torch.Tensor) -> None:
+        """Note that autograd saved ``t`` for the backward pass (a saved-tensors pack hook)."""
+        if t.is_meta:
+            entry = self._live.get(storage_key(t))
+            if entry is not None:
+                entry[0].saved = True
+
+    def new_bytes(self, keys: set[int], start: int) -> int:
+        """Bytes of the storages ``keys`` that were allocated since event ``start``."""
+        total = 0
+        for key in keys:
+            entry = self._live.get(key)
+            if entry is not None and entry[0].event >= start:
+                total += entry[0].nbytes
+        return total
