@@ -38,6 +38,7 @@ from .options import (
     parse_shape,
 )
 from .sources import SourceError
+from .undo import on_meta
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -167,8 +168,8 @@ def _cell(shell: InteractiveShell, args: MagicArgs, cell: str) -> None:
     code = shell.transform_cell(cell)
     filename = shell.compile.cache(code, shell.execution_count, raw_code=cell)
     compiled = shell.compile(code, filename, "exec")
-    with torch.device("meta"):
-        exec(compiled, shell.user_global_ns, ns)
+    # the default device is put back exactly, whatever interrupts the cell (see undo.on_meta)
+    on_meta(lambda: exec(compiled, shell.user_global_ns, ns))
     bound = [
         (k, v)
         for k, v in ns.items()
