@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import heavy
+from .choices import Mode
 from .errors import MetaWidgetError
 from .options import (
     OptionError,
@@ -142,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DTYPE",
         help="dtype of each input (float32, long, ...); default float32, long for token ids",
     )
-    parser.add_argument("--mode", choices=["inference", "training"], default="inference")
+    parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.INFERENCE.value)
     parser.add_argument("--depth", type=int, default=3, help="depth of the printed tree")
     parser.add_argument("--html", metavar="PATH", help="write a standalone HTML report here")
     parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON here")

@@ -36,8 +36,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
+from .choices import Device
+
 aten = torch.ops.aten
-DEVICES = ("cuda", "cpu", "math")
+DEVICES = tuple(d.value for d in Device)
 _SDPA = torch._C._nn.scaled_dot_product_attention
 
 

@@ -28,6 +28,7 @@ from IPython.core.error import UsageError
 from . import heavy
 from .analysis import analyze
 from .checkpoints import CheckpointError, inspect_checkpoint
+from .choices import Mode
 from .explain import explain, is_meta_error
 from .options import (
     OptionError,
@@ -61,7 +62,7 @@ def _parser() -> _Parser:
     p = _Parser(prog="%meta", add_help=False, allow_abbrev=False)
     p.add_argument("--input", action="append", default=[], metavar="SHAPE")
     p.add_argument("--dtype", action="append", default=[], metavar="DTYPE")
-    p.add_argument("--mode", choices=["inference", "training"], default="inference")
+    p.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.INFERENCE.value)
     p.add_argument("--depth", type=int, default=None)
     return p
 

@@ -226,24 +226,49 @@ class _Run:
         on_phase: Callable[[str], None] | None,
         saved: _SavedTensorsHooks,
     ) -> None:
-        """One forward pass, or forward, loss, backward and optimizer step."""
-        recorder = self.recorder
+        """One forward pass, or forward, loss, backward and optimizer step: a method each."""
         if not training:
             self.output = module(*args, **kwargs)
             return
-        saved.push(_pack(recorder), _unpack)
+        # the loss goes straight into backward: no frame here keeps it alive after its backward
+        self._backward(self._forward(module, args, kwargs, loss, saved), params, on_phase)
+        if optimizer is not None:
+            self._optimizer_step(optimizer, params, on_phase)
+
+    def _forward(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        loss: Callable[[Any], torch.Tensor] | None,
+        saved: _SavedTensorsHooks,
+    ) -> torch.Tensor:
+        """The forward pass and the loss, with autograd's saved tensors marked."""
+        saved.push(_pack(self.recorder), _unpack)
         try:
             self.output = module(*args, **kwargs)
-            value = (loss or default_loss)(self.output)
+            return (loss or default_loss)(self.output)
         finally:
             saved.restore()  # also run by the trace's undo, should an interrupt land here
+
+    def _backward(
+        self,
+        value: torch.Tensor,
+        params: list[torch.nn.Parameter],
+        on_phase: Callable[[str], None] | None,
+    ) -> None:
         self._phase(Phase.BACKWARD, on_phase)
         value.backward()
         del value
-        recorder.callstack.sum_backward()
+        self.recorder.callstack.sum_backward()
         self.grad_keys = {p.grad.untyped_storage()._cdata for p in params if p.grad is not None}
-        if optimizer is None:
-            return
+
+    def _optimizer_step(
+        self,
+        optimizer: str,
+        params: list[torch.nn.Parameter],
+        on_phase: Callable[[str], None] | None,
+    ) -> None:
         self._phase(Phase.OPTIMIZER, on_phase)
         self.opt = OPTIMIZERS[optimizer](params)
         self.opt.step()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anywidget
 import traitlets
 
+from .choices import Device, Mode, Optimizer
 from .protocol import Dictionary, drop_zero_columns, encode_calls, encode_error, encode_header
 
 if TYPE_CHECKING:
@@ -26,9 +27,9 @@ STATIC = pathlib.Path(__file__).parent / "static"
 
 #: what the front end may change when it asks for a re-run, and the values it may send
 RERUN_OPTIONS: dict[str, tuple[Any, ...]] = {
-    "mode": ("inference", "training"),
-    "optimizer": ("adamw", "adam", "sgd", "sgd-momentum", None),
-    "device": ("cuda", "cpu", "math"),
+    "mode": tuple(m.value for m in Mode),
+    "optimizer": (*(o.value for o in Optimizer), None),
+    "device": tuple(d.value for d in Device),
 }
 
 _NOT_BUILT = """
