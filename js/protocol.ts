@@ -321,9 +321,17 @@ export interface ErrorMessage {
   type: "error";
   error: ErrorInfo;
 }
-export type Message = StartMessage | CallsMessage | PhaseMessage | DoneMessage | ErrorMessage;
+/** The kernel-side widget answers the view's `hello`: it is alive and can re-run. */
+export interface ReadyMessage {
+  type: "ready";
+}
+export type Message = StartMessage | CallsMessage | PhaseMessage | DoneMessage | ErrorMessage | ReadyMessage;
 
 /** Front end -> kernel. */
+/** Sent once by a view with a kernel when it mounts; the kernel-side widget answers `ready`. */
+export interface HelloMessage {
+  type: "hello";
+}
 export interface SelectMessage {
   type: "select";
   module: number;
@@ -659,6 +667,8 @@ export function decodeMessage(raw: unknown): Message | null {
       const error = decodeError(raw.error);
       return error ? { type: "error", error } : null;
     }
+    case "ready":
+      return { type: "ready" };
     default:
       return null;
   }

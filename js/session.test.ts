@@ -33,6 +33,7 @@ describe("session", () => {
 
   it("takes the analyzed mode from a payload, except while a re-run of another mode is on its way", () => {
     let s = reduce(initialSession, { type: "payload", analysis: payload("training") }, 0);
+    s = reduce(s, msg({ type: "ready" }), 0);
     expect(s.mode).toBe("training");
     s = reduce(s, { type: "rerun", mode: "inference", optimizer: null, device: "cuda" }, 0);
     expect(s).toMatchObject({ mode: "inference", rerunning: true, rerunError: "" });
@@ -43,6 +44,7 @@ describe("session", () => {
 
   it("a refused re-run keeps the analysis and says why", () => {
     let s = reduce(initialSession, { type: "payload", analysis: payload("inference") }, 0);
+    s = reduce(s, msg({ type: "ready" }), 0);
     s = reduce(s, { type: "rerun", mode: "training", optimizer: "adamw", device: "cuda" }, 0);
     s = run(s, msg({ type: "error", error: { type: "RuntimeError", message: "no model in this kernel" } }));
     expect(s.rerunning).toBe(false);
@@ -71,6 +73,17 @@ describe("session", () => {
     expect(s.analysis).not.toBe(before);
     expect(s.rerunning).toBe(false);
     expect(s.mode).toBe("training"); // asked for, and not reset by the start's payload
+  });
+
+  it("can re-run only once the kernel has answered", () => {
+    let s = reduce(initialSession, { type: "payload", analysis: payload("inference") }, 0);
+    expect(s.kernelAlive).toBe(false);
+    expect(canRerun(s, true)).toBe(false); // restored from a saved notebook: nobody answers
+    s = reduce(s, msg({ type: "ready" }), 0);
+    expect(s.kernelAlive).toBe(true);
+    expect(canRerun(s, true)).toBe(true);
+    const streamed = run(initialSession, ...tiny().messages.map(msg)); // a stream proves it too
+    expect(streamed.kernelAlive).toBe(true);
   });
 
   it("calls without a start stream into an empty analysis", () => {

@@ -30,6 +30,12 @@ export interface Session {
   readonly rerunning: boolean;
   /** Why the kernel refused the last re-run (`""`: it did not). */
   readonly rerunError: string;
+  /**
+   * The kernel-side widget has answered (`ready`, or any message it sent). A widget restored
+   * from a saved notebook has none behind it: its `hello` is never answered, and the switches
+   * stay off instead of waiting forever for a re-run nobody will do.
+   */
+  readonly kernelAlive: boolean;
 }
 
 /** A new payload arrived in the synced trait (null: none yet). */
@@ -50,16 +56,22 @@ export const initialSession: Session = {
   mode: "inference",
   rerunning: false,
   rerunError: "",
+  kernelAlive: false,
 };
 
-/** True when the session can ask for a re-run now: a kernel is there and nothing is running. */
+/** True when the session can ask for a re-run now: a kernel answered and nothing is running. */
 export function canRerun(s: Session, kernel: boolean): boolean {
-  return kernel && !s.rerunning && s.analysis?.status !== "running";
+  return kernel && s.kernelAlive && !s.rerunning && s.analysis?.status !== "running";
 }
 
 /** The next session after `event`, at time `now` (milliseconds, any monotonic clock). */
 export function reduce(s: Session, event: SessionEvent, now: number): Session {
+  if (event.type !== "payload" && event.type !== "rerun" && !s.kernelAlive) {
+    s = { ...s, kernelAlive: true }; // a message from the kernel: it is there
+  }
   switch (event.type) {
+    case "ready":
+      return s;
     case "payload":
       return withAnalysis(s, event.analysis);
     case "rerun":

@@ -31,6 +31,9 @@ export const DEVICE_LABELS: Record<Device, string> = {
   math: "math path",
 };
 const NO_KERNEL = "No kernel: this page cannot re-run the analysis (run the cell in a notebook)";
+const NO_ANSWER =
+  "No answer from the kernel: this widget was restored from a saved notebook, and no model in " +
+  "the kernel is behind it. Run its cell again to use these switches.";
 
 export class Switches {
   readonly el = h("div", "mw-switches");
@@ -97,6 +100,7 @@ export class Switches {
     this.deviceSel.disabled = off;
     if (kernel) this.optimizerSel.title = s.mode === "training" ? "" : "Used in training mode";
     this.el.classList.toggle("mw-busy", s.rerunning);
+    if (kernel) this.el.title = s.kernelAlive ? "" : NO_ANSWER;
   }
 
   destroy(): void {

@@ -3,13 +3,16 @@ type Cb = (...args: unknown[]) => void;
 
 /**
  * A model like anywidget's, for tests: records listeners, sent messages and saves, and lets a
- * test emit kernel messages and trait changes (`emit`).
+ * test emit kernel messages and trait changes (`emit`). Like a live kernel-side widget it
+ * answers the view's `hello` with `ready` (not recorded in `sent`); `alive: false` is a widget
+ * restored from a saved notebook, which nothing answers.
  */
-export function fakeModel(payload: unknown) {
+export function fakeModel(payload: unknown, { alive = true }: { alive?: boolean } = {}) {
   const traits: Record<string, unknown> = { payload };
   const listeners = new Map<string, Set<Cb>>();
   const model = {
     sent: [] as unknown[],
+    hellos: 0,
     saves: 0,
     get: (k: string) => traits[k],
     set: (k: string, v: unknown) => {
@@ -19,6 +22,11 @@ export function fakeModel(payload: unknown) {
       model.saves += 1;
     },
     send: (c: unknown) => {
+      if ((c as { type?: string }).type === "hello") {
+        model.hellos += 1;
+        if (alive) model.emit("msg:custom", { type: "ready" });
+        return;
+      }
       model.sent.push(c);
     },
     on: (e: string, cb: Cb) => {

@@ -59,6 +59,23 @@ function setup(model: unknown) {
 const q = <T extends Element = HTMLElement>(s: string): T => el.querySelector(s) as T;
 
 describe("kernel switches", () => {
+  it("stay off, and say why, on a widget restored without its kernel", () => {
+    const model = fakeModel(tiny().payload, { alive: false });
+    const { app } = setup(model);
+    expect(model.hellos).toBe(1); // the view asked whether a kernel-side widget is there
+    const training = q<HTMLButtonElement>('.mw-mode button[data-mode="training"]');
+    expect(training.disabled).toBe(true);
+    expect(q(".mw-switches").title).toContain("No answer from the kernel");
+    training.click();
+    expect(model.sent).toEqual([]); // no re-run that nobody would answer
+    expect(q(".mw-progress").textContent).not.toContain("Re-running");
+    // any message from the kernel shows it is there after all
+    model.emit("msg:custom", { type: "ready" });
+    app.render();
+    expect(training.disabled).toBe(false);
+    expect(q(".mw-switches").title).toBe("");
+  });
+
   it("send a rerun message with the chosen mode, optimizer and device", () => {
     const model = fakeModel(tiny().payload);
     const { app } = setup(model);

@@ -8,7 +8,13 @@
  */
 import type { AnyModel, Render } from "@anywidget/types";
 import { App } from "./app";
-import { decodeMessage, decodePayload, type RerunMessage, type SelectMessage } from "./protocol";
+import {
+  decodeMessage,
+  decodePayload,
+  type HelloMessage,
+  type RerunMessage,
+  type SelectMessage,
+} from "./protocol";
 
 /** The synced traits (`meta_widget/widget.py`); `depth` is optional: how deep the tree opens. */
 export interface Traits {
@@ -61,6 +67,8 @@ export function mount(model: WidgetModel, el: HTMLElement, standalone = false): 
   model.on("msg:custom", onMsg as (...args: unknown[]) => void);
   onDepth();
   onPayload();
+  // is a kernel-side widget behind this view? (none, when restored from a saved notebook)
+  if (kernel) model.send({ type: "hello" } satisfies HelloMessage);
   const cleanup = (): void => {
     model.off("change:payload", onPayload);
     model.off("change:depth", onDepth);

@@ -85,9 +85,13 @@ Messages, kernel -> front end (custom messages, while tracing)
   over (every forward call was sent) and this phase runs now; it records no new calls.
 - ``{"type": "done", "elapsed_s": float}``: the final payload is now in the ``payload`` trait.
 - ``{"type": "error", "error": {...the error object...}}``
+- ``{"type": "ready"}``: the answer to ``hello``: a kernel-side widget is behind the view.
 
 Messages, front end -> kernel
 -----------------------------
+- ``{"type": "hello"}``: a view with a kernel mounted. A widget restored from a saved notebook has
+  no kernel-side object: nothing answers, and its re-run switches stay off (instead of waiting
+  forever for a re-run).
 - ``{"type": "select", "module": int}``: the user selected a module row.
 - ``{"type": "rerun", "mode": str, "optimizer": str | null, "device": str}``: analyze again with
   these options (values in ``meta_widget.widget.RERUN_OPTIONS``), streaming into the same widget.
@@ -132,8 +136,8 @@ CALL_COLUMNS = (
     "assumed",
     "backward_ops",
 )
-MESSAGE_TYPES_TO_JS = ("start", "calls", "phase", "done", "error")
-MESSAGE_TYPES_FROM_JS = ("select", "rerun")
+MESSAGE_TYPES_TO_JS = ("start", "calls", "phase", "done", "error", "ready")
+MESSAGE_TYPES_FROM_JS = ("hello", "select", "rerun")
 
 
 class Dictionary:

@@ -70,6 +70,10 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
                 self.selected = module
         elif content.get("type") == "rerun":
             self.rerun(**{k: content[k] for k in RERUN_OPTIONS if k in content})
+        elif content.get("type") == "hello":
+            # a view mounted: say this kernel-side widget is alive (a view restored from a
+            # saved notebook without its kernel gets no answer, and keeps its switches off)
+            self.send({"type": "ready"})
 
     def rerun(self, **changes: Any) -> None:
         """Re-analyze with ``changes`` (mode, optimizer, device), streaming into this widget."""

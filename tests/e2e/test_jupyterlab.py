@@ -286,6 +286,14 @@ def test_stream_save_and_reopen(page: Any, jupyter_lab: dict[str, Any], artifact
         check_tree(page, nth)
     assert prompts(page) == ["[1]:", "[2]:", "[3]:", "[4]:"]  # the saved counts: nothing ran
     assert "calls recorded" not in page.locator(".mw-root").first.inner_text()
+    # no kernel-side widget answers these views: their re-run switches are off and say why,
+    # instead of "Re-running…" forever after a click
+    for nth in (0, 1):
+        root = page.locator(".mw-root").nth(nth)
+        assert root.locator('.mw-mode button[data-mode="training"]').is_disabled()
+        assert "No answer from the kernel" in (
+            root.locator(".mw-switches").get_attribute("title") or ""
+        )
     page.screenshot(path=str(artifacts / "lab-saved-fresh-kernel.png"), full_page=True)
     shutil.copy(nb_path, lab["root"] / "saved.ipynb")
     # the details panel's label/value pairs sit side by side (JupyterLab's output-area CSS
