@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import MetaWidgetError
+from .storage import storage_key
 
 if TYPE_CHECKING:
     from .records import CallRecord
@@ -254,9 +255,9 @@ class Assumptions:
         self.recorded: dict[tuple[Any, ...], Assumption] = {}
         #: storages whose shape came from an assumption (shared with the call stack)
         self.tainted = tainted
-        # values known despite meta: storage -> mask shape of an upper-bound nonzero (its
-        # values are the index grid), or a Python number for a 0-dim result computed from them
-        self._known: dict[int, Any] = {}
+        #: values known despite meta: storage -> mask shape of an upper-bound nonzero (its
+        #: values are the index grid), or a Python number for a 0-dim result computed from them
+        self.known: dict[int, Any] = {}
         self._stack = stack
 
     def answer(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -272,7 +273,7 @@ class Assumptions:
             return func(*args, **kwargs)
         if func is aten.nonzero.default:
             out = nonzero_upper_bound(first)
-            self._known[out.untyped_storage()._cdata] = tuple(first.shape)
+            self.known[storage_key(out)] = tuple(first.shape)
             op = "nonzero"
         elif func is aten.masked_select.default:
             out = masked_select_upper_bound(first, args[1])
@@ -317,17 +318,17 @@ class Assumptions:
         """After any op: taint what derives from an assumed shape; fold known 0-dim values."""
         if self.tainted and _any_in(args, self.tainted):
             self.taint(out)
-        if self._known and func in SCALAR_OPS:
+        if self.known and func in SCALAR_OPS:
             self._fold_scalar(func, args, out)
 
     def taint(self, out: Any) -> None:
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.is_meta:
-                self.tainted.add(t.untyped_storage()._cdata)
+                self.tainted.add(storage_key(t))
 
     def _known_value(self, t: torch.Tensor) -> Any:
         """The value of a one-element tensor read from a known storage, else None."""
-        entry = self._known.get(t.untyped_storage()._cdata)
+        entry = self.known.get(storage_key(t))
         if entry is None or t.numel() != 1:
             return None
         if isinstance(entry, tuple):
@@ -345,7 +346,7 @@ class Assumptions:
                 if a is None:
                     return
             values.append(a)
-        self._known[out.untyped_storage()._cdata] = SCALAR_OPS[func](values[0], values[1])
+        self.known[storage_key(out)] = SCALAR_OPS[func](values[0], values[1])
 
     def _record(
         self, kind: str, op: str, value: Any, file: str | None, line: int | None, code: str | None
@@ -367,10 +368,10 @@ def _any_in(args: tuple[Any, ...], keys: set[int]) -> bool:
     """Whether a tensor among ``args`` (or in a list argument) has its storage in ``keys``."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.is_meta and a.untyped_storage()._cdata in keys:
+            if a.is_meta and storage_key(a) in keys:
                 return True
         elif isinstance(a, (list, tuple)):
             for b in a:
-                if isinstance(b, torch.Tensor) and b.is_meta and b.untyped_storage()._cdata in keys:
+                if isinstance(b, torch.Tensor) and b.is_meta and storage_key(b) in keys:
                     return True
     return False

@@ -33,6 +33,7 @@ from .flatten import named_tensors
 from .kernels import AttentionKernels
 from .recorder import Recorder
 from .records import Allocation, CallRecord, Event
+from .storage import storage_key
 from .undo import FunctionModes, Undo, interrupt_behind
 
 OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
@@ -261,7 +262,7 @@ class _Run:
         value.backward()
         del value
         self.recorder.callstack.sum_backward()
-        self.grad_keys = {p.grad.untyped_storage()._cdata for p in params if p.grad is not None}
+        self.grad_keys = {storage_key(p.grad) for p in params if p.grad is not None}
 
     def _optimizer_step(
         self,
@@ -276,7 +277,7 @@ class _Run:
             for v in state.values():
                 if isinstance(v, torch.Tensor):
                     if v.is_meta:
-                        self.state_keys.add(v.untyped_storage()._cdata)
+                        self.state_keys.add(storage_key(v))
                     else:
                         self.state_other += v.numel() * v.element_size()
 

@@ -202,8 +202,15 @@ class Recorder:
             if self.failed_op is None:
                 self.failed_op = plan.name
             raise
-        self.assumptions.follow(func, args, out)
-        owner, backward = self.callstack.owner()
+        assumptions = self.assumptions
+        if assumptions.tainted or assumptions.known:  # most traces assume nothing: skip the call
+            assumptions.follow(func, args, out)
+        stack = self.callstack.stack
+        if stack and stack[-1].index >= 0:  # the common case, kept inline: a forward call
+            owner: CallRecord | None = stack[-1]
+            backward = False
+        else:
+            owner, backward = self.callstack.owner()
         if plan.flops is not None:
             self._count(plan, plan.flops(*args, **kwargs, out_val=out), owner, backward)
         self.storage.track_output(out, plan.name, owner, backward)
