@@ -20,7 +20,7 @@ import { copyText, errorBlock, h, renderDetails } from "./details";
 import { formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
 import { Header, renderProgress } from "./header";
 import { peakOwner, type Analysis, type CallInfo, type Message, type ModuleInfo, type RerunMessage } from "./protocol";
-import { initialSession, reduce, type Session, type SessionEvent } from "./session";
+import { RERUN_WAIT_MS, initialSession, reduce, type Session, type SessionEvent } from "./session";
 import { Switches } from "./switches";
 import {
   aggregate,
@@ -104,6 +104,8 @@ export class App {
   private scaleCache: Scales | null = null;
   private tab: Tab = "details";
   private timer: ReturnType<typeof setInterval> | null = null;
+  /** Redraws the progress line when a re-run has gone unanswered for `RERUN_WAIT_MS`. */
+  private rerunTimer: ReturnType<typeof setTimeout> | null = null;
   private frame = 0;
   private chartsDirty = true;
   private resizeObs: ResizeObserver | null = null;
@@ -259,6 +261,7 @@ export class App {
     if (a !== prev.analysis) this.showAnalysis(prev.analysis, a);
     else if (event.type === "payload" && a) this.showAnalysis(a, a);
     if (event.type === "start") this.startTimer();
+    if (event.type === "rerun") this.watchRerun();
     if (a?.status !== "running") this.stopTimer();
     if (event.type !== "phase" && event.type !== "rerun") this.chartsDirty = true;
     this.schedule(event.type === "payload" || event.type === "start");
@@ -292,6 +295,7 @@ export class App {
   destroy(): void {
     this.switches.destroy();
     this.stopTimer();
+    if (this.rerunTimer !== null) clearTimeout(this.rerunTimer);
     cancelAnimationFrame(this.frame);
     this.resizeObs?.disconnect();
     this.search.removeEventListener("input", this.onSearch);
@@ -773,6 +777,15 @@ export class App {
   private startTimer(): void {
     this.stopTimer();
     this.timer = setInterval(() => this.renderProgress(), 250);
+  }
+
+  /** Say so on the progress line if the kernel has not started the re-run in `RERUN_WAIT_MS`. */
+  private watchRerun(): void {
+    if (this.rerunTimer !== null) clearTimeout(this.rerunTimer);
+    this.rerunTimer = setTimeout(() => {
+      this.rerunTimer = null;
+      this.renderProgress();
+    }, RERUN_WAIT_MS);
   }
 
   private stopTimer(): void {

@@ -5,7 +5,7 @@
 import { h } from "./details";
 import { formatBytes, formatCount, formatExact, formatFlops } from "./format";
 import type { Analysis } from "./protocol";
-import type { Session } from "./session";
+import { RERUN_WAIT_MS, rerunUnanswered, type Session } from "./session";
 import type { Aggregate } from "./tree";
 
 /** The parameter memory shown: its label (the dtype, if not as recorded) and its bytes. */
@@ -93,6 +93,10 @@ function totals(a: Analysis, rootAgg: Aggregate | undefined, params: ParamMemory
   return items;
 }
 
+const NO_ANSWER =
+  ` No answer from the kernel in ${RERUN_WAIT_MS / 1000} s: it is busy with another cell, or gone ` +
+  "(restarted, or this notebook was reopened without it). Still waiting; if nothing comes, run the cell again.";
+
 /** The progress line: calls recorded while tracing, the phase, a re-run waiting, the time taken. */
 export function renderProgress(el: HTMLElement, s: Session, now: number): void {
   const a = s.analysis;
@@ -101,8 +105,11 @@ export function renderProgress(el: HTMLElement, s: Session, now: number): void {
   const waiting = s.rerunning && !running;
   el.style.display = running || waiting || s.rerunError || s.elapsedS !== null ? "" : "none";
   el.classList.toggle("mw-rerunning", s.rerunning);
+  const stalled = rerunUnanswered(s, now);
+  el.classList.toggle("mw-rerun-stalled", stalled);
   if (waiting) {
     el.append(h("span", "mw-spinner"), h("span", "", `Re-running (${s.mode})…`));
+    if (stalled) el.append(h("span", "mw-rerun-error", NO_ANSWER));
     return;
   }
   if (s.rerunError && !running) {

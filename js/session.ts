@@ -28,6 +28,8 @@ export interface Session {
   readonly mode: Mode;
   /** A re-run was asked for, and neither its `done` nor an error has arrived. */
   readonly rerunning: boolean;
+  /** When the last re-run was asked for (the `now` of its `rerun`). */
+  readonly rerunAt: number;
   /** Why the kernel refused the last re-run (`""`: it did not). */
   readonly rerunError: string;
   /**
@@ -55,9 +57,21 @@ export const initialSession: Session = {
   elapsedS: null,
   mode: "inference",
   rerunning: false,
+  rerunAt: 0,
   rerunError: "",
   kernelAlive: false,
 };
+
+/** How long a re-run may go unanswered (no `start`, no error) before the view says so. */
+export const RERUN_WAIT_MS = 5000;
+
+/**
+ * A re-run was asked for `RERUN_WAIT_MS` ago or more and the kernel has not started it: it is
+ * busy with another cell, or gone (restarted, or the notebook was reopened without it).
+ */
+export function rerunUnanswered(s: Session, now: number): boolean {
+  return s.rerunning && s.analysis?.status !== "running" && now - s.rerunAt >= RERUN_WAIT_MS;
+}
 
 /** True when the session can ask for a re-run now: a kernel answered and nothing is running. */
 export function canRerun(s: Session, kernel: boolean): boolean {
@@ -75,7 +89,7 @@ export function reduce(s: Session, event: SessionEvent, now: number): Session {
     case "payload":
       return withAnalysis(s, event.analysis);
     case "rerun":
-      return { ...s, mode: event.mode, rerunning: true, rerunError: "" };
+      return { ...s, mode: event.mode, rerunning: true, rerunAt: now, rerunError: "" };
     case "start": {
       const next = withAnalysis(s, event.payload ?? emptyAnalysis());
       (next.analysis as Analysis).status = "running";

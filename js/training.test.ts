@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import { categorySegments, phaseSpans, renderCategoryBar } from "./charts";
 import { checkpointProblems } from "./app";
 import { decodePayload, type Analysis } from "./protocol";
@@ -99,6 +99,30 @@ describe("kernel switches", () => {
     app.render();
     expect(q(".mw-progress").textContent).not.toContain("Re-running");
     expect(q<HTMLButtonElement>('.mw-mode button[data-mode="training"]').disabled).toBe(false);
+  });
+
+  it("say so when a re-run gets no answer for a few seconds", () => {
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "setInterval", "clearInterval", "performance", "Date"] });
+    try {
+      const model = fakeModel(tiny().payload);
+      const { app, cleanup } = setup(model);
+      q<HTMLButtonElement>('.mw-mode button[data-mode="training"]').click();
+      app.render();
+      expect(q(".mw-progress").textContent).toContain("Re-running");
+      expect(q(".mw-progress").textContent).not.toContain("No answer");
+      vi.advanceTimersByTime(4000); // the kernel is still busy: no message yet
+      expect(q(".mw-progress").textContent).not.toContain("No answer");
+      vi.advanceTimersByTime(1100); // past RERUN_WAIT_MS: the line says why nothing happens
+      expect(q(".mw-progress").textContent).toContain("No answer from the kernel in 5 s");
+      expect(q(".mw-progress").classList.contains("mw-rerun-stalled")).toBe(true);
+      // the kernel answers late after all: the line follows the trace again
+      model.emit("msg:custom", { type: "start", expected_calls: 1, payload: training() });
+      app.render();
+      expect(q(".mw-progress").textContent).not.toContain("No answer");
+      cleanup();
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it("send optimizer null for none, in training", () => {
