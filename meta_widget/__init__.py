@@ -20,26 +20,34 @@ __all__ = [
     "Analysis",
     "CheckpointError",
     "CommandError",
+    "Comparison",
     "ConcurrentTraceError",
     "EstimateError",
+    "Fit",
+    "FitError",
     "InputError",
     "InsufficientMemoryError",
     "MaterializeError",
     "MetaValueNeeded",
     "MetaWidget",
     "MetaWidgetError",
+    "NothingFitsError",
     "OptionError",
     "OptionTypeError",
     "Options",
     "SourceError",
+    "Sweep",
     "UnsafeCheckpointError",
     "UsageError",
     "analyze",
     "checkpoint_diff",
+    "compare",
     "explain",
     "inspect_checkpoint",
     "load_ipython_extension",
     "materialize",
+    "max_fit",
+    "sweep",
     "unload_ipython_extension",
 ]
 
@@ -72,6 +80,14 @@ _WHERE = {
     "MetaValueNeeded": "assume",
     "UsageError": "cli",
     "CommandError": "cli",
+    "sweep": "sweeps",
+    "Sweep": "sweeps",
+    "max_fit": "fit",
+    "Fit": "fit",
+    "FitError": "fit",
+    "NothingFitsError": "fit",
+    "compare": "comparison",
+    "Comparison": "comparison",
 }
 
 if TYPE_CHECKING:
@@ -84,12 +100,15 @@ if TYPE_CHECKING:
         inspect_checkpoint,
     )
     from .cli import CommandError, UsageError
+    from .comparison import Comparison, compare
     from .estimates import EstimateError
+    from .fit import Fit, FitError, NothingFitsError, max_fit
     from .magics import load_ipython_extension, unload_ipython_extension
     from .materialize import InsufficientMemoryError, MaterializeError, materialize
     from .options import InputError, OptionError, OptionTypeError
     from .passes import ConcurrentTraceError
     from .sources import SourceError
+    from .sweeps import Sweep, sweep
     from .widget import MetaWidget
 
 

@@ -10,7 +10,16 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-__all__ = ["analysis", "display", "pandas", "plotly_go", "torch", "transformers", "widget"]
+__all__ = [
+    "analysis",
+    "display",
+    "pandas",
+    "plotly_go",
+    "plotly_subplots",
+    "torch",
+    "transformers",
+    "widget",
+]
 
 
 def torch() -> ModuleType:
@@ -46,6 +55,13 @@ def plotly_go() -> ModuleType:
     import plotly.graph_objects
 
     return plotly.graph_objects
+
+
+def plotly_subplots() -> ModuleType:
+    """``plotly.subplots`` (figures of several panels)."""
+    import plotly.subplots
+
+    return plotly.subplots
 
 
 def display(obj: Any) -> None:

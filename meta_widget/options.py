@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from . import heavy
 from .choices import Device, Mode, Optimizer, choose
 from .errors import MetaWidgetError
+from .units import BYTE_UNITS, parse_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +39,7 @@ __all__ = [
     "OptionTypeError",
     "carried_optimizer",
     "check_assume",
+    "check_budget",
     "check_buildable",
     "check_depth",
     "check_device",
@@ -359,3 +361,30 @@ def _show(value: Any, limit: int = 80) -> str:
     """``repr(value)``, shortened to one line of at most ``limit`` characters."""
     text = " ".join(repr(value).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- exploration (sweep, max_fit) ---------------------------------------------------------------
+
+
+def check_budget(budget: Any) -> int:
+    """A memory budget in bytes: an int of bytes or a string with a unit (``"80GiB"``,
+    ``"80GB"``: binary units are powers of 1024, decimal ones of 1000); more than 0."""
+    if isinstance(budget, bool) or not isinstance(budget, (numbers.Integral, str)):
+        raise OptionTypeError(
+            f"budget={_show(budget)} is not a size: give bytes as an int, or a string with a "
+            "unit, e.g. budget='80GiB' (80 x 2**30) or budget='80GB' (80 x 10**9)."
+        )
+    if isinstance(budget, str):
+        try:
+            value = parse_bytes(budget)
+        except ValueError:
+            units = ", ".join(u.replace("I", "i") for u in BYTE_UNITS)
+            raise OptionError(
+                f"cannot read budget={budget!r}: write a number and a unit ({units}), e.g. "
+                "'80GiB' (80 x 2**30 bytes) or '80GB' (80 x 10**9); 'G' alone is ambiguous."
+            ) from None
+    else:
+        value = int(budget)
+    if value <= 0:
+        raise OptionError(f"budget={_show(budget)} must be more than 0 bytes.")
+    return value

@@ -62,3 +62,37 @@ def format_shapes(shapes: Sequence[Sequence[int]]) -> str:
         parts.append(f"{run} × {text}" if run > 1 else text)
         i = j + 1
     return "; ".join(parts)
+
+
+#: byte units a budget may be written in: decimal (GB = 10**9) and binary (GiB = 2**30)
+BYTE_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GiB"`` -> 85899345920, ``"80 GB"`` -> 80000000000, ``"512MiB"``, ``"1.5TiB"``.
+
+    Units are case-insensitive and required (a bare number is ambiguous); ``G`` alone is refused
+    because it could mean either. Raises ``ValueError`` for anything else.
+    """
+    value, unit = text.strip(), ""
+    while value and (value[-1].isalpha()):
+        unit = value[-1] + unit
+        value = value[:-1]
+    value = value.strip()
+    factor = BYTE_UNITS.get(unit.upper())
+    if factor is None or not value:
+        raise ValueError(text)
+    number = float(value)
+    if not number == number or number in (float("inf"), float("-inf")):
+        raise ValueError(text)
+    return int(number * factor)
