@@ -32,16 +32,20 @@ from .options import (
     DEFAULT_OPTIMIZER,
     carried_optimizer,
     check_assume,
+    check_autocast,
     check_buildable,
     check_depth,
     check_device,
+    check_micro_batches,
     check_mode,
     check_optimizer,
+    check_param_dtype,
     checkpoint_selection,
     input_dtypes,
     input_shapes,
 )
 from .passes import Trace, trace
+from .precision import cast_inputs, with_param_dtype
 from .protocol import encode_analysis
 from .records import CallRecord
 from .sources import MetaModel, to_meta
@@ -81,6 +85,9 @@ class Options:
     assume: Mapping[str, Any] | None = None
     assume_nonzero: bool | None = None
     checkpoint: Any = None
+    autocast: Any = None
+    param_dtype: Any = None
+    micro_batches: int = 1
 
     def checked(self) -> tuple[Options, list[str]]:
         """Every option checked before anything is built, and the notes a given option leaves
@@ -99,6 +106,9 @@ class Options:
             depth=check_depth(self.depth),
             assume=check_assume(self.assume),
             activation_checkpointing=checkpoint_selection(self.activation_checkpointing),
+            autocast=check_autocast(self.autocast),
+            param_dtype=check_param_dtype(self.param_dtype),
+            micro_batches=check_micro_batches(self.micro_batches, mode),
         )
         return checked, notes
 
@@ -406,6 +416,9 @@ def analyze(
     assume: Mapping[str, Any] | None = None,
     assume_nonzero: bool | None = None,
     checkpoint: Any = None,
+    autocast: torch.dtype | str | None = None,
+    param_dtype: torch.dtype | str | None = None,
+    micro_batches: int = 1,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
 ) -> Analysis:
     """Analyze ``model`` on the meta device: its tree, shapes, parameters, FLOPs and memory.
@@ -463,6 +476,19 @@ def analyze(
         A checkpoint path (``.safetensors``, ``torch.save`` file, sharded ``*.index.json``) to
         compare with the model, read without loading data: ``Analysis.checkpoint_diff`` lists
         missing, unexpected and mis-shaped keys.
+    autocast
+        ``torch.bfloat16`` or ``torch.float16``: the forward pass and the loss run as under
+        ``torch.autocast(device, dtype)`` on the target ``device`` (its op lists: ``"cuda"``, or
+        the CPU's for ``"cpu"`` and ``"math"``); parameters, gradients and optimizer state stay
+        at their dtype (fp32 master weights). See ``meta_widget.autocast``.
+    param_dtype
+        Pure low-precision: every floating parameter and buffer (and so the gradients and
+        torch's optimizer state) in this dtype, as after ``model.to(dtype)``; floating inputs
+        too unless ``dtypes`` is given. See ``meta_widget.precision``.
+    micro_batches
+        In training: forward, loss and backward run this many times (each on the given
+        inputs, the loss divided by the count), gradients accumulating, then one optimizer
+        step. FLOPs and calls count every micro-batch.
     listeners
         Functions called with each :class:`CallRecord` as it completes.
 
@@ -494,6 +520,9 @@ def analyze(
         assume=assume,
         assume_nonzero=assume_nonzero,
         checkpoint=checkpoint,
+        autocast=autocast,
+        param_dtype=param_dtype,
+        micro_batches=micro_batches,
     )
     if isinstance(model, (str, os.PathLike)):
         options.checked()  # the same checks, for the same messages
@@ -511,7 +540,9 @@ def run(
     options, given_notes = options.checked()  # every option, before anything is built
     check_buildable(model)
     start = time.perf_counter()
-    meta = to_meta(model)
+    meta = source = to_meta(model)
+    if options.param_dtype is not None:
+        meta = with_param_dtype(meta, options.param_dtype)
     module = meta.module
     diff = (
         checkpoint_diff(module, inspect_checkpoint(options.checkpoint))
@@ -519,6 +550,8 @@ def run(
         else None
     )
     inputs = make_inputs(module, options.input_size, options.input_data, options.dtypes)
+    if options.param_dtype is not None and options.dtypes is None:
+        inputs = cast_inputs(inputs, options.param_dtype)
     # what rerun() passes again: the meta inputs (no data), dtypes and sizes already applied
     kept = replace(
         options,
@@ -554,8 +587,11 @@ def run(
             listeners=[*listeners, stream.add] if stream is not None else list(listeners),
             policy=options.policy(),
             on_phase=stream.phase if stream is not None else None,
+            autocast=options.autocast,
+            micro_batches=options.micro_batches,
         )
     analysis = _assemble(meta, nodes, input_tensors, kept, notes, diff, result)
+    analysis.source_model = source  # what rerun and materialize start from: the model as given
     analysis.seconds = time.perf_counter() - start
     if view is not None:
         view.analysis = analysis

@@ -39,12 +39,15 @@ __all__ = [
     "OptionTypeError",
     "carried_optimizer",
     "check_assume",
+    "check_autocast",
     "check_budget",
     "check_buildable",
     "check_depth",
     "check_device",
+    "check_micro_batches",
     "check_mode",
     "check_optimizer",
+    "check_param_dtype",
     "checkpoint_selection",
     "dtype_options",
     "input_dtypes",
@@ -388,3 +391,50 @@ def check_budget(budget: Any) -> int:
     if value <= 0:
         raise OptionError(f"budget={_show(budget)} must be more than 0 bytes.")
     return value
+
+
+# -- precision (autocast, low-precision parameters, micro-batches) ------------------------------
+
+_AUTOCAST_DTYPES = ("bfloat16", "float16")
+
+
+def check_autocast(dtype: Any) -> torch.dtype | None:
+    """``autocast``: None, or the 16-bit dtype autocast computes in (``torch.bfloat16``,
+    ``"float16"``...)."""
+    if dtype is None or dtype is False:
+        return None
+    chosen = _one_dtype(dtype) if isinstance(dtype, str) else dtype
+    if str(chosen).removeprefix("torch.") not in _AUTOCAST_DTYPES:
+        raise OptionError(
+            f"autocast={_show(dtype)}: autocast computes in torch.bfloat16 or torch.float16 "
+            "(or None for no autocast)."
+        )
+    return chosen  # type: ignore[no-any-return]
+
+
+def check_param_dtype(dtype: Any) -> torch.dtype | None:
+    """``param_dtype``: None, or a floating dtype every floating parameter is stored in."""
+    if dtype is None:
+        return None
+    chosen = _one_dtype(dtype)
+    if not chosen.is_floating_point:
+        raise OptionError(
+            f"param_dtype={_show(dtype)} is not a floating dtype: e.g. torch.bfloat16 for pure "
+            "bf16 training (parameters, gradients and optimizer state in bf16)."
+        )
+    return chosen
+
+
+def check_micro_batches(count: Any, mode: str) -> int:
+    """``micro_batches``: an int of 1 or more; more than 1 only in training."""
+    if not _is_dim(count) or operator.index(count) < 1:
+        raise OptionError(
+            f"micro_batches={_show(count)} must be an int of 1 or more: the forward and "
+            "backward passes run per optimizer step (gradient accumulation)."
+        )
+    if operator.index(count) > 1 and mode != Mode.TRAINING:
+        raise OptionError(
+            f"micro_batches={count} accumulates gradients, which only a training step has: "
+            "pass mode='training', or leave micro_batches=1."
+        )
+    return operator.index(count)

@@ -13,6 +13,7 @@ import gc
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,6 +27,7 @@ import torch._dynamo
 from torch.utils.checkpoint import checkpoint
 
 from .assume import Assumption, Policy
+from .autocast import Autocast
 from .callstack import Listener
 from .choices import Optimizer, Phase
 from .errors import MetaWidgetError
@@ -98,6 +100,8 @@ def trace(
     device: str = "cuda",
     checkpointed: Sequence[torch.nn.Module] = (),
     on_phase: Callable[[str], None] | None = None,
+    autocast: torch.dtype | None = None,
+    micro_batches: int = 1,
 ) -> Trace:
     """Run the pass once under a :class:`Recorder` and return what it saw.
 
@@ -106,6 +110,9 @@ def trace(
     the forward of each module in ``checkpointed`` runs under activation checkpointing
     (``torch.utils.checkpoint``, non-reentrant): its activations are recomputed in backward.
     ``on_phase(name)`` is told when a training step enters ``backward`` and ``optimizer``.
+    ``autocast`` (``torch.bfloat16`` or ``torch.float16``) runs the forward pass and the loss
+    under :class:`~meta_widget.autocast.Autocast` for ``device``; ``micro_batches`` runs the
+    forward pass, loss and backward that many times (gradients accumulate) before the step.
 
     Every change made to global or user state is undone before returning, on every path, and
     an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
@@ -129,7 +136,8 @@ def trace(
         policy=policy,
         tag_grad_nodes=training,
     )
-    run = _Run(recorder)
+    run = _Run(recorder, (lambda: Autocast(device, autocast)) if autocast is not None else None)
+    run.micro_batches = micro_batches
     start = time.perf_counter()
     params = [p for p in module.parameters() if p.requires_grad]
 
@@ -205,8 +213,10 @@ class _Run:
     """What the body of one trace produces, kept outside its frame so the trace can return it
     (and drop the outputs) after the cleanup."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, autocast: Callable[[], Autocast] | None) -> None:
         self.recorder = recorder
+        self.autocast = autocast
+        self.micro_batches = 1
         self.phase_starts: dict[str, int] = {Phase.FORWARD: 0}
         self.grad_keys: set[int] = set()
         self.state_keys: set[int] = set()
@@ -229,10 +239,14 @@ class _Run:
     ) -> None:
         """One forward pass, or forward, loss, backward and optimizer step: a method each."""
         if not training:
-            self.output = module(*args, **kwargs)
+            with self._autocast():
+                self.output = module(*args, **kwargs)
             return
-        # the loss goes straight into backward: no frame here keeps it alive after its backward
-        self._backward(self._forward(module, args, kwargs, loss, saved), params, on_phase)
+        for i in range(self.micro_batches):  # gradient accumulation: forward, backward, again
+            if i:
+                self.recorder.phase = Phase.FORWARD
+            # the loss goes straight into backward: no frame here keeps it alive after backward
+            self._backward(self._forward(module, args, kwargs, loss, saved), params, on_phase)
         if optimizer is not None:
             self._optimizer_step(optimizer, params, on_phase)
 
@@ -247,8 +261,10 @@ class _Run:
         """The forward pass and the loss, with autograd's saved tensors marked."""
         saved.push(_pack(self.recorder), _unpack)
         try:
-            self.output = module(*args, **kwargs)
-            return (loss or default_loss)(self.output)
+            with self._autocast():
+                self.output = module(*args, **kwargs)
+                value = (loss or default_loss)(self.output)
+            return value / self.micro_batches if self.micro_batches > 1 else value
         finally:
             saved.restore()  # also run by the trace's undo, should an interrupt land here
 
@@ -281,9 +297,13 @@ class _Run:
                     else:
                         self.state_other += v.numel() * v.element_size()
 
+    def _autocast(self) -> AbstractContextManager[Any]:
+        return self.autocast() if self.autocast is not None else nullcontext()
+
     def _phase(self, name: str, on_phase: Callable[[str], None] | None) -> None:
         self.recorder.phase = name
-        self.phase_starts[name] = len(self.recorder.storage.events)
+        # with micro-batches, each phase begins where its first micro-batch's did
+        self.phase_starts.setdefault(name, len(self.recorder.storage.events))
         if on_phase is not None:
             on_phase(name)
 

@@ -1,0 +1,190 @@
+"""Training as people run it: autocast, pure bf16 parameters, gradient accumulation.
+
+Truth: the same step run for real on the CPU under ``torch.autocast("cpu", ...)`` and measured by
+``MemTracker``; the op lists against the autocast kernels registered in the running PyTorch.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from models import SmallCNN, llama_config, real
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+import meta_widget as mw
+from meta_widget.autocast import CPU_POLICY, CUDA_POLICY, Autocast
+
+CPU = torch.device("cpu")
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.Linear(128, 4))
+
+
+def tiny_llama() -> nn.Module:
+    config = llama_config()
+    config._attn_implementation = "sdpa"
+    return real(config)
+
+
+def logits_sum(out: Any) -> torch.Tensor:
+    return (out.logits if hasattr(out, "logits") else out).sum()
+
+
+def real_peak(
+    model: nn.Module,
+    x: torch.Tensor,
+    training: bool,
+    autocast: torch.dtype | None = None,
+    micro_batches: int = 1,
+) -> int:
+    """The MemTracker peak of a real CPU step (AdamW step counters, host memory on a GPU, out)."""
+    model = copy.deepcopy(model).train(training)
+    params = [p for p in model.parameters() if p.requires_grad]
+    tracker = MemTracker()
+    tracker.track_external(model, x)
+    host = 0
+    with tracker, torch.set_grad_enabled(training):
+        for i in range(micro_batches):
+            if i:
+                tracker.reset_mod_stats()  # per-module stats only; the peak is kept
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=bool(autocast)):
+                out = model(x)
+                loss = logits_sum(out)
+            if training:
+                (loss / micro_batches if micro_batches > 1 else loss).backward()
+                del loss
+        if training:
+            opt = torch.optim.AdamW(params)
+            tracker.track_external(opt)
+            opt.step()
+            host = sum(
+                v.numel() * v.element_size()
+                for s in opt.state.values()
+                for k, v in s.items()
+                if k == "step"
+            )
+        peak = int(tracker.get_tracker_snapshot("peak")[CPU]["Total"])
+    return peak - host
+
+
+CASES: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
+    "mlp": lambda: (mlp(), torch.randn(16, 32)),
+    "cnn": lambda: (SmallCNN(), torch.randn(4, 3, 32, 32)),
+    "llama": lambda: (tiny_llama(), torch.randint(0, 100, (2, 16))),
+}
+
+
+def test_meta_tensors_do_not_take_the_autocast_path_by_themselves() -> None:
+    layer = nn.Linear(4, 4, device="meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(torch.empty(2, 4, device="meta")).dtype == torch.float32
+    with Autocast("cpu", torch.bfloat16):
+        assert layer(torch.empty(2, 4, device="meta")).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("name", "training", "dtype"),
+    [(n, t, torch.bfloat16) for n in CASES for t in (False, True)]
+    + [("mlp", t, torch.float16) for t in (False, True)],  # float16: the same op lists
+)
+def test_autocast_peak_is_within_5_percent_of_a_real_cpu_autocast_run(
+    name: str, training: bool, dtype: torch.dtype
+) -> None:
+    model, x = CASES[name]()
+    a = mw.analyze(
+        model, input_data=x, mode="training" if training else "inference", device="cpu",
+        autocast=dtype, loss=logits_sum,
+    )  # fmt: skip
+    truth = real_peak(model, x, training, dtype)
+    assert a.error is None
+    assert a.peak_bytes == pytest.approx(truth, rel=0.05), (a.peak_bytes, truth)
+    plain = mw.analyze(
+        model, input_data=x, mode="training" if training else "inference", device="cpu",
+        loss=logits_sum,
+    )  # fmt: skip
+    assert plain.peak_bytes != a.peak_bytes  # autocast changed what the trace holds
+
+
+def test_casts_match_real_cpu_autocast_op_by_op() -> None:
+    def ops(device: str) -> dict[str, torch.dtype]:
+        def t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(shape, device=device, dtype=dtype)
+
+        w = nn.Parameter(t(8, 8))
+        q = t(1, 2, 4, 8)
+        return {
+            "linear": nn.functional.linear(t(2, 8), w).dtype,
+            "matmul": (t(2, 8) @ w).dtype,
+            "conv2d": nn.functional.conv2d(t(1, 3, 8, 8), t(4, 3, 3, 3)).dtype,
+            "sdpa": nn.functional.scaled_dot_product_attention(q, q, q).dtype,
+            "softmax of bf16": t(2, 8, dtype=torch.bfloat16).softmax(-1).dtype,
+            "cat promotes": torch.cat([t(2, dtype=torch.bfloat16), t(2)]).dtype,
+            "mse_loss in fp32": nn.functional.mse_loss(
+                t(2, dtype=torch.bfloat16), t(2, dtype=torch.bfloat16)
+            ).dtype,
+            "add keeps types": (t(2, dtype=torch.bfloat16) + t(2)).dtype,
+        }
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        truth = ops("cpu")
+    with Autocast("cpu", torch.bfloat16):
+        emulated = ops("meta")
+    assert emulated == truth
+
+
+def _registered(key: str) -> set[str]:
+    names = torch._C._dispatch_get_registrations_for_dispatch_key(key)
+    return {n.removeprefix("aten::").split(".")[0] for n in names}
+
+
+@pytest.mark.parametrize(
+    ("key", "table", "extra"),
+    [
+        ("AutocastCPU", CPU_POLICY, {"einsum", "tensordot"}),
+        ("AutocastCUDA", CUDA_POLICY, {"cross_entropy_loss"}),
+    ],
+)
+def test_op_lists_are_pytorchs(key: str, table: dict[str, Any], extra: set[str]) -> None:
+    """Every op autocast registers for the device is in the table, and nothing else but the
+    documented composites."""
+    assert set(table) - extra == _registered(key)
+
+
+def test_pure_bf16_parameters_gradients_and_state() -> None:
+    model, x = mlp(), torch.randn(16, 32)
+    a = mw.analyze(model, input_data=x, mode="training", device="cpu", param_dtype="bfloat16")
+    truth = real_peak(model.to(torch.bfloat16), x.to(torch.bfloat16), True)
+    assert a.peak_bytes == pytest.approx(truth, rel=0.05), (a.peak_bytes, truth)
+    n = sum(p.numel() for p in model.parameters())
+    assert a.param_bytes == 2 * n and a.memory.gradient_bytes == 2 * n
+    assert a.memory.optimizer_state_bytes == 2 * 2 * n  # AdamW's moments, bf16 like the weights
+    fresh = mlp()
+    mw.analyze(fresh, input_size=(2, 32), mode="training", param_dtype=torch.bfloat16)
+    assert next(fresh.parameters()).dtype == torch.float32  # the user's module is left as it was
+
+
+def test_gradient_accumulation_over_micro_batches() -> None:
+    model, x = mlp(), torch.randn(16, 32)
+    a = mw.analyze(model, input_data=x, mode="training", device="cpu", micro_batches=3)
+    one = mw.analyze(model, input_data=x, mode="training", device="cpu")
+    assert a.peak_bytes == pytest.approx(real_peak(model, x, True, micro_batches=3), rel=0.05)
+    assert a.total_flops == 3 * one.total_flops  # three passes; AdamW's step counts 0 FLOPs
+    assert a["0"].calls and len(a["0"].calls) == 3
+
+
+def test_precision_options_are_checked() -> None:
+    with pytest.raises(mw.OptionError, match=r"bfloat16 or torch\.float16"):
+        mw.analyze(mlp(), input_size=(2, 32), autocast=torch.float32)
+    with pytest.raises(mw.OptionError, match="only a training step"):
+        mw.analyze(mlp(), input_size=(2, 32), micro_batches=2)
+    with pytest.raises(mw.OptionError, match="1 or more"):
+        mw.analyze(mlp(), input_size=(2, 32), mode="training", micro_batches=0)
+    with pytest.raises(mw.OptionError, match="not a floating dtype"):
+        mw.analyze(mlp(), input_size=(2, 32), param_dtype="long")
