@@ -28,6 +28,7 @@ from .flatten import TensorInfo, named_tensors
 from .inputs import make_inputs
 from .materialize import MaterializeReport, materialize
 from .memory import MemoryReport, memory_report
+from .opcache import CacheStats
 from .options import (
     DEFAULT_OPTIMIZER,
     carried_optimizer,
@@ -37,6 +38,7 @@ from .options import (
     check_depth,
     check_device,
     check_micro_batches,
+    check_fast,
     check_mode,
     check_optimizer,
     check_param_dtype,
@@ -88,6 +90,7 @@ class Options:
     autocast: Any = None
     param_dtype: Any = None
     micro_batches: int = 1
+    fast: bool = True
 
     def checked(self) -> tuple[Options, list[str]]:
         """Every option checked before anything is built, and the notes a given option leaves
@@ -104,6 +107,7 @@ class Options:
             device=check_device(self.device),
             optimizer=check_optimizer(self.optimizer, mode, notes),
             depth=check_depth(self.depth),
+            fast=check_fast(self.fast),
             assume=check_assume(self.assume),
             activation_checkpointing=checkpoint_selection(self.activation_checkpointing),
             autocast=check_autocast(self.autocast),
@@ -156,6 +160,8 @@ class Analysis:
     assumptions: list[Assumption] = field(default_factory=list)
     #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
     checkpoint_diff: CheckpointDiff | None = None
+    #: what the op cache did: hits, misses, bypasses by reason (None: ``fast=False``, or no trace)
+    fast_path: CacheStats | None = None
     #: the meta model (no data) that ``materialize`` builds a real copy of and ``rerun`` traces
     source_model: MetaModel | None = field(default=None, repr=False)
     #: the checked options, with the meta inputs: what ``rerun`` changes
@@ -420,6 +426,7 @@ def analyze(
     param_dtype: torch.dtype | str | None = None,
     micro_batches: int = 1,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
+    fast: bool = True,
 ) -> Analysis:
     """Analyze ``model`` on the meta device: its tree, shapes, parameters, FLOPs and memory.
 
@@ -491,6 +498,11 @@ def analyze(
         step. FLOPs and calls count every micro-batch.
     listeners
         Functions called with each :class:`CallRecord` as it completes.
+    fast
+        ``True`` (default): an aten op already seen on the same input metadata is not run
+        again, its outputs are rebuilt from the op cache (``Analysis.fast_path`` counts hits,
+        misses and why ops were not cached). ``False``: every kernel runs. The results are the
+        same either way.
 
     Returns
     -------
@@ -523,6 +535,7 @@ def analyze(
         autocast=autocast,
         param_dtype=param_dtype,
         micro_batches=micro_batches,
+        fast=fast,
     )
     if isinstance(model, (str, os.PathLike)):
         options.checked()  # the same checks, for the same messages
@@ -586,6 +599,7 @@ def run(
             checkpointed=_checkpointed(module, options.activation_checkpointing),
             listeners=[*listeners, stream.add] if stream is not None else list(listeners),
             policy=options.policy(),
+            fast=options.fast,
             on_phase=stream.phase if stream is not None else None,
             autocast=options.autocast,
             micro_batches=options.micro_batches,
@@ -636,6 +650,7 @@ def _assemble(
         orphan_ops=result.orphan_ops if result is not None else {},
         assumptions=result.assumptions if result is not None else [],
         checkpoint_diff=diff,
+        fast_path=result.fast_path if result is not None else None,
         source_model=meta,
         options=options,
     )

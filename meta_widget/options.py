@@ -45,6 +45,7 @@ __all__ = [
     "check_depth",
     "check_device",
     "check_micro_batches",
+    "check_fast",
     "check_mode",
     "check_optimizer",
     "check_param_dtype",
@@ -285,6 +286,16 @@ def check_depth(depth: Any) -> int | None:
     if value < 0:
         raise OptionError(f"depth must be 0 or more, not {value}")
     return value
+
+
+def check_fast(fast: Any) -> bool:
+    """``fast``: ``True`` or ``False`` (the op cache on or off), nothing else."""
+    if not isinstance(fast, bool):
+        raise OptionTypeError(
+            f"fast must be True (the op cache on, the default) or False (every kernel runs), "
+            f"not {_show(fast)}"
+        )
+    return fast
 
 
 def checkpoint_selection(which: Any) -> bool | list[str]:

@@ -33,6 +33,7 @@ from .choices import Optimizer, Phase
 from .errors import MetaWidgetError
 from .flatten import named_tensors
 from .kernels import AttentionKernels
+from .opcache import CacheStats
 from .recorder import Recorder
 from .records import Allocation, CallRecord, Event
 from .storage import storage_key
@@ -67,6 +68,8 @@ class Trace:
     state_keys: set[int] = field(default_factory=set)
     #: optimizer state kept off the meta device (e.g. AdamW's step counters, on the CPU)
     state_other_bytes: int = 0
+    #: what the op cache did (``meta_widget.opcache``); None when the fast path was off
+    fast_path: CacheStats | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -102,6 +105,7 @@ def trace(
     on_phase: Callable[[str], None] | None = None,
     autocast: torch.dtype | None = None,
     micro_batches: int = 1,
+    fast: bool = True,
 ) -> Trace:
     """Run the pass once under a :class:`Recorder` and return what it saw.
 
@@ -113,6 +117,8 @@ def trace(
     ``autocast`` (``torch.bfloat16`` or ``torch.float16``) runs the forward pass and the loss
     under :class:`~meta_widget.autocast.Autocast` for ``device``; ``micro_batches`` runs the
     forward pass, loss and backward that many times (gradients accumulate) before the step.
+    ``fast=False`` turns the op cache off (``meta_widget.opcache``): every kernel runs; the
+    records are the same.
 
     Every change made to global or user state is undone before returning, on every path, and
     an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
@@ -135,6 +141,7 @@ def trace(
         [t for _, t in named_tensors((args, kwargs))],
         policy=policy,
         tag_grad_nodes=training,
+        fast=fast,
     )
     run = _Run(recorder, (lambda: Autocast(device, autocast)) if autocast is not None else None)
     run.micro_batches = micro_batches
@@ -177,6 +184,7 @@ def trace(
         grad_keys=run.grad_keys,
         state_keys=run.state_keys,
         state_other_bytes=run.state_other,
+        fast_path=recorder.cache.stats if recorder.cache is not None else None,
     )
 
 

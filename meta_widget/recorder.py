@@ -34,6 +34,7 @@ from torch.utils.flop_counter import flop_registry
 from .assume import DATA_DEPENDENT, META_FIXES, Assumptions, Policy
 from .callstack import CallStack, Listener
 from .kernels import EXTRA_FLOPS
+from .opcache import DECOMPOSED, OpCache, static_bypass
 from .records import CallRecord
 from .storage import StorageTracker
 from .undo import DispatchModes, Undo
@@ -59,6 +60,8 @@ class OpPlan:
     run: Callable[..., Any]
     #: ``FlopCounterMode``'s formula (called with ``out_val=`` the output), or None: counts 0
     flops: Callable[..., int] | None
+    #: why the op cache never holds this op (``meta_widget.opcache``), or None
+    uncached: str | None = None
 
 
 class _OpMode(TorchDispatchMode):
@@ -67,6 +70,13 @@ class _OpMode(TorchDispatchMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # PyTorch wraps a mode's ``__torch_dispatch__`` in ``torch._dynamo.disable`` unless this
+        # says no: 20 us per op, and a first import of ``torch._dynamo`` (a second) mid-trace.
+        # Nothing here is ever compiled.
+        return False
 
     def __torch_dispatch__(
         self,
@@ -97,6 +107,7 @@ class Recorder:
         existing: Sequence[torch.Tensor] = (),
         policy: Policy | None = None,
         tag_grad_nodes: bool = False,
+        fast: bool = True,
     ) -> None:
         self.root = module
         # storage that existed before the trace (parameters, buffers, inputs) is never new
@@ -110,6 +121,8 @@ class Recorder:
         self.orphan_ops: dict[str, int] = {}
         self.failed_op: str | None = None
         self._plans: dict[Any, OpPlan] = {}
+        #: the op cache (``fast``), or None: every kernel runs
+        self.cache = OpCache() if fast else None
         self._mode = _OpMode(self)
         self._modes: DispatchModes | None = None  # saved by open(), restored by close()
         self._undo = Undo()
@@ -187,21 +200,34 @@ class Recorder:
     # -- one aten op ----------------------------------------------------------------------------
 
     def on_op(self, mode: _OpMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run one aten op; credit its FLOPs and new storage to the call that owns it."""
+        """Run one aten op (or rebuild its outputs from the op cache); credit its FLOPs and new
+        storage to the call that owns it."""
         plan = self._plans.get(func)
         if plan is None:
             plan = self._plans[func] = self._plan(func, args, kwargs)
+        cache = self.cache
         if plan.decompose:
             with mode:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
+                if cache is not None:
+                    cache.stats.bypass(DECOMPOSED)
                 return out
-        try:
-            out = plan.run(*args, **kwargs)
-        except Exception:
-            if self.failed_op is None:
-                self.failed_op = plan.name
-            raise
+        key = hit = None
+        if cache is not None:
+            if plan.uncached is None:
+                key = cache.key(func, args, kwargs)
+                if key is not None:
+                    hit = cache.lookup(key)
+            else:
+                cache.stats.bypass(plan.uncached)
+        if hit is not None:
+            out, n = hit[0](args), hit[1]
+        else:
+            out = self._run(plan, args, kwargs)
+            n = plan.flops(*args, **kwargs, out_val=out) if plan.flops is not None else 0
+            if key is not None:
+                cache.fill(key, args, out, n)  # type: ignore[union-attr]
         assumptions = self.assumptions
         if assumptions.tainted or assumptions.known:  # most traces assume nothing: skip the call
             assumptions.follow(func, args, out)
@@ -211,14 +237,23 @@ class Recorder:
             backward = False
         else:
             owner, backward = self.callstack.owner()
-        if plan.flops is not None:
-            self._count(plan, plan.flops(*args, **kwargs, out_val=out), owner, backward)
+        if n:
+            self._count(plan, n, owner, backward)
         self.storage.track_output(out, plan.name, owner, backward)
         return out
 
+    def _run(self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return plan.run(*args, **kwargs)
+        except Exception:
+            if self.failed_op is None:
+                self.failed_op = plan.name
+            raise
+
     def _plan(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpPlan:
         run: Callable[..., Any] = func
-        if func in DATA_DEPENDENT and self.assumptions.policy is not None:
+        answered = func in DATA_DEPENDENT and self.assumptions.policy is not None
+        if answered:
             answer = self.assumptions.answer
 
             def run(*a: Any, **k: Any) -> Any:
@@ -231,6 +266,7 @@ class Recorder:
             decompose=_decomposition_counts(func, args, kwargs),
             run=run,
             flops=_FLOPS.get(func._overloadpacket),
+            uncached=static_bypass(func, answered),
         )
 
     def _count(self, plan: OpPlan, n: int, owner: CallRecord | None, backward: bool) -> None:

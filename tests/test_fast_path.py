@@ -1,0 +1,333 @@
+"""The fast path (the op cache) changes nothing: every record the same with ``fast=False``.
+
+Each model is analyzed twice, with and without the cache, and everything an analysis reports is
+compared record by record: calls (shapes, FLOPs by op, bytes, events, errors, assumptions),
+the allocation and free timeline, allocations, peak and categories, totals, the explained error.
+The models are the test corpus and models built to break a cache: blocks that branch on a
+Python attribute, shared weights fed different shapes, views and hidden views, in-place and
+``out=`` ops, random ops, ops that read values, CPU tensors mixed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from models import (
+    DictModel,
+    Failing,
+    Reused,
+    SmallCNN,
+    SmallLSTM,
+    bert_config,
+    gpt2_config,
+    llama_config,
+    t5_config,
+)
+from torch import nn
+
+import meta_widget as mw
+from meta_widget.options import OptionTypeError
+from meta_widget.passes import trace
+
+#: fields that differ between any two runs: wall time, autograd's global sequence counter, and
+#: storage addresses
+_VOLATILE = {"duration_s", "grad_seq", "key"}
+
+
+def _plain(records: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in dataclasses.asdict(r).items() if k not in _VOLATILE} for r in records]
+
+
+def snapshot(a: mw.Analysis) -> dict[str, Any]:
+    """Everything ``a`` reports, as plain data."""
+    return {
+        "calls": _plain(a.calls),
+        "memory": dataclasses.asdict(a.memory),
+        "total_flops": a.total_flops,
+        "orphan_ops": a.orphan_ops,
+        "assumptions": _plain(a.assumptions),
+        "error": None if a.error is None else repr(a.error),
+        "notes": a.notes,
+    }
+
+
+def trace_snapshot(a: mw.Analysis, fast: bool) -> dict[str, Any]:
+    """The raw trace of ``a``'s meta model and inputs again: events and allocations included."""
+    options = a.options
+    data = options.input_data
+    args, kwargs = ((), data) if isinstance(data, dict) else (tuple(data), {})
+    assert a.source_model is not None
+    t = trace(
+        a.source_model.module,
+        args,
+        kwargs,
+        training=options.training,
+        optimizer=options.optimizer,
+        loss=options.loss,
+        device=options.device,
+        policy=options.policy(),
+        fast=fast,
+    )
+    assert (t.fast_path is not None) == fast
+    return {
+        "calls": _plain(t.calls),
+        "events": t.events,
+        "allocations": _plain(t.allocations),
+        "orphan": (t.orphan_flops, t.orphan_ops),
+        "failure": (repr(t.exception), t.failed_op, t.error_call),
+        "assumptions": _plain(t.assumptions),
+        "phases": t.phase_starts,
+        "state": (len(t.grad_keys), len(t.state_keys), t.state_other_bytes),
+    }
+
+
+def assert_same(model: Callable[[], nn.Module], min_hits: int = 1, **kwargs: Any) -> mw.Analysis:
+    """Analyze ``model()`` with and without the fast path; every record must be the same."""
+    # from one line: assumptions taken in backward name the line that called analyze
+    fast, slow = (mw.analyze(model(), fast=on, **kwargs) for on in (True, False))
+    assert slow.fast_path is None
+    assert fast.fast_path is not None and fast.fast_path.hits >= min_hits, fast.fast_path
+    a, b = snapshot(fast), snapshot(slow)
+    for key in a:
+        assert a[key] == b[key], key
+    a, b = trace_snapshot(fast, True), trace_snapshot(fast, False)
+    for key in a:
+        assert a[key] == b[key], key
+    return fast
+
+
+def ids(*shape: int) -> torch.Tensor:
+    return torch.randint(1, 90, shape)
+
+
+def from_config(config: Any) -> Callable[[], nn.Module]:
+    import transformers
+
+    def build() -> nn.Module:
+        with torch.device("meta"):
+            return getattr(transformers, config.architectures[0])(config)  # type: ignore[no-any-return]
+
+    return build
+
+
+# -- the test corpus ----------------------------------------------------------------------------
+
+CORPUS: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]] = {
+    "gpt2": (from_config(gpt2_config()), {"input_data": ids(2, 12)}),
+    "llama": (from_config(llama_config()), {"input_data": ids(2, 12)}),
+    "bert": (from_config(bert_config()), {"input_data": ids(2, 12)}),
+    "t5": (
+        from_config(t5_config()),
+        {"input_data": {"input_ids": ids(2, 12), "decoder_input_ids": ids(2, 7)}},
+    ),
+    "cnn": (SmallCNN, {"input_size": (2, 3, 16, 16)}),
+    "lstm": (SmallLSTM, {"input_data": torch.randint(0, 50, (2, 7))}),
+    "reused": (Reused, {"input_size": (3, 8)}),
+    "dict": (
+        DictModel,
+        {"input_data": ({"image": torch.randn(2, 12), "tokens": torch.randint(0, 20, (2, 5))},)},
+    ),
+}
+
+
+TRANSFORMERS = {"gpt2", "llama", "bert", "t5"}
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_the_corpus_records_the_same_with_and_without_the_cache(name: str, mode: str) -> None:
+    build, inputs = CORPUS[name]
+    # two decoder layers: the second one's ops are hits; the small models may repeat nothing
+    a = assert_same(build, min_hits=10 if name in TRANSFORMERS else 0, mode=mode, **inputs)
+    assert a.error is None, a.error
+
+
+@pytest.mark.parametrize("how", ["item", "nonzero", "cpu", "shape"])
+def test_failures_and_assumptions_are_the_same(how: str) -> None:
+    a = assert_same(lambda: Failing(how), min_hits=0, input_size=(3, 4))
+    fast, slow = (
+        mw.analyze(Failing(how), input_size=(3, 4), strict=True, fast=on) for on in (True, False)
+    )
+    assert snapshot(fast) == snapshot(slow)
+    assert fast.error is not None or a.assumptions
+
+
+def test_autocast_micro_batches_and_low_precision_are_the_same() -> None:
+    llama = from_config(llama_config())
+    for device in ("cuda", "cpu"):
+        assert_same(
+            llama, mode="training", autocast="bfloat16", device=device, input_data=ids(2, 12)
+        )
+    assert_same(llama, mode="training", micro_batches=2, input_data=ids(2, 12))
+    assert_same(llama, mode="training", param_dtype="bfloat16", input_data=ids(2, 12))
+
+
+def test_activation_checkpointing_and_devices_are_the_same() -> None:
+    for device in ("cuda", "cpu", "math"):
+        assert_same(
+            from_config(llama_config()),
+            mode="training",
+            activation_checkpointing=True,
+            device=device,
+            input_data=ids(2, 12),
+        )
+
+
+# -- models built to break a cache --------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """A block whose work depends on a Python attribute set from its layer index (sliding
+    window attention every other layer, as Gemma and Mistral variants do)."""
+
+    def __init__(self, index: int, width: int = 16, window: int = 4) -> None:
+        super().__init__()
+        self.is_sliding = index % 2 == 1
+        self.window = window
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)  # views of one storage
+        if self.is_sliding:
+            k, v = k[:, -self.window :], v[:, -self.window :]
+        scores = q @ k.transpose(-1, -2)
+        attn = torch.softmax(scores, dim=-1)
+        return x + self.out(attn @ v)
+
+
+class Stack(nn.Module):
+    def __init__(self, n: int = 6) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(i) for i in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class SharedShapes(nn.Module):
+    """One Linear fed inputs of different shapes (and strides) in turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.shared(x)  # (4, 8)
+        b = self.shared(x.unsqueeze(1).expand(4, 3, 8))  # (4, 3, 8), a stride-0 input
+        c = self.shared(b.transpose(0, 1))  # (3, 4, 8), not contiguous
+        d = self.shared(a)
+        return a.sum() + b.sum() + c.sum() + d.sum()
+
+
+class Aliasing(nn.Module):
+    """Views, hidden views, outputs that are their inputs, in-place and ``out=`` ops, scalars
+    of every type, CPU tensors mixed in: each twice, so the second run is a hit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("scratch", torch.zeros(2))
+
+    def forward(self, x: torch.Tensor) -> Any:
+        outs = []
+        for _ in range(2):
+            y = self.lin(x)
+            t = y.t()  # a view
+            r = t.reshape(-1)  # a copy of a non-contiguous view (``_unsafe_view`` inside)
+            parts = y.split(3, dim=1)  # several views
+            z = y.clone()
+            z.add_(1)  # in-place: returns its input
+            z.mul_(2.0).relu_()
+            z[:, :2].fill_(0.5)  # in-place on a view
+            w = torch.empty(0, device=x.device)
+            torch.add(y.detach(), 1, out=w)  # out=: resized
+            ints = (y > 0).long()
+            mixed = ints * 2, ints * 2.0, ints * True  # long, float, long
+            cpu = y * torch.tensor(3.0)  # a CPU scalar tensor
+            sliced = y[1:]  # a storage offset
+            odd = sliced + 1
+            square = y[:, :4]
+            # one shape, two layouts: the outputs keep their input's strides
+            layouts = (square * 3).view(16), (square.t() * 3).t().reshape(16)
+            outs.append((t, r, parts[0], z, w, *mixed, cpu, odd, y.diagonal(), *layouts))
+        return outs
+
+
+class Random(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x
+        for _ in range(3):
+            noise = torch.randn_like(out) + torch.rand(out.shape, device=out.device)
+            keep = torch.empty_like(out).bernoulli_(0.9)
+            out = self.drop(self.lin(out)) * keep + noise.normal_()
+        return out
+
+
+class ReadsValues(nn.Module):
+    """Ops that read values: the assumption policy answers them, on every repetition."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = self.lin(x)
+            if (x > 0).any():
+                x = x + x[x > 0].sum()
+            x = x + torch.nonzero(x).shape[0] + x.masked_select(x > 1).sum()
+        return x
+
+
+BROKEN: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]] = {
+    "sliding every other layer": (Stack, {"input_size": (2, 10, 16)}),
+    "shared weights, different shapes": (SharedShapes, {"input_size": (4, 8)}),
+    "views, in-place, out=, scalars": (Aliasing, {"input_size": (4, 8)}),
+    "random ops": (Random, {"input_size": (4, 8)}),
+    "ops that read values": (ReadsValues, {"input_size": (4, 8)}),
+}
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_models_built_to_break_the_cache_record_the_same(name: str, mode: str) -> None:
+    build, inputs = BROKEN[name]
+    a = assert_same(build, mode=mode, **inputs)
+    assert a.error is None, a.error
+    stats = a.fast_path
+    assert stats is not None and stats.ops == stats.hits + stats.misses + sum(
+        stats.bypassed.values()
+    )
+
+
+def test_bypass_reasons_are_counted() -> None:
+    a = mw.analyze(Aliasing(), input_size=(4, 8))
+    reasons = a.fast_path.bypassed  # type: ignore[union-attr]
+    assert {"view", "out= or metadata-changing", "not meta"} <= set(reasons), reasons
+    values = mw.analyze(ReadsValues(), input_size=(4, 8)).fast_path
+    assert values is not None and values.bypassed["data-dependent"] >= 6, values
+    # a model's second block of the same shapes is all hits (views aside)
+    stack = mw.analyze(nn.Sequential(*(nn.Linear(8, 8) for _ in range(10))), input_size=(2, 8))
+    assert stack.fast_path is not None and stack.fast_path.hits >= 9
+    assert 0 < stack.fast_path.hit_rate <= 1
+
+
+def test_the_switch_is_validated() -> None:
+    with pytest.raises(OptionTypeError, match="fast must be True"):
+        mw.analyze(nn.Linear(2, 2), input_size=(1, 2), fast="yes")
+    a = mw.analyze(nn.Linear(2, 2), input_size=(1, 2), fast=False)
+    assert a.fast_path is None
+    assert a.rerun(fast=True).fast_path is not None
