@@ -120,9 +120,33 @@ _ALIASES = {
 _LOW = (torch.bfloat16, torch.float16)
 
 
+#: names in the tables that autocast reaches inside a composite op (see the module docstring)
+COMPOSITES = {"cuda": frozenset({"cross_entropy_loss"}), "cpu": frozenset({"einsum", "tensordot"})}
+
+
+def registered(key: str) -> frozenset[str]:
+    """The op names (overloads dropped) the running PyTorch registers for dispatch ``key``."""
+    names = torch._C._dispatch_get_registrations_for_dispatch_key(key)
+    return frozenset(n.removeprefix("aten::").split(".")[0] for n in names)
+
+
+def _running(table: dict[str, Cast], key: str, composites: frozenset[str]) -> dict[str, Cast]:
+    """``table`` less the ops the running PyTorch's autocast does not have (CUDA's
+    ``rms_norm`` in 2.11, seen on a GPU: it stays in the input's dtype there)."""
+    known = registered(key) | composites
+    return {name: cast for name, cast in table.items() if name in known}
+
+
+_RUNNING = {
+    "cuda": _running(CUDA_POLICY, "AutocastCUDA", COMPOSITES["cuda"]),
+    "cpu": _running(CPU_POLICY, "AutocastCPU", COMPOSITES["cpu"]),
+}
+
+
 def policy_for(device: str) -> dict[str, Cast]:
-    """The autocast table of the target ``device`` (``"cuda"``; ``"cpu"`` and ``"math"``: CPU)."""
-    return CUDA_POLICY if device == "cuda" else CPU_POLICY
+    """The autocast table of the target ``device`` (``"cuda"``; ``"cpu"`` and ``"math"``: the
+    CPU's), less the ops the running PyTorch's autocast does not register."""
+    return _RUNNING["cuda" if device == "cuda" else "cpu"]
 
 
 def _eligible(t: Any) -> bool:
