@@ -721,7 +721,7 @@ export class App {
     if (this.tab === "memory") {
       this.memoryChart ??= new MemoryChart(this.memoryEl, (m) => this.selectModule(m));
       let mods = frontier(a, this.depth);
-      let note = `Modules at depth ${this.depth} (and shallower leaves): parameters (${this.dtype === "recorded" ? "as recorded" : this.dtype}) and activations (outputs of their calls), stacked. Click a bar to select the module.`;
+      let note = `Modules at depth ${this.depth} (and shallower leaves): parameters (${this.dtype === "recorded" ? "as recorded" : this.dtype}) and output mem (the new storage their outputs hold), stacked. The peak by category above counts what is live at the peak. Click a bar to select the module.`;
       if (mods.length > MAX_BARS) {
         const total = (i: number): number =>
           this.paramBytes(a.modules[i] as ModuleInfo) + (this.aggs[i]?.activationBytes ?? 0);
@@ -737,7 +737,7 @@ export class App {
       const legend = h("span", "mw-legend");
       for (const [cls, label] of [
         ["mw-bar-params", "parameters"],
-        ["mw-bar-acts", "activations"],
+        ["mw-bar-acts", "output mem"],
       ]) {
         const item = h("span");
         item.append(h("span", `mw-swatch ${cls}`), document.createTextNode(label as string));

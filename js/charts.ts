@@ -397,7 +397,7 @@ export class MemoryChart {
       series: [
         {},
         {
-          label: "activations",
+          label: "output mem",
           fill: p.acts,
           stroke: p.acts,
           width: 0,
@@ -440,7 +440,7 @@ export class MemoryChart {
             }
             const pb = bars.params[i] ?? 0;
             const ab = bars.activations[i] ?? 0;
-            self.tip.textContent = `${bars.labels[i]} · parameters ${formatBytes(pb)} · activations ${formatBytes(ab)} · total ${formatBytes(pb + ab)}`;
+            self.tip.textContent = `${bars.labels[i]} · parameters ${formatBytes(pb)} · output mem ${formatBytes(ab)} · total ${formatBytes(pb + ab)}`;
           },
         ],
       },

@@ -130,7 +130,7 @@ function callBlock(a: Analysis, call: CallInfo, k: number, total: number): HTMLE
     call.backwardFlops
       ? `${formatFlops(call.flops)} forward + ${formatFlops(call.backwardFlops)} backward`
       : formatFlops(call.flops),
-    `activations ${formatBytes(call.activationBytes)}`,
+    `output mem ${formatBytes(call.activationBytes)}`,
   ];
   if (call.durationUs) parts.push(formatDuration(call.durationUs));
   sum.textContent = parts.join(" · ");
@@ -226,7 +226,7 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
   ];
   if (traced) {
     rows.push(
-      ["activation memory", formatBytes(v.activationBytes)],
+      ["output mem (its outputs' new storage)", formatBytes(v.activationBytes)],
       ["FLOPs", `${formatFlops(v.flops)} (${formatExact(v.flops)})`],
       ...(v.backwardFlops
         ? ([

@@ -139,5 +139,11 @@ export function renderProgress(el: HTMLElement, s: Session, now: number): void {
     el.append(h("span", "mw-spinner"), h("span", "", text), bar);
   } else if (s.elapsedS !== null) {
     el.append(h("span", "", `${formatExact(a.callCount)} calls recorded in ${s.elapsedS.toFixed(2)} s`));
+    if (s.reran) {
+      const where = h("span", "mw-in-python", " · in Python: a.widget().analysis");
+      where.title =
+        "This re-run is kept in the kernel as the widget's analysis: w.analysis, or a.widget().analysis for the analysis a you displayed (a itself is unchanged).";
+      el.append(where);
+    }
   }
 }

@@ -30,6 +30,8 @@ export interface Session {
   readonly rerunning: boolean;
   /** When the last re-run was asked for (the `now` of its `rerun`). */
   readonly rerunAt: number;
+  /** The analysis shown came from a re-run of the switches (it is `w.analysis` in Python). */
+  readonly reran: boolean;
   /** Why the kernel refused the last re-run (`""`: it did not). */
   readonly rerunError: string;
   /**
@@ -58,6 +60,7 @@ export const initialSession: Session = {
   mode: "inference",
   rerunning: false,
   rerunAt: 0,
+  reran: false,
   rerunError: "",
   kernelAlive: false,
 };
@@ -104,7 +107,7 @@ export function reduce(s: Session, event: SessionEvent, now: number): Session {
       return { ...s, phase: event.phase };
     case "done":
       if (s.analysis?.status === "running") s.analysis.status = "done";
-      return { ...s, rerunning: false, phase: null, elapsedS: event.elapsedS };
+      return { ...s, rerunning: false, reran: s.reran || s.rerunning, phase: null, elapsedS: event.elapsedS };
     case "error":
       if (s.rerunning && s.analysis?.status !== "running") {
         // the kernel refused the re-run before starting it (no model in this kernel): the

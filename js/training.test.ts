@@ -98,6 +98,8 @@ describe("kernel switches", () => {
     model.emit("msg:custom", { type: "done", elapsed_s: 0.1 });
     app.render();
     expect(q(".mw-progress").textContent).not.toContain("Re-running");
+    // where the re-run is in Python
+    expect(q(".mw-progress").textContent).toContain("in Python: a.widget().analysis");
     expect(q<HTMLButtonElement>('.mw-mode button[data-mode="training"]').disabled).toBe(false);
   });
 

@@ -54,7 +54,15 @@ interface Column {
   sort?: SortColumn;
   numeric?: boolean;
   bar?: string;
+  /** What the column holds: its header's tooltip. */
+  hint?: string;
 }
+
+/** The one definition of the output-memory column (README "What the numbers mean"). */
+export const OUTPUT_MEM_HINT =
+  "Output mem: bytes of new storage this module's outputs hold, summed over its calls (views and " +
+  "returned inputs hold none). Not the memory used inside the module, and not what is live at the " +
+  "peak: the memory tab shows the peak by category.";
 
 const COLUMNS: Column[] = [
   { key: "name", label: "Module", sort: "name" },
@@ -64,10 +72,11 @@ const COLUMNS: Column[] = [
   { key: "paramBytes", label: "Param mem", sort: "paramBytes", numeric: true, bar: "params" },
   {
     key: "activationBytes",
-    label: "Activations",
+    label: "Output mem",
     sort: "activationBytes",
     numeric: true,
     bar: "acts",
+    hint: OUTPUT_MEM_HINT,
   },
   { key: "flops", label: "FLOPs", sort: "flops", numeric: true, bar: "flops" },
 ];
@@ -75,7 +84,7 @@ const COLUMNS: Column[] = [
 /** Widths of the numeric columns (params, param mem, activations, FLOPs), pixels. */
 const FIXED_COLUMNS = [80, 104, 100, 108];
 /** The module, input-shape and output-shape columns: minimum widths and shares of the rest. */
-const FLEX_MIN = [260, 130, 130];
+const FLEX_MIN = [240, 130, 130];
 const FLEX_SHARE = [2.4, 1, 1];
 const sum = (xs: number[]): number => xs.reduce((x, y) => x + y, 0);
 
@@ -231,7 +240,7 @@ export class TreeView {
       if (c.sort) {
         const sort = c.sort;
         cell.classList.add("mw-sortable");
-        cell.title = "Sort siblings by this column (click again to reverse, a third time to reset)";
+        cell.title = `${c.hint ? `${c.hint}\n` : ""}Sort siblings by this column (click again to reverse, a third time to reset)`;
         cell.addEventListener("click", () => this.h.onSort(sort));
         this.headCells.set(sort, cell);
       }
@@ -241,7 +250,8 @@ export class TreeView {
     this.el.append(this.head, this.body);
     parent.append(this.el);
 
-    this.layoutColumns(parent.clientWidth);
+    // the table's own width without its scrollbar gutter, as the resize observer measures it
+    this.layoutColumns(this.el.clientWidth || parent.clientWidth);
     if (typeof ResizeObserver !== "undefined") {
       this.resizeObs = new ResizeObserver(() => this.layoutColumns(this.el.clientWidth));
       this.resizeObs.observe(this.el);

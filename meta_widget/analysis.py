@@ -91,6 +91,8 @@ class Options:
     param_dtype: Any = None
     micro_batches: int = 1
     fast: bool = True
+    #: notes about the inputs made from ``input_size``/``dtypes`` (carried over by ``rerun``)
+    input_notes: tuple[str, ...] = ()
 
     def checked(self) -> tuple[Options, list[str]]:
         """Every option checked before anything is built, and the notes a given option leaves
@@ -166,6 +168,9 @@ class Analysis:
     source_model: MetaModel | None = field(default=None, repr=False)
     #: the checked options, with the meta inputs: what ``rerun`` changes
     options: Options = field(default_factory=Options, repr=False)
+    #: the widget ``widget()`` made (displaying ``a`` shows it): its switches' re-runs are in
+    #: ``a.widget().analysis``
+    view: MetaWidget | None = field(default=None, repr=False)
 
     # -- totals -------------------------------------------------------------------------------
 
@@ -382,23 +387,21 @@ class Analysis:
         except TypeError:
             unknown = sorted(set(changes) - set(Options.__dataclass_fields__))
             raise TypeError(f"rerun() got unknown options {unknown}; see mw.analyze") from None
-        return run(self.source_model.module, options, widget, listeners)
+        return run(self.source_model, options, widget, listeners)
 
     def widget(self) -> MetaWidget:
-        """A widget showing this analysis (its mode/optimizer switches re-run it)."""
-        view = heavy.widget().MetaWidget(payload=self.to_payload(), depth=self.depth)
-        view.analysis = self
-        return view
+        """The widget showing this analysis, made once (displaying ``a`` shows it).
+
+        Its mode, optimizer and device switches re-run the analysis in the kernel: the
+        widget's ``analysis`` is then the new one (``a.widget().analysis``), ``a`` is unchanged.
+        """
+        if self.view is None:
+            self.view = heavy.widget().MetaWidget(payload=self.to_payload(), depth=self.depth)
+            self.view.analysis = self
+        return self.view
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = self.widget()._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, tuple):
-            data, meta = bundle
-            data["text/plain"] = self.summary()
-            return data, meta
-        if isinstance(bundle, dict):
-            bundle["text/plain"] = self.summary()
-        return bundle
+        return self.widget()._repr_mimebundle_(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -576,8 +579,10 @@ def run(
         else inputs.args,
         dtypes=None,
         checkpoint=None,
+        input_notes=(*options.input_notes, *inputs.notes),
     )
-    notes = [*meta.notes, *inputs.notes, *given_notes]
+    # a re-run's meta model keeps its notes: each note once
+    notes = list(dict.fromkeys([*meta.notes, *inputs.notes, *options.input_notes, *given_notes]))
     nodes = build_tree(module)
     input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
     view = _resolve_widget(widget, options)
@@ -609,6 +614,7 @@ def run(
     analysis.seconds = time.perf_counter() - start
     if view is not None:
         view.analysis = analysis
+        analysis.view = view
         if stream is not None:
             stream.finish(analysis)
         else:
@@ -720,7 +726,7 @@ def _resolve_widget(widget: Any, options: Options) -> Any:
     module = heavy.widget()
     if widget is True:
         view = module.MetaWidget()
-        heavy.display(view)
+        view.display()
     elif isinstance(widget, module.MetaWidget):
         view = widget
     else:

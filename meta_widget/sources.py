@@ -245,6 +245,19 @@ def _from_module(module: torch.nn.Module) -> MetaModel:
     return MetaModel(meta_copy(module), "module", owned=True)
 
 
+def _is_meta_model(obj: Any) -> bool:
+    return isinstance(obj, MetaModel)
+
+
+@register_source("meta model", _is_meta_model)
+def _from_meta_model(meta: MetaModel) -> MetaModel:
+    """An analysis's own meta model, traced again by ``Analysis.rerun``: its source and notes
+    are kept; not owned, so the trace restores every change it makes to the module."""
+    return MetaModel(
+        meta.module, meta.source, owned=False, notes=list(meta.notes), rebuild=meta.rebuild
+    )
+
+
 def _is_transformers_config(obj: Any) -> bool:
     # transformers 5 names the base PreTrainedConfig; 4.x PretrainedConfig
     return any(c.__name__ in ("PretrainedConfig", "PreTrainedConfig") for c in type(obj).__mro__)
@@ -260,7 +273,34 @@ def _from_config(config: Any) -> MetaModel:
         return on_meta(lambda: make(config))  # type: ignore[no-any-return]
 
     module = build()
-    return MetaModel(module, "config", owned=True, rebuild=build)
+    return MetaModel(
+        module, "config", owned=True, notes=[built_note(config, module)], rebuild=build
+    )
+
+
+def built_note(config: Any, module: torch.nn.Module) -> str:
+    """Which class a config built, why, and how to pick another (``config.architectures``)."""
+    built = type(module).__name__
+    archs = getattr(config, "architectures", None) or []
+    if archs and archs[0] == built:
+        why = "the first of its architectures"
+    elif archs:
+        why = f"its architectures names {archs[0]}, which transformers has not: AutoModel's choice"
+    else:
+        why = "it names no architectures: AutoModel's base model, without a task head"
+    auto = getattr(heavy.transformers().models.auto, "modeling_auto", None)
+    kind = getattr(config, "model_type", "")
+    # another class for the same config: the causal-LM head, or else the base model
+    others = [
+        getattr(auto, table, {}).get(kind)
+        for table in ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
+    ]
+    other = next((o for o in others if isinstance(o, str) and o != built), "OtherClass")
+    return (
+        f"Built {built} from the {type(config).__name__} ({why}). For another class, set "
+        f"config.architectures = ['{other}'] or pass mw.analyze(lambda: "
+        f"transformers.{other}(config))."
+    )
 
 
 def _is_factory(obj: Any) -> bool:

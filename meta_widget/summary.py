@@ -9,7 +9,8 @@ from .units import format_bytes, format_count, format_flops, format_shapes
 if TYPE_CHECKING:
     from .analysis import Analysis, ModuleNode
 
-_COLUMNS = ("Module · type", "Output shapes", "Params", "Param mem", "Act mem", "FLOPs")
+#: "Output mem": the bytes of new storage a module's outputs hold (README "What the numbers mean")
+_COLUMNS = ("Module · type", "Output shapes", "Params", "Param mem", "Output mem", "FLOPs")
 #: a training step adds the FLOPs of each module's backward
 _TRAINING_COLUMNS = (*_COLUMNS, "Bwd FLOPs")
 _SHAPES_WIDTH = 38
@@ -63,11 +64,16 @@ def _row(label: str, nodes: list[ModuleNode], training: bool = False) -> list[st
     ]
 
 
-def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
-    """The tree down to ``depth`` (None: everything), repeated siblings folded, then totals."""
+def summary_columns(analysis: Analysis) -> tuple[str, ...]:
+    """The column names of the summary table (a training step adds backward FLOPs)."""
+    return _TRAINING_COLUMNS if analysis.traced and analysis.mode == "training" else _COLUMNS
+
+
+def summary_rows(analysis: Analysis, depth: int | None = 3) -> list[list[str]]:
+    """The rows of the tree down to ``depth`` (None: all), repeated siblings folded: the first
+    cell is the label with its tree branches, the others follow :func:`summary_columns`."""
     rows: list[list[str]] = []
     training = analysis.traced and analysis.mode == "training"
-    columns = _TRAINING_COLUMNS if training else _COLUMNS
     error_path = analysis.error.module if analysis.error else None
 
     def visit(node: ModuleNode, prefix: str, child_prefix: str) -> None:
@@ -89,6 +95,13 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
                 rows.append(_row(label, group, training))
 
     visit(analysis.root, "", "")
+    return rows
+
+
+def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
+    """The tree down to ``depth`` (None: everything), repeated siblings folded, then totals."""
+    columns = summary_columns(analysis)
+    rows = summary_rows(analysis, depth)
     widths = [max(len(r[i]) for r in [list(columns), *rows]) for i in range(len(columns))]
 
     def line(cells: list[str]) -> str:
@@ -98,31 +111,48 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
         return f"{left}  {mid}  {right}".rstrip()
 
     rule = "─" * (sum(widths) + 2 * (len(widths) - 1))
-    mem = analysis.memory
-    header = f"{analysis.title} ({analysis.source}) · {analysis.mode} · " + (
+    out = [summary_header(analysis), rule, line(list(columns)), rule]
+    out.extend(line(r) for r in rows)
+    out.append(rule)
+    out.extend(totals_lines(analysis))
+    return "\n".join(out)
+
+
+def summary_header(analysis: Analysis) -> str:
+    """The first line: class, source, mode, and what was traced."""
+    return f"{analysis.title} ({analysis.source}) · {analysis.mode} · " + (
         f"{len(analysis.calls)} module calls traced in {analysis.seconds:.2f} s"
         if analysis.traced
         else "structure only (no inputs given)"
     )
+
+
+def totals_lines(analysis: Analysis) -> list[str]:
+    """The lines under the table: totals, the peak by category, notes, assumptions, error.
+
+    The memory words are the README's ("What the numbers mean"): *output mem* of a module, the
+    bytes *allocated* by the whole pass (freed or not), the *peak* of live bytes and its
+    *categories*, which add up to it.
+    """
+    mem = analysis.memory
     dtypes = ", ".join(f"{d} {format_bytes(b)}" for d, b in mem.params_by_dtype.items())
-    out = [header, rule, line(list(columns)), rule, *(line(r) for r in rows), rule]
-    out.append(
+    out = [
         f"Parameters: {format_count(analysis.total_params)} "
         f"(trainable {format_count(analysis.trainable_params)}) · "
         f"parameter memory {format_bytes(mem.param_bytes)}" + (f" ({dtypes})" if dtypes else "")
-    )
+    ]
     if mem.buffer_bytes:
         out.append(f"Buffers: {format_bytes(mem.buffer_bytes)}")
     if analysis.traced:
         where = f" in {mem.peak_owner} ({mem.peak_op})" if mem.peak_owner else ""
         out.append(
             f"FLOPs: {format_flops(analysis.total_flops)} · inputs {format_bytes(mem.input_bytes)}"
-            f" · activations allocated {format_bytes(mem.activation_bytes)}"
+            f" · allocated by the forward pass {format_bytes(mem.activation_bytes)} (freed or not)"
             f" · peak {format_bytes(mem.peak_bytes)}{where}"
         )
+        cats = " + ".join(f"{k} {format_bytes(v)}" for k, v in mem.categories.items() if v)
+        out.append(f"Peak ({mem.peak_phase}) = {cats}")
     if analysis.traced and analysis.mode == "training":
-        cats = " · ".join(f"{k} {format_bytes(v)}" for k, v in mem.categories.items() if v)
-        out.append(f"Peak ({mem.peak_phase}) by category: {cats}")
         out.append(
             f"After the step: gradients {format_bytes(mem.gradient_bytes)} · optimizer state "
             f"{format_bytes(mem.optimizer_state_bytes)} on the device"
@@ -144,4 +174,4 @@ def render_summary(analysis: Analysis, depth: int | None = 3) -> str:
     if analysis.error is not None:
         out.append("")
         out.append("Error: " + str(analysis.error))
-    return "\n".join(out)
+    return out

@@ -188,7 +188,7 @@ def test_narrow_view_leaves_out_shape_columns(page: Any, gpt2_html: Path, artifa
     heads = page.eval_on_selector_all(
         ".mw-th", "cells => cells.filter(c => c.offsetParent).map(c => c.textContent)"
     )
-    assert heads == ["Module", "Params", "Param mem", "Activations", "FLOPs"]
+    assert heads == ["Module", "Params", "Param mem", "Output mem", "FLOPs"]
     # no sideways scroll, and the FLOPs column ends inside the table
     assert table.evaluate("t => t.scrollWidth <= t.clientWidth")
     flops = page.locator(".mw-th.mw-col-flops").bounding_box()
