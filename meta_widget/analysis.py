@@ -382,6 +382,8 @@ class Analysis:
             changes["optimizer"] = carried_optimizer(self.options.optimizer)
         if "input_size" in changes and "input_data" not in changes:
             changes["input_data"] = None
+        if "input_size" in changes or "input_data" in changes:
+            changes["input_notes"] = ()  # new inputs: their own notes
         try:
             options = replace(self.options, **changes)
         except TypeError:
