@@ -1,9 +1,11 @@
 """``max_fit``: the largest batch or sequence length whose peak fits a memory budget.
 
-An exponential search (1, 2, 4, ... until a size does not fit) then a binary search between the
-last size that fits and the first that does not: about ``2 log2(size)`` traces, each a full
-analysis, so the answer is what ``analyze`` says at ``size`` and at ``size + 1``. It assumes the
-peak grows with the size (true of batch and sequence length in the models we know).
+A search over traces: from size 1, sizes grow (at least doubling, guided by the line through
+the last two peaks) until one does not fit; then the bracket between the last size that fits and
+the first that does not closes, by the same line's guesses (a peak that grows linearly is found
+in two more traces), or by halving once a guess did not help. Each trace is a full analysis, so
+the answer is what ``analyze`` says at ``size`` and at ``size + 1``. It assumes the peak grows
+with the size (true of batch and sequence length in the models we know).
 
 Per device under a parallel strategy (``devices=8, strategy="zero3"``), the bytes compared with
 the budget are ``meta_widget.estimates.distributed``'s per-device total (an estimate; the size is
@@ -172,25 +174,48 @@ def max_fit(
 
 
 def _search(at: Callable[[int], int], budget: int, limit: int) -> tuple[int, int | None]:
-    """(largest size that fits, the next size, None past ``limit``); size 1 fits."""
-    lo = 1
-    hi = 2
-    while True:  # exponential: find a size that does not fit
-        if hi > limit:
-            if at(limit) <= budget:
-                return limit, None
-            hi = limit
+    """(largest size that fits, the next size; None past ``limit``), knowing that size 1 fits.
+
+    Bracketing: each new size is where the line through the last two traced points reaches
+    the budget, a little past it, and at least twice the last size. Then, between the last size
+    that fits and the first that does not: the same line's guess and its neighbour (for a peak
+    linear in the size, the answer in two traces) until a guess does not halve the bracket,
+    then midpoints. Every answer is checked by traces at ``size`` and ``size + 1``.
+    """
+    lo, x = 1, 2
+    while True:  # bracketing
+        x = min(x, limit)
+        if at(x) > budget:
+            hi = x
             break
-        if at(hi) > budget:
-            break
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:  # binary: lo fits, hi does not
-        mid = (lo + hi) // 2
-        if at(mid) <= budget:
-            lo = mid
+        if x == limit:
+            return limit, None
+        guess = _where_line_meets(lo, at(lo), x, at(x), budget)
+        lo, x = x, max(2 * x, int(guess * 1.05) + 1)
+    bisect = False
+    while hi - lo > 1:
+        width = hi - lo
+        if bisect:
+            g = (lo + hi) // 2
         else:
-            hi = mid
+            g = min(max(int(_where_line_meets(lo, at(lo), hi, at(hi), budget)), lo + 1), hi - 1)
+        if at(g) <= budget:
+            lo = g
+            if g + 1 < hi and not bisect:
+                lo, hi = (g + 1, hi) if at(g + 1) <= budget else (lo, g + 1)
+        else:
+            hi = g
+            if g - 1 > lo and not bisect:
+                lo, hi = (g - 1, hi) if at(g - 1) <= budget else (lo, g - 1)
+        bisect = bisect or hi - lo > width // 2  # once a guess did not help: halve to the end
     return lo, hi
+
+
+def _where_line_meets(x0: int, y0: int, x1: int, y1: int, budget: int) -> float:
+    """The size where the line through ``(x0, y0)`` and ``(x1, y1)`` reaches ``budget``."""
+    if y1 <= y0:
+        return float(2 * x1)  # flat: no estimate, keep doubling
+    return x0 + (budget - y0) * (x1 - x0) / (y1 - y0)
 
 
 def _check_size_one(a: Analysis, peak: int, budget: int, vary: str, devices: int | None) -> None:
