@@ -6,8 +6,14 @@ many times over. While tracing, :class:`AttentionKernels` (a ``TorchFunctionMode
 call to the kernel the target ``device`` would pick, whose meta kernels allocate what the real
 ones do:
 
-- ``"cuda"`` (default): flash attention when there is no mask, memory-efficient attention with one
-  (PyTorch's priority on recent GPUs); neither keeps the score matrix.
+- ``"cuda"`` (default): the backend PyTorch's CUDA dispatcher (``sdp_utils.cpp``) picks on an
+  sm80+ GPU: flash attention for fp16/bf16 without a mask (cuDNN attention on sm90, which keeps
+  the same), memory-efficient attention for fp32/fp16/bf16 with aligned head dims and equal
+  query/key head counts, else the math path; the fused ones keep no score matrix. Grouped-query
+  attention in fp32, or with a mask, therefore takes the math path, as measured on an H200
+  (torch 2.11: Llama with SDPA in fp32 peaks at 15.7 MiB where flash would need 8.5).
+  ``F.dropout`` runs as CUDA's fused ``native_dropout`` (a one-byte mask; meta and the CPU run the
+  unfused path, which keeps a mask of the input's dtype).
 - ``"cpu"``: ``_scaled_dot_product_flash_attention_for_cpu``, what PyTorch runs on the CPU
   (grouped-query attention natively), except with dropout, which the CPU flash kernel does not
   support: then the math path, as PyTorch does.
@@ -30,6 +36,9 @@ registered here with ``FlopCounterMode``'s formulas for the other fused kernels.
 
 from __future__ import annotations
 
+import functools
+import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,6 +50,9 @@ from .choices import Device
 aten = torch.ops.aten
 DEVICES = tuple(d.value for d in Device)
 _SDPA = torch._C._nn.scaled_dot_product_attention
+_MHA = torch.nn.functional.multi_head_attention_forward
+_DROPOUTS = (torch.nn.functional.dropout, torch.dropout)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _cpu_flash_flops(q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kw: Any) -> int:
@@ -60,14 +72,6 @@ EXTRA_FLOPS = {
 }
 
 
-def _expand_heads(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention: repeat key/value heads to the query's head count."""
-    heads = q.shape[-3]
-    if kv.shape[-3] == heads:
-        return kv
-    return kv.repeat_interleave(heads // kv.shape[-3], dim=-3)
-
-
 class AttentionKernels(TorchFunctionMode):
     """Route ``scaled_dot_product_attention`` to ``device``'s kernel while active."""
 
@@ -76,6 +80,7 @@ class AttentionKernels(TorchFunctionMode):
             raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
         super().__init__()
         self.device = device
+        self._mha: Callable[..., Any] | None = None
 
     def __torch_function__(
         self,
@@ -84,9 +89,30 @@ class AttentionKernels(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if func is not _SDPA:
-            return func(*args, **(kwargs or {}))
-        return self._attention(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func is _SDPA:
+            return self._attention(*args, **kwargs)
+        if func is _MHA:
+            return self._multi_head_attention(*args, **kwargs)
+        if func in _DROPOUTS and self.device == "cuda":
+            return _cuda_dropout(func, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _multi_head_attention(self, *args: Any, **kwargs: Any) -> Any:
+        """``F.multi_head_attention_forward``, whose SDPA and dropout calls this mode cannot see
+        (a mode is not active inside the function it was called for): the same code, run with
+        this mode's SDPA and dropout in its namespace."""
+        if self._mha is None:
+            namespace = dict(_MHA.__globals__)
+            namespace["has_torch_function"] = lambda *_: False  # already handled: here
+            namespace["scaled_dot_product_attention"] = self._attention
+            if self.device == "cuda":
+                namespace["dropout"] = functools.partial(_cuda_dropout, torch.nn.functional.dropout)
+            self._mha = types.FunctionType(
+                _MHA.__code__, namespace, _MHA.__name__, _MHA.__defaults__, _MHA.__closure__
+            )
+            self._mha.__kwdefaults__ = _MHA.__kwdefaults__
+        return self._mha(*args, **kwargs)
 
     def _attention(
         self,
@@ -112,14 +138,18 @@ class AttentionKernels(TorchFunctionMode):
                 q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
             )
             return out  # type: ignore[no-any-return]
-        if enable_gqa and attn_mask is not None:  # memory-efficient attention needs equal heads
-            k, v = _expand_heads(q, k), _expand_heads(q, v)
-        if attn_mask is None:
+        backend = cuda_backend(q, k, v, attn_mask, is_causal)
+        if backend == "math":
+            return _SDPA(
+                q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+            )
+        if backend == "flash":
             out = aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, is_causal, False, scale=scale
             )[0]
             return out  # type: ignore[no-any-return]
-        if attn_mask.dtype == torch.bool:  # the real dispatcher turns a bool mask into a bias
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # the real dispatcher turns a bool mask into a bias
             attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill_(
                 attn_mask.logical_not(), float("-inf")
             )
@@ -127,3 +157,91 @@ class AttentionKernels(TorchFunctionMode):
             q, k, v, attn_mask, q.requires_grad, dropout_p, is_causal, scale=scale
         )[0]
         return out  # type: ignore[no-any-return]
+
+
+def cuda_backend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+) -> str:
+    """The SDPA backend PyTorch's CUDA dispatcher picks on an sm80+ GPU: its checks, in its order.
+
+    ``"flash"`` (fp16/bf16, no mask, equal head dims <= 256, no causal mask over unequal lengths;
+    cuDNN attention, preferred on sm90, allocates the same), ``"efficient"`` (fp32/fp16/bf16,
+    equal query/key head dims that are multiples of 4 (fp32) or 8 (half), equal head counts) or
+    ``"math"``.
+    """
+    dims = (q.shape[-1], k.shape[-1], v.shape[-1])
+    same_heads = q.shape[-3] == k.shape[-3] == v.shape[-3]
+    if (
+        q.dtype in _HALF
+        and attn_mask is None
+        and dims[0] == dims[1] == dims[2] <= 256
+        and not (is_causal and q.shape[-2] != k.shape[-2])
+    ):
+        return "flash"
+    align = 8 if q.dtype in _HALF else 4
+    if (
+        q.dtype in (*_HALF, torch.float32)
+        and dims[0] == dims[1]
+        and dims[0] % align == 0
+        and dims[2] % align == 0
+        and same_heads
+    ):
+        return "efficient"
+    return "math"
+
+
+def _cuda_dropout(
+    func: Any, input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> torch.Tensor:
+    """``F.dropout`` / ``torch.dropout`` as CUDA runs it: the fused ``native_dropout`` (output and
+    a bool mask) wherever PyTorch's ``is_fused_kernel_acceptable`` holds; as is otherwise
+    (in place, eval, ``p`` of 0 or 1, empty, not on meta)."""
+    if not (input.is_meta and training and not inplace and 0 < p < 1 and input.numel() > 0):
+        if func is torch.dropout:
+            return func(input, p, training)  # type: ignore[no-any-return]
+        return func(input, p, training, inplace)  # type: ignore[no-any-return]
+    return torch.native_dropout(input, p, True)[0]
+
+
+def _cublas_copy_bytes(m: torch.Tensor) -> int:
+    """Bytes cuBLAS's caller copies ``m`` into when neither it nor its transpose is laid out
+    with a unit stride (``prepare_matrix_for_cublas``): e.g. the expanded gradient of a sum."""
+    if m.dim() < 2:
+        return 0
+    rows, cols = m.shape[-2], m.shape[-1]
+    s_rows, s_cols = m.stride()[-2], m.stride()[-1]
+    if (s_rows == 1 and s_cols >= max(1, rows)) or (s_cols == 1 and s_rows >= max(1, cols)):
+        return 0
+    return m.numel() * m.element_size()
+
+
+def _matmul_workspace(a: torch.Tensor, b: torch.Tensor, *_: Any, **__: Any) -> int:
+    return _cublas_copy_bytes(a) + _cublas_copy_bytes(b)
+
+
+def _addmm_workspace(
+    bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *_: Any, **__: Any
+) -> int:
+    return _matmul_workspace(a, b)
+
+
+def _safe_softmax_workspace(x: torch.Tensor, dim: int, *_: Any, **__: Any) -> int:
+    """``_safe_softmax`` (SDPA's math path) beside its output: a bool mask of ``-inf`` inputs and
+    one bool per row, freed before it returns (seen on an H200)."""
+    return x.numel() + x.numel() // max(1, x.shape[dim])
+
+
+#: scratch memory inside kernels of a target device, by overload packet: bytes from the op's args
+WORKSPACES: dict[str, dict[Any, Callable[..., int]]] = {
+    "cuda": {
+        aten.mm: _matmul_workspace,
+        aten.bmm: _matmul_workspace,
+        aten.addmm: _addmm_workspace,
+        aten.baddbmm: _addmm_workspace,
+        aten._safe_softmax: _safe_softmax_workspace,
+    },
+}

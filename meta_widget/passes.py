@@ -32,7 +32,7 @@ from .callstack import Listener
 from .choices import Optimizer, Phase
 from .errors import MetaWidgetError
 from .flatten import named_tensors
-from .kernels import AttentionKernels
+from .kernels import WORKSPACES, AttentionKernels
 from .opcache import CacheStats
 from .recorder import Recorder
 from .records import Allocation, CallRecord, Event
@@ -142,6 +142,7 @@ def trace(
         policy=policy,
         tag_grad_nodes=training,
         fast=fast,
+        workspaces=WORKSPACES.get(device),
     )
     run = _Run(recorder, (lambda: Autocast(device, autocast)) if autocast is not None else None)
     run.micro_batches = micro_batches

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,9 @@ class OpPlan:
     flops: Callable[..., int] | None
     #: why the op cache never holds this op (``meta_widget.opcache``), or None
     uncached: str | None = None
+    #: bytes the target device's kernel allocates and frees inside the op (``kernels.py``), or
+    #: None: none
+    workspace: Callable[..., int] | None = None
 
 
 class _OpMode(TorchDispatchMode):
@@ -108,8 +111,10 @@ class Recorder:
         policy: Policy | None = None,
         tag_grad_nodes: bool = False,
         fast: bool = True,
+        workspaces: Mapping[Any, Callable[..., int]] | None = None,
     ) -> None:
         self.root = module
+        self.workspaces = workspaces or {}
         # storage that existed before the trace (parameters, buffers, inputs) is never new
         self.storage = StorageTracker(
             [*module.parameters(), *module.buffers(), *existing], self._free_owner
@@ -213,6 +218,7 @@ class Recorder:
                 if cache is not None:
                     cache.stats.bypass(DECOMPOSED)
                 return out
+        workspace = self._workspace(plan, args, kwargs) if plan.workspace is not None else None
         key = hit = None
         if cache is not None:
             if plan.uncached is None:
@@ -240,6 +246,7 @@ class Recorder:
         if n:
             self._count(plan, n, owner, backward)
         self.storage.track_output(out, plan.name, owner, backward)
+        del workspace  # freed after the output is made, as inside the kernel
         return out
 
     def _run(self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -249,6 +256,21 @@ class Recorder:
             if self.failed_op is None:
                 self.failed_op = plan.name
             raise
+
+    def _workspace(
+        self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> torch.Tensor | None:
+        """The scratch memory ``plan``'s kernel allocates on the target device (cuBLAS copies of
+        operands it cannot stride through, ``_safe_softmax``'s masks), as one tracked meta
+        tensor that lives until the op's output exists; None for none."""
+        assert plan.workspace is not None
+        n = plan.workspace(*args, **kwargs)
+        if not n:
+            return None
+        scratch = torch.empty(n, dtype=torch.uint8, device="meta")
+        owner, backward = self.callstack.owner()
+        self.storage.track(scratch, f"{plan.name} (workspace)", owner, backward)
+        return scratch
 
     def _plan(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpPlan:
         run: Callable[..., Any] = func
@@ -267,6 +289,7 @@ class Recorder:
             run=run,
             flops=_FLOPS.get(func._overloadpacket),
             uncached=static_bypass(func, answered),
+            workspace=self.workspaces.get(func._overloadpacket),
         )
 
     def _count(self, plan: OpPlan, n: int, owner: CallRecord | None, backward: bool) -> None:
