@@ -19,6 +19,7 @@ import {
 import { copyText, errorBlock, h, renderDetails } from "./details";
 import { formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
 import { Header, renderProgress } from "./header";
+import { PRECISION_HINT, precisionOf, scaledTimeline, type Precision } from "./precision";
 import { peakOwner, type Analysis, type CallInfo, type Message, type ModuleInfo, type RerunMessage } from "./protocol";
 import { RERUN_WAIT_MS, initialSession, reduce, type Session, type SessionEvent } from "./session";
 import { Switches } from "./switches";
@@ -161,9 +162,8 @@ export class App {
     depthLabel.append(this.depthSel);
     depthLabel.title = "Expand the tree to this depth (the memory chart shows modules at it)";
     this.depthSel.addEventListener("change", this.onDepth);
-    const dtypeLabel = h("span", "mw-label", "Params as ");
-    dtypeLabel.title =
-      "Parameter memory if floating-point parameters were stored in this dtype (non-float ones kept as recorded)";
+    const dtypeLabel = h("span", "mw-label", "Precision ");
+    dtypeLabel.title = PRECISION_HINT;
     for (const d of DTYPE_CHOICES) {
       const b = h("button", "mw-seg-btn", d === "recorded" ? "recorded" : d);
       b.type = "button";
@@ -463,6 +463,16 @@ export class App {
 
   private paramBytes = (m: ModuleInfo): number => paramBytesAt(m, this.dtype, this.recordedBpe);
 
+  /** The precision the switch shows (null: as recorded): the kernel's what-if numbers. */
+  private precision(): Precision | null {
+    return precisionOf(this.analysis, this.dtype);
+  }
+
+  /** Output mem at the switch's precision (activations follow bf16/fp16, not int8/int4). */
+  private outputBytes(bytes: number): number {
+    return Math.round(bytes * (this.precision()?.actScale ?? 1));
+  }
+
   private computeRows(): void {
     if (!this.tree) {
       this.rows = [];
@@ -566,10 +576,10 @@ export class App {
         fraction: v.paramBytes / s.paramBytes,
       },
       activationBytes: {
-        text: shown ? formatBytes(v.activationBytes) : "–",
+        text: shown ? formatBytes(this.outputBytes(v.activationBytes)) : "–",
         title: container
           ? "not called itself (a container): see its children"
-          : `${formatExact(v.activationBytes)} bytes (outputs' new storage, summed over calls)`,
+          : `${formatExact(this.outputBytes(v.activationBytes))} bytes (outputs' new storage, summed over calls${this.dtype === "recorded" ? "" : `, at ${this.dtype}`})`,
         fraction: v.activationBytes / s.acts,
       },
       flops: {
@@ -646,9 +656,19 @@ export class App {
 
   private renderHeader(): void {
     const root = this.analysis?.modules[0];
+    const p = this.precision();
     this.header.render(this.analysis, this.aggs[0], {
       label: this.dtype === "recorded" ? "param memory" : `param memory (${this.dtype})`,
       bytes: root ? this.paramBytes(root) : (this.analysis?.totals.param_bytes ?? 0),
+      peak: p
+        ? {
+            label: `peak (${p.choice}, estimate)`,
+            bytes: p.total,
+            note: p.note,
+            gradients: Math.round((this.analysis?.memory.gradientBytes ?? 0) * p.actScale),
+            optimizerState: p.categories["optimizer state"] ?? 0,
+          }
+        : undefined,
     });
   }
 
@@ -733,7 +753,13 @@ export class App {
         note += ` Showing the ${MAX_BARS} largest.`;
       }
       this.memoryNote.textContent = note;
-      renderCategoryBar(this.categoryEl, a.memory, a.totals.peak_bytes);
+      const p = this.precision();
+      renderCategoryBar(
+        this.categoryEl,
+        p ? { ...a.memory, categories: p.categories } : a.memory,
+        p ? p.total : a.totals.peak_bytes,
+      );
+      if (p) this.categoryEl.prepend(h("div", "mw-precision-note", p.note));
       const legend = h("span", "mw-legend");
       for (const [cls, label] of [
         ["mw-bar-params", "parameters"],
@@ -744,7 +770,9 @@ export class App {
         legend.append(item);
       }
       this.memoryNote.append(legend);
-      this.memoryChart.setData(memoryBars(a, mods, this.aggs, this.paramBytes), this.chartWidth());
+      const bars = memoryBars(a, mods, this.aggs, this.paramBytes);
+      bars.activations = bars.activations.map((b) => this.outputBytes(b));
+      this.memoryChart.setData(bars, this.chartWidth());
       const sel = this.selectedNode();
       if (sel) this.memoryChart.select(sel.kind === "module" ? sel.module : (sel.members[0] as number));
     } else if (this.tab === "timeline") {
@@ -754,7 +782,17 @@ export class App {
       this.timelineNote.textContent = p
         ? `Live bytes after each allocation and free${a.mode === "training" ? " (forward, backward, optimizer step)" : ""}. Peak ${formatBytes(p.bytes)} in ${peakOwner(a)}${p.op ? ` (${p.op})` : ""}${phase && !peakOwner(a).includes(phase) ? `, in the ${phase} phase` : ""}.`
         : "Live bytes after each allocation and free over the forward pass.";
-      this.timelineChart.setData(a, this.chartWidth());
+      const pr = this.precision();
+      if (pr) {
+        // the same trace at another precision: the timeline re-scaled (see precision.ts)
+        const bytes = scaledTimeline(a, pr);
+        const top = Math.max(...bytes);
+        this.timelineNote.textContent = `${pr.note} Timeline re-scaled from the recorded trace; peak ${formatBytes(top)}.`;
+        this.timelineChart.setData(
+          { ...a, timeline: { ...a.timeline, bytes }, peak: a.peak && { ...a.peak, bytes: top } },
+          this.chartWidth(),
+        );
+      } else this.timelineChart.setData(a, this.chartWidth());
     }
   }
 

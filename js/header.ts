@@ -12,6 +12,8 @@ import type { Aggregate } from "./tree";
 export interface ParamMemory {
   label: string;
   bytes: number;
+  /** The peak at the precision switch's choice, when it is not "recorded". */
+  peak?: { label: string; bytes: number; note: string; gradients: number; optimizerState: number };
 }
 
 export class Header {
@@ -71,22 +73,30 @@ function totals(a: Analysis, rootAgg: Aggregate | undefined, params: ParamMemory
       "as torch.utils.flop_counter.FlopCounterMode counts them",
     ],
     [params.label, formatBytes(params.bytes), "1 KiB = 1024 bytes"],
-    [
-      "peak",
-      running ? "…" : formatBytes(t.peak_bytes),
-      a.mode === "training"
-        ? `maximum of live bytes over forward, backward and optimizer step${a.memory.peakPhase ? ` (reached in ${a.memory.peakPhase})` : ""}, at the recorded dtypes`
-        : "maximum of live bytes over the forward pass, at the recorded dtypes",
-    ],
+    params.peak
+      ? [params.peak.label, running ? "…" : formatBytes(params.peak.bytes), params.peak.note]
+      : [
+          "peak",
+          running ? "…" : formatBytes(t.peak_bytes),
+          a.mode === "training"
+            ? `maximum of live bytes over forward, backward and optimizer step${a.memory.peakPhase ? ` (reached in ${a.memory.peakPhase})` : ""}, at the recorded dtypes`
+            : "maximum of live bytes over the forward pass, at the recorded dtypes",
+        ],
   ];
   if (a.mode === "training") {
     const m = a.memory;
+    const p = params.peak;
+    const at = p ? ` (${p.label.replace(/^peak \(|\)$/g, "")})` : "";
     items.push(
-      ["gradients", running ? "…" : formatBytes(m.gradientBytes), "gradient memory: one gradient per trainable parameter"],
       [
-        "optimizer state",
-        running ? "…" : formatBytes(m.optimizerStateBytes),
-        `optimizer state on the device${m.optimizerHostBytes ? `; ${formatBytes(m.optimizerHostBytes)} more on the host` : ""}`,
+        `gradients${p ? " (est.)" : ""}`,
+        running ? "…" : formatBytes(p ? p.gradients : m.gradientBytes),
+        `gradient memory: one gradient per trainable parameter${at}`,
+      ],
+      [
+        `optimizer state${p ? " (est.)" : ""}`,
+        running ? "…" : formatBytes(p ? p.optimizerState : m.optimizerStateBytes),
+        `optimizer state on the device${at}${m.optimizerHostBytes ? `; ${formatBytes(m.optimizerHostBytes)} more on the host` : ""}`,
       ],
     );
   }

@@ -202,6 +202,12 @@ export interface Memory {
   gradientBytes: number;
   optimizerStateBytes: number;
   optimizerHostBytes: number;
+  /**
+   * The peak by category at each precision of the switch (`fp32`, `bf16`, ... ; Python's
+   * `a.what_if()`): every category, `total`, and `activation_scale` (the factor activations and
+   * temporaries get). Empty when not sent.
+   */
+  whatIf: Record<string, Record<string, number>>;
 }
 
 export interface ShapeMismatch {
@@ -449,6 +455,9 @@ function decodeMemory(raw: unknown): Memory {
     gradientBytes: num(m.gradient_bytes),
     optimizerStateBytes: num(m.optimizer_state_bytes),
     optimizerHostBytes: num(m.optimizer_host_bytes),
+    whatIf: isObj(m.what_if)
+      ? Object.fromEntries(Object.entries(m.what_if).filter(([, v]) => isObj(v)).map(([k, v]) => [k, nums(v)]))
+      : {},
   };
 }
 

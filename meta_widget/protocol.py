@@ -55,7 +55,9 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       },
       "memory": {"categories": {name: bytes},   # live at the peak; they add up to peak_bytes
                  "phases": {phase: first timeline index}, "peak_phase": str | null,
-                 "gradient_bytes", "optimizer_state_bytes", "optimizer_host_bytes"},
+                 "gradient_bytes", "optimizer_state_bytes", "optimizer_host_bytes",
+                 "what_if": {"fp32" | "bf16" | "fp16" | "int8" | "int4":   # the switch
+                             {category: bytes, "total", "activation_scale"}}},
       "totals": {"params", "trainable_params", "flops", "param_bytes", "buffer_bytes",
                  "input_bytes", "activation_bytes", "peak_bytes"},
       "peak": {"bytes": int, "call": int, "module": str, "op": str} | null,
@@ -102,10 +104,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .estimates import recorded_element_size, what_if
+from .units import DTYPE_BYTES
+
 if TYPE_CHECKING:
     from .analysis import Analysis
     from .explain import Explanation
     from .flatten import TensorInfo
+    from .memory import MemoryReport
     from .records import CallRecord
     from .tree import ModuleNode
 
@@ -281,6 +287,7 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
         "gradient_bytes": mem.gradient_bytes,
         "optimizer_state_bytes": mem.optimizer_state_bytes,
         "optimizer_host_bytes": mem.optimizer_host_bytes,
+        "what_if": encode_what_if(mem),
     }
     payload["totals"] = {
         "params": a.total_params,
@@ -310,6 +317,39 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     if a.checkpoint_diff is not None:
         payload["checkpoint"] = a.checkpoint_diff.to_dict()
     return payload
+
+
+#: the widget's precision switch: each choice and the ``what_if`` arguments it stands for
+#: (compute dtype, or None: the recorded one; weight-only format, or None)
+PRECISION_CHOICES: dict[str, tuple[str | None, str | None]] = {
+    "fp32": ("float32", None),
+    "bf16": ("bfloat16", None),
+    "fp16": ("float16", None),
+    "int8": (None, "int8"),
+    "int4": (None, "int4"),
+}
+
+
+def encode_what_if(report: MemoryReport) -> dict[str, dict[str, float]]:
+    """The peak by category at each precision the widget's switch offers: ``what_if``'s numbers.
+
+    Each choice maps to :func:`meta_widget.estimates.what_if` (the one definition; its docstring
+    has the formulas): bf16/fp16 put weights, gradients, optimizer state *and activations* in
+    that dtype; int8/int4 quantize the weights only (inference), activations stay at the
+    recorded dtype. ``activation_scale`` is the factor activations and temporaries get (``c /
+    r``), which the front end applies to the timeline and the per-module output memory.
+    """
+    r = recorded_element_size(report)
+    recorded = "float32" if r >= 4 else "bfloat16"  # any 2-byte dtype scales the same
+    out: dict[str, dict[str, float]] = {}
+    for name, (dtype, weights) in PRECISION_CHOICES.items():
+        if weights is not None and report.mode == "training":
+            continue  # weight-only quantization is an inference what-if
+        compute = dtype or recorded
+        entry: dict[str, float] = dict(what_if(report, dtype=compute, weights=weights))
+        entry["activation_scale"] = DTYPE_BYTES[compute] / r
+        out[name] = entry
+    return out
 
 
 #: integer columns left out of a payload when every value is 0 (they read as zeros)

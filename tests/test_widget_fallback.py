@@ -193,3 +193,26 @@ def test_a_config_says_which_class_it_built_and_how_to_pick_another() -> None:
     b = mw.analyze(config)
     assert b.title == "GPT2LMHeadModel"
     assert any("Built GPT2LMHeadModel" in n and "first of its architectures" in n for n in b.notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# the precision switch
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_the_precision_switch_peak_is_what_a_bf16_trace_gives(mode: str) -> None:
+    """The switch's bf16 numbers (the payload's ``what_if``) against the model traced in bf16."""
+    a = mw.analyze(tiny_gpt2(), input_size=(2, 16), mode=mode, device="cpu")
+    real = mw.analyze(
+        tiny_gpt2(), input_size=(2, 16), mode=mode, device="cpu", param_dtype="bfloat16"
+    )
+    switch = a.to_payload()["memory"]["what_if"]
+    assert switch["bf16"]["total"] == pytest.approx(real.peak_bytes, rel=0.01)
+    assert switch["bf16"]["parameters"] == real.memory.categories["parameters"]
+    assert switch["bf16"]["activation_scale"] == 0.5
+    if mode == "inference":
+        # weight-only int8: parameters at 1 byte each, activations as recorded
+        assert switch["int8"]["parameters"] == a.total_params
+        assert switch["int8"]["activations"] == a.memory.categories["activations"]
+    else:
+        assert "int8" not in switch  # weight-only quantization is an inference what-if
