@@ -643,6 +643,7 @@ def _assemble(
             if rec.module >= 0:
                 nodes[rec.module].calls.append(rec)
         report = memory_report(module, input_tensors, result.calls, result, options.training)
+        notes = [*notes, *result.notes]
     return Analysis(
         title=type(module).__name__,
         source=meta.source,

@@ -31,6 +31,7 @@ from .autocast import Autocast
 from .callstack import Listener
 from .choices import Optimizer, Phase
 from .errors import MetaWidgetError
+from .factories import DeviceLessFactories
 from .flatten import named_tensors
 from .kernels import WORKSPACES, AttentionKernels
 from .opcache import CacheStats
@@ -70,6 +71,8 @@ class Trace:
     state_other_bytes: int = 0
     #: what the op cache did (``meta_widget.opcache``); None when the fast path was off
     fast_path: CacheStats | None = None
+    #: what the analysis should tell (tensors made without a device, see ``factories``)
+    notes: list[str] = field(default_factory=list)
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -186,6 +189,7 @@ def trace(
         state_keys=run.state_keys,
         state_other_bytes=run.state_other,
         fast_path=recorder.cache.stats if recorder.cache is not None else None,
+        notes=run.factories.notes(),
     )
 
 
@@ -203,6 +207,7 @@ def _setup_and_run(
         run.recorder.root.train(training)
         _patch_forwards(checkpointed if training else (), device, undo)
         undo.add(FunctionModes().restore)
+        run.factories.enter(undo)  # device-less tensors of the model's code land on meta
         if device != "math":
             AttentionKernels(device).__enter__()
         _set_grad_enabled(training, undo)
@@ -233,6 +238,7 @@ class _Run:
         self.exception: BaseException | None = None
         self.output: Any = None  # outlives the recorder: the timeline ends with the outputs
         self.opt: Any = None
+        self.factories = DeviceLessFactories()
 
     def step(
         self,
@@ -257,6 +263,7 @@ class _Run:
             # the loss goes straight into backward: no frame here keeps it alive after backward
             self._backward(self._forward(module, args, kwargs, loss, saved), params, on_phase)
         if optimizer is not None:
+            self.factories.leave()  # the optimizer's device-less state stays on the host
             self._optimizer_step(optimizer, params, on_phase)
 
     def _forward(
@@ -469,13 +476,14 @@ def _pause_gc(undo: Undo) -> None:
 def _checkpoint_forward(m: torch.nn.Module, device: str) -> torch.nn.Module:
     """Make ``m``'s forward run under activation checkpointing (an instance attribute).
 
-    The recomputation runs inside the autograd engine, where the attention mode of the trace is
-    not active: it is entered again around the forward, so both runs use the same kernels.
+    The recomputation runs inside the autograd engine, where the function modes of the trace are
+    not active: the attention mode and meta as the default device are entered again around the
+    forward, so both runs use the same kernels and make the same tensors.
     """
     forward = m.forward
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        with AttentionKernels(device):
+        with AttentionKernels(device), torch.device("meta"):
             return forward(*args, **kwargs)
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
