@@ -15,8 +15,9 @@ same step under ``torch.autocast("cuda", bf16 / fp16)`` with fp32 master weights
 inside autocast, backward and step outside, as people write it; the output is kept until after
 the step, as ``out = model(x)`` keeps it and as ``mw.analyze`` records it), bf16 inference under
 autocast, pure bf16 training (parameters and AdamW state in bf16), gradient accumulation over four
-micro-batches, and PyTorch's fused inference fast paths (``nn.TransformerEncoder`` with and without
-a padding mask, ``nn.MultiheadAttention``, stacked LSTM / GRU).
+micro-batches (each on the whole inputs, the loss divided by four, as ``micro_batches=4``
+runs), and PyTorch's fused inference fast paths (``nn.TransformerEncoder`` with and without a
+padding mask, ``nn.MultiheadAttention``, stacked LSTM / GRU).
 """
 
 from __future__ import annotations
@@ -120,16 +121,6 @@ def _cases() -> dict[str, Case]:
 CASES = _cases()
 
 
-def _split(inputs: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """``inputs`` cut into ``n`` micro-batches along dim 0 (non-tensors kept as they are)."""
-    parts = [dict(inputs) for _ in range(n)]
-    for key, value in inputs.items():
-        if isinstance(value, torch.Tensor):
-            for part, chunk in zip(parts, value.chunk(n), strict=True):
-                part[key] = chunk
-    return parts
-
-
 def measure(case: Case) -> dict[str, int]:
     """The case run for real on the GPU: peak allocated bytes over the pass, net of what was
     allocated before the model and its inputs were moved there."""
@@ -160,10 +151,10 @@ def measure(case: Case) -> dict[str, int]:
         del out
     else:
         assert optimizer is not None
-        for part in _split(moved, case.micro_batches):
+        for _ in range(case.micro_batches):  # each on the whole inputs, as analyze() runs them
             with autocast:
-                out = _call(model, part)  # kept through backward, as `out = model(x)` keeps it
-                loss = default_loss(out)
+                out = _call(model, moved)  # kept through backward, as `out = model(x)` keeps it
+                loss = default_loss(out) / case.micro_batches
             loss.backward()
             del loss
         optimizer.step()

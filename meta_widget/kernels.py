@@ -235,6 +235,12 @@ def _safe_softmax_workspace(x: torch.Tensor, dim: int, *_: Any, **__: Any) -> in
     return x.numel() + x.numel() // max(1, x.shape[dim])
 
 
+def _softmax_backward_workspace(grad: torch.Tensor, *_: Any, **__: Any) -> int:
+    """CUDA's softmax backward allocates a second buffer of the gradient's size beside its
+    output, freed before it returns (seen on an H200 in every eager-attention backward)."""
+    return grad.numel() * grad.element_size()
+
+
 #: scratch memory inside kernels of a target device, by overload packet: bytes from the op's args
 WORKSPACES: dict[str, dict[Any, Callable[..., int]]] = {
     "cuda": {
@@ -243,5 +249,6 @@ WORKSPACES: dict[str, dict[Any, Callable[..., int]]] = {
         aten.addmm: _addmm_workspace,
         aten.baddbmm: _addmm_workspace,
         aten._safe_softmax: _safe_softmax_workspace,
+        aten._softmax_backward_data: _softmax_backward_workspace,
     },
 }

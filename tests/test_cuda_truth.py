@@ -25,23 +25,30 @@ import gpu_truth  # noqa: E402
 
 MEASURED = json.loads((ROOT / "benchmarks/results/gpu_truth_h200.json").read_text())["cases"]
 
-#: passes whose CUDA peak the trace equals (within 0.5 %, the caching allocator's 512-byte
-#: rounding of small tensors)
-EQUAL = [
-    "MLP | inference",
-    "MLP | training",
-    "CNN (BatchNorm) | inference",
-    "CNN (BatchNorm) | training",
-    "GPT-2 tiny, SDPA | inference",
-    "GPT-2 tiny, eager attention | inference",
-    "Llama tiny, eager attention | inference",
-    "Llama tiny, eager attention | training",
-    "Llama tiny, SDPA | inference",  # grouped-query attention in fp32: the math path
-    "Llama tiny, SDPA | training",
-]
+#: passes the trace does not match yet, with why (README, "On a real GPU"); every other case of
+#: the file is equal within 0.5 % (the caching allocator's 512-byte rounding)
+CLOSE = {
+    # the allocator hands a request a whole cached block when the rest would be too small to
+    # split (a 4,096,000-byte request can count 4 MiB): it depends on what ran before
+    "GPT-2 tiny, SDPA | training": 0.03,
+    "GPT-2 tiny, SDPA | training, 4 micro-batches": 0.03,
+    "GPT-2 tiny, eager attention | training": 0.03,
+    "GPT-2 tiny, eager attention | training, 4 micro-batches": 0.03,
+}
+#: the fused inference paths and cuDNN's RNN workspace (the trace cannot see into them)
+APART = {
+    "MultiheadAttention | inference",
+    "TransformerEncoder | inference",
+    "TransformerEncoder, padding mask | inference",
+    "LSTM x2 | inference",
+    "GRU x2 | inference",
+}
+EQUAL = [name for name in gpu_truth.CASES if name not in CLOSE and name not in APART]
 
-#: within 3 %: what is left is in README ("On a real GPU")
-CLOSE = ["GPT-2 tiny, SDPA | training", "GPT-2 tiny, eager attention | training"]
+
+def test_every_case_is_measured() -> None:
+    assert set(MEASURED) == set(gpu_truth.CASES)
+    assert all("peak_bytes" in MEASURED[name] for name in gpu_truth.CASES)
 
 
 @pytest.mark.parametrize("name", EQUAL)
@@ -51,10 +58,10 @@ def test_cuda_peak_equals_the_h200_measurement(name: str) -> None:
     assert predicted == pytest.approx(measured, rel=0.005)
 
 
-@pytest.mark.parametrize("name", CLOSE)
+@pytest.mark.parametrize("name", sorted(CLOSE))
 def test_cuda_peak_is_close_to_the_h200_measurement(name: str) -> None:
     predicted = gpu_truth.predict(gpu_truth.CASES[name])
-    assert predicted == pytest.approx(MEASURED[name]["peak_bytes"], rel=0.03)
+    assert predicted == pytest.approx(MEASURED[name]["peak_bytes"], rel=CLOSE[name])
 
 
 def test_kernel_workspaces_are_allocated_and_freed_inside_the_op() -> None:
