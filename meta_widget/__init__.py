@@ -35,6 +35,7 @@ __all__ = [
     "OptionError",
     "OptionTypeError",
     "Options",
+    "ParallelError",
     "SourceError",
     "Sweep",
     "UnsafeCheckpointError",
@@ -77,6 +78,7 @@ _WHERE = {
     "SourceError": "sources",
     "ConcurrentTraceError": "passes",
     "EstimateError": "estimates",
+    "ParallelError": "parallel",
     "MetaValueNeeded": "assume",
     "UsageError": "cli",
     "CommandError": "cli",
@@ -106,6 +108,7 @@ if TYPE_CHECKING:
     from .magics import load_ipython_extension, unload_ipython_extension
     from .materialize import InsufficientMemoryError, MaterializeError, materialize
     from .options import InputError, OptionError, OptionTypeError
+    from .parallel import ParallelError
     from .passes import ConcurrentTraceError
     from .sources import SourceError
     from .sweeps import Sweep, sweep

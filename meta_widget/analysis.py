@@ -21,6 +21,7 @@ from . import heavy
 from .assume import Assumption, Policy
 from .checkpoints import CheckpointDiff, checkpoint_diff, inspect_checkpoint
 from .choices import Mode
+from .comms import CommRecord, comms_frame, comms_totals
 from .estimates import distributed_table, what_if_table
 from .explain import Explanation, explain
 from .figures import categories_figure, memory_figure, timeline_figure
@@ -41,6 +42,7 @@ from .options import (
     check_micro_batches,
     check_mode,
     check_optimizer,
+    check_parallel,
     check_param_dtype,
     checkpoint_selection,
     input_dtypes,
@@ -93,6 +95,7 @@ class Options:
     fast: bool = True
     #: notes about the inputs made from ``input_size``/``dtypes`` (carried over by ``rerun``)
     input_notes: tuple[str, ...] = ()
+    parallel: Any = None
 
     def checked(self) -> tuple[Options, list[str]]:
         """Every option checked before anything is built, and the notes a given option leaves
@@ -115,6 +118,7 @@ class Options:
             autocast=check_autocast(self.autocast),
             param_dtype=check_param_dtype(self.param_dtype),
             micro_batches=check_micro_batches(self.micro_batches, mode),
+            parallel=check_parallel(self.parallel),
         )
         return checked, notes
 
@@ -171,6 +175,8 @@ class Analysis:
     #: the widget ``widget()`` made (displaying ``a`` shows it): its switches' re-runs are in
     #: ``a.widget().analysis``
     view: MetaWidget | None = field(default=None, repr=False)
+    #: with ``parallel=``: the collectives rank 0 ran, in order (``comms`` is their DataFrame)
+    comm_records: list[CommRecord] = field(default_factory=list)
 
     # -- totals -------------------------------------------------------------------------------
 
@@ -288,6 +294,17 @@ class Analysis:
         if self.error is None or self.error.call is None:
             return None
         return self.modules[self.calls[self.error.call].module]
+
+    @property
+    def comms(self) -> pd.DataFrame:
+        """With ``parallel=``: one row per collective rank 0 ran, in order: ``module`` (the one
+        it serves), ``phase``, ``collective``, ``bytes`` (the whole tensor gathered, reduced or
+        sent), ``group`` (mesh dimension) and ``group_size``; ``comms_per_step()`` sums them."""
+        return comms_frame(self.comm_records)
+
+    def comms_per_step(self) -> pd.DataFrame:
+        """The collectives of the step summed by phase, collective and group (calls, bytes)."""
+        return comms_totals(self.comm_records)
 
     def summary(self, depth: int | EllipsisType | None = ...) -> str:
         """A text table of the tree down to ``depth`` (None: all; default: :attr:`depth`), with
@@ -430,6 +447,7 @@ def analyze(
     autocast: torch.dtype | str | None = None,
     param_dtype: torch.dtype | str | None = None,
     micro_batches: int = 1,
+    parallel: Mapping[str, Any] | None = None,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
     fast: bool = True,
 ) -> Analysis:
@@ -501,6 +519,13 @@ def analyze(
         In training: forward, loss and backward run this many times (each on the given
         inputs, the loss divided by the count), gradients accumulating, then one optimizer
         step. FLOPs and calls count every micro-batch.
+    parallel
+        Trace one rank of several devices, on PyTorch's own engine (``meta_widget.parallel``):
+        ``{"fsdp": 8}`` (FSDP2's ``fully_shard`` on each block, then the root),
+        ``{"tp": 2}`` (``parallelize_module`` with the config's tensor-parallel plan) or both,
+        ``{"fsdp": 4, "tp": 2}``; optional ``"blocks"`` (what ``fully_shard`` wraps) and
+        ``"tp_plan"`` (``{path: "colwise" | "rowwise"}``). Memory, FLOPs and ``comms`` are then
+        those of rank 0; the batch given is the batch of one rank.
     listeners
         Functions called with each :class:`CallRecord` as it completes.
     fast
@@ -541,6 +566,7 @@ def analyze(
         param_dtype=param_dtype,
         micro_batches=micro_batches,
         fast=fast,
+        parallel=parallel,
     )
     if isinstance(model, (str, os.PathLike)):
         options.checked()  # the same checks, for the same messages
@@ -590,20 +616,19 @@ def run(
     view = _resolve_widget(widget, options)
     stream = None
     result = None
+    traced, comms = module, []
+    if options.parallel is not None and inputs.empty:
+        notes.append("parallel= needs inputs: without a forward pass nothing per rank is traced.")
     if not inputs.empty:
         if view is not None:
             stream = view.stream(
                 nodes, title=type(module).__name__, source=meta.source, mode=options.mode
             )
-        result = trace(
-            module,
-            inputs.args,
-            inputs.kwargs,
+        common: dict[str, Any] = dict(
             training=options.training,
             optimizer=options.optimizer,
             loss=options.loss,
             device=options.device,
-            checkpointed=_checkpointed(module, options.activation_checkpointing),
             listeners=[*listeners, stream.add] if stream is not None else list(listeners),
             policy=options.policy(),
             fast=options.fast,
@@ -611,7 +636,21 @@ def run(
             autocast=options.autocast,
             micro_batches=options.micro_batches,
         )
-    analysis = _assemble(meta, nodes, input_tensors, kept, notes, diff, result)
+
+        def checkpointed(m: torch.nn.Module) -> list[torch.nn.Module]:
+            return _checkpointed(m, options.activation_checkpointing)
+
+        if options.parallel is None:
+            result = trace(
+                module, inputs.args, inputs.kwargs, checkpointed=checkpointed(module), **common
+            )
+        else:
+            rank = heavy.parallel().trace_rank(
+                options.parallel, module, inputs.args, inputs.kwargs, checkpointed, **common
+            )
+            result, traced, comms = rank.trace, rank.module, rank.comms
+    analysis = _assemble(meta, nodes, input_tensors, kept, notes, diff, result, traced)
+    analysis.comm_records = comms
     analysis.source_model = source  # what rerun and materialize start from: the model as given
     analysis.seconds = time.perf_counter() - start
     if view is not None:
@@ -632,8 +671,10 @@ def _assemble(
     notes: list[str],
     diff: CheckpointDiff | None,
     result: Trace | None,
+    traced: torch.nn.Module | None = None,
 ) -> Analysis:
-    """The :class:`Analysis` of a trace (``result``), or of the structure alone (None)."""
+    """The :class:`Analysis` of a trace (``result``), or of the structure alone (None);
+    ``traced`` is the module the trace ran, when not ``meta.module`` (one rank's, wrapped)."""
     module = meta.module
     if result is None:
         report = memory_report(module, input_tensors)
@@ -642,7 +683,13 @@ def _assemble(
         for rec in result.calls:
             if rec.module >= 0:
                 nodes[rec.module].calls.append(rec)
-        report = memory_report(module, input_tensors, result.calls, result, options.training)
+        report = memory_report(
+            traced if traced is not None else module,
+            input_tensors,
+            result.calls,
+            result,
+            options.training,
+        )
         notes = [*notes, *result.notes]
     return Analysis(
         title=type(module).__name__,

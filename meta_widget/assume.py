@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import MetaWidgetError
-from .storage import storage_key
+from .storage import on_meta, storage_key
 
 if TYPE_CHECKING:
     from .records import CallRecord
@@ -134,7 +134,7 @@ def caller_site() -> tuple[str | None, int | None, str | None]:
 
 def nonzero_upper_bound(t: torch.Tensor) -> torch.Tensor:
     """``nonzero`` as if every element were nonzero: shape ``(numel, ndim)``."""
-    return torch.empty((t.numel(), t.dim()), dtype=torch.long, device="meta")
+    return torch.empty((t.numel(), t.dim()), dtype=torch.long, device=t.device)
 
 
 def _mask_to_indices(index: Any) -> list[Any]:
@@ -142,8 +142,8 @@ def _mask_to_indices(index: Any) -> list[Any]:
     out: list[Any] = []
     for ix in index:
         if isinstance(ix, torch.Tensor) and ix.dtype in (torch.bool, torch.uint8):
-            n = ix.numel()
-            out.extend(torch.empty((n,), dtype=torch.long, device="meta") for _ in range(ix.dim()))
+            n, device = ix.numel(), ix.device
+            out.extend(torch.empty((n,), dtype=torch.long, device=device) for _ in range(ix.dim()))
         else:
             out.append(ix)
     return out
@@ -163,7 +163,7 @@ def index_upper_bound(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 def masked_select_upper_bound(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     shape = torch.broadcast_shapes(t.shape, mask.shape)
-    return torch.empty((int(torch.Size(shape).numel()),), dtype=t.dtype, device="meta")
+    return torch.empty((int(torch.Size(shape).numel()),), dtype=t.dtype, device=t.device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ def _grouped_mm(
     else:  # (m, k) x (k, n) with offsets along k: one (m, n) result per group
         groups = offs.shape[0] if offs is not None else 1
         shape = (groups, a.shape[0], b.shape[-1])
-    return torch.empty(shape, dtype=dtype, device="meta")
+    return torch.empty(shape, dtype=dtype, device=a.device)
 
 
 def grid_value(mask_shape: tuple[int, ...], offset: int) -> int:
@@ -265,7 +265,7 @@ class Assumptions:
         policy = self.policy
         assert policy is not None
         first = args[0] if args else None
-        if not isinstance(first, torch.Tensor) or not first.is_meta:
+        if not isinstance(first, torch.Tensor) or not on_meta(first) or _constant(first):
             return func(*args, **kwargs)
         if func is aten._local_scalar_dense.default:
             return self._scalar(first)
@@ -323,7 +323,7 @@ class Assumptions:
 
     def taint(self, out: Any) -> None:
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.is_meta:
+            if isinstance(t, torch.Tensor) and on_meta(t):
                 self.tainted.add(storage_key(t))
 
     def _known_value(self, t: torch.Tensor) -> Any:
@@ -364,14 +364,19 @@ class Assumptions:
             rec.assumed = True
 
 
+def _constant(t: torch.Tensor) -> bool:
+    """A fake tensor whose value is known (e.g. an optimizer's step counter in a parallel trace)."""
+    return getattr(t, "constant", None) is not None
+
+
 def _any_in(args: tuple[Any, ...], keys: set[int]) -> bool:
     """Whether a tensor among ``args`` (or in a list argument) has its storage in ``keys``."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.is_meta and storage_key(a) in keys:
+            if on_meta(a) and storage_key(a) in keys:
                 return True
         elif isinstance(a, (list, tuple)):
             for b in a:
-                if isinstance(b, torch.Tensor) and b.is_meta and storage_key(b) in keys:
+                if isinstance(b, torch.Tensor) and on_meta(b) and storage_key(b) in keys:
                     return True
     return False

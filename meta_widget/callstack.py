@@ -20,7 +20,7 @@ import torch
 from .choices import Phase
 from .flatten import TensorInfo, describe_inputs, named_tensors
 from .records import CallRecord
-from .storage import StorageTracker, storage_key
+from .storage import StorageTracker, inner_tensors, on_meta, storage_key
 
 __all__ = ["CallStack", "Listener"]
 
@@ -135,7 +135,7 @@ class CallStack:
             else list(named_tensors(output, caches=not self.stack))
         )
         rec.outputs = [(name, TensorInfo.of(t)) for name, t in named]
-        keys = {storage_key(t) for _, t in named if t.is_meta}
+        keys = {storage_key(x) for _, t in named for x in inner_tensors(t) if on_meta(x)}
         rec.activation_bytes = self._storage.new_bytes(keys, rec.start_event)
         if self._tainted and not keys.isdisjoint(self._tainted):
             rec.assumed = True

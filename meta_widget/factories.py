@@ -32,8 +32,8 @@ class DeviceLessFactories(_device.DeviceContext):
     file.py:LINE"`` to the number of tensors made there without a device.
     """
 
-    def __init__(self) -> None:
-        super().__init__("meta")
+    def __init__(self, device: str = "meta") -> None:
+        super().__init__(device)
         self.made: dict[str, int] = {}
         self._saved_device = _device.CURRENT_DEVICE
         self._saved_modes = FunctionModes()

@@ -14,6 +14,7 @@ __all__ = [
     "analysis",
     "display",
     "pandas",
+    "parallel",
     "plotly_go",
     "plotly_subplots",
     "torch",
@@ -32,6 +33,13 @@ def torch() -> ModuleType:
 def analysis() -> ModuleType:
     """``meta_widget.analysis``, the analyzer (it imports torch and the tracer)."""
     from . import analysis as module
+
+    return module
+
+
+def parallel() -> ModuleType:
+    """``meta_widget.parallel`` (it imports FSDP2 and tensor parallelism, ~1 s)."""
+    from . import parallel as module
 
     return module
 

@@ -46,6 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from .choices import Device
+from .storage import on_meta
 
 aten = torch.ops.aten
 DEVICES = tuple(d.value for d in Device)
@@ -125,7 +126,7 @@ class AttentionKernels(TorchFunctionMode):
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        if not (q.is_meta and q.dim() == 4):
+        if not (on_meta(q) and q.dim() == 4):
             return _SDPA(
                 q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )

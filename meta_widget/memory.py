@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .choices import Phase
+from .storage import local
 from .units import DTYPE_BYTES
 
 if TYPE_CHECKING:
@@ -119,7 +120,8 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 def unique_bytes(tensors: Sequence[torch.Tensor]) -> dict[str, int]:
-    """Bytes by dtype of ``tensors``, each tensor object counted once."""
+    """Bytes by dtype of ``tensors``, each tensor object counted once; a DTensor counts the
+    storage of its local shard on this device (FSDP's padding included)."""
     seen: set[int] = set()
     out: dict[str, int] = {}
     for t in tensors:
@@ -127,7 +129,9 @@ def unique_bytes(tensors: Sequence[torch.Tensor]) -> dict[str, int]:
             continue
         seen.add(id(t))
         name = _dtype_name(t)
-        out[name] = out.get(name, 0) + t.numel() * t.element_size()
+        held = local(t)
+        n = held.untyped_storage().nbytes() if held is not t else t.numel() * t.element_size()
+        out[name] = out.get(name, 0) + n
     return out
 
 
@@ -157,6 +161,8 @@ def category(a: Allocation, trace: Trace, training: bool) -> str:
         return "gradients"
     if a.freed < 0 and a.key in trace.state_keys:
         return "optimizer state"
+    if a.category is not None:
+        return a.category
     if a.phase != Phase.FORWARD:
         return "temporaries"
     if not training:
@@ -184,7 +190,7 @@ def memory_report(
         activation_bytes=sum(e.nbytes for e in events if e.nbytes > 0 and e.phase == Phase.FORWARD),
         params_by_dtype=params_by_dtype,
         buffers_by_dtype=buffers_by_dtype,
-        float_params=sum(p.numel() for p in params if p.is_floating_point()),
+        float_params=sum(local(p).numel() for p in params if p.is_floating_point()),
         mode="training" if training else "inference",
     )
     base = report.baseline_bytes
@@ -210,7 +216,8 @@ def memory_report(
         report.peak_module = calls[report.peak_call].path
     for a in trace.allocations:
         if a.event <= i and (a.freed < 0 or a.freed > i):
-            report.categories[category(a, trace, training)] += a.nbytes
+            name = category(a, trace, training)  # a parallel trace adds two (comms.py)
+            report.categories[name] = report.categories.get(name, 0) + a.nbytes
     report.optimizer_host_bytes = other_state
     alive = [a for a in trace.allocations if a.freed < 0]
     report.gradient_bytes = sum(a.nbytes for a in alive if a.key in trace.grad_keys)

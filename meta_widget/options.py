@@ -22,6 +22,7 @@ import numbers
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import heavy
@@ -37,6 +38,7 @@ __all__ = [
     "InputError",
     "OptionError",
     "OptionTypeError",
+    "ParallelPlan",
     "carried_optimizer",
     "check_assume",
     "check_autocast",
@@ -48,6 +50,7 @@ __all__ = [
     "check_micro_batches",
     "check_mode",
     "check_optimizer",
+    "check_parallel",
     "check_param_dtype",
     "checkpoint_selection",
     "dtype_options",
@@ -449,3 +452,76 @@ def check_micro_batches(count: Any, mode: str) -> int:
             "pass mode='training', or leave micro_batches=1."
         )
     return operator.index(count)
+
+
+# -- parallel --------------------------------------------------------------------------------
+
+_PARALLEL_EXAMPLE = (
+    'e.g. parallel={"fsdp": 8}, {"tp": 2}, {"fsdp": 4, "tp": 2}, with optional "blocks" '
+    '(module paths or class names fully_shard wraps) and "tp_plan" ({path: "colwise"})'
+)
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """``parallel=`` checked: FSDP2 over ``fsdp`` ranks and/or tensor parallelism over ``tp``
+    (``fsdp * tp`` ranks in all, this trace is rank 0), the modules ``fully_shard`` wraps
+    (``blocks``: None, each child of the outermost ``ModuleList``s) and the TP plan (``tp_plan``:
+    None, the transformers config's)."""
+
+    fsdp: int = 1
+    tp: int = 1
+    blocks: tuple[str, ...] | None = None
+    tp_plan: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def world(self) -> int:
+        return self.fsdp * self.tp
+
+
+def check_parallel(parallel: Any) -> ParallelPlan | None:
+    """``parallel``: None, or a dict with ``fsdp`` and/or ``tp`` sizes (see ``ParallelPlan``)."""
+    if parallel is None:
+        return None
+    if isinstance(parallel, ParallelPlan):
+        return parallel
+    if not isinstance(parallel, Mapping):
+        raise OptionTypeError(
+            f"parallel must be a dict, not {type(parallel).__name__}: {_PARALLEL_EXAMPLE}."
+        )
+    unknown = sorted(set(map(str, parallel)) - {"fsdp", "tp", "blocks", "tp_plan"})
+    if unknown:
+        raise OptionError(f"parallel has unknown keys {unknown}: {_PARALLEL_EXAMPLE}.")
+    sizes = {}
+    for key in ("fsdp", "tp"):
+        value = parallel.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise OptionError(
+                f"parallel[{key!r}] must be a whole number of devices >= 1, not {_show(value)}: "
+                f"{_PARALLEL_EXAMPLE}."
+            )
+        sizes[key] = int(value)
+    if sizes["fsdp"] * sizes["tp"] < 2:
+        raise OptionError(
+            f"parallel={_show(dict(parallel))} is one device: give fsdp or tp > 1 "
+            f"({_PARALLEL_EXAMPLE}), or leave parallel out."
+        )
+    blocks = parallel.get("blocks")
+    if blocks is not None:
+        blocks = (blocks,) if isinstance(blocks, str) else blocks
+        if not isinstance(blocks, Sequence) or not all(isinstance(b, str) for b in blocks):
+            raise OptionTypeError(
+                f"parallel['blocks'] must be module paths or class names, not {_show(blocks)}."
+            )
+        blocks = tuple(blocks)
+    plan = parallel.get("tp_plan")
+    if plan is not None:
+        if not isinstance(plan, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in plan.items()
+        ):
+            raise OptionTypeError(
+                f"parallel['tp_plan'] must map module paths to style names, not {_show(plan)}: "
+                'e.g. {"layers.*.up": "colwise", "layers.*.down": "rowwise"}.'
+            )
+        plan = tuple(plan.items())
+    return ParallelPlan(sizes["fsdp"], sizes["tp"], blocks, plan)

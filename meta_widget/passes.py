@@ -37,7 +37,7 @@ from .kernels import WORKSPACES, AttentionKernels
 from .opcache import CacheStats
 from .recorder import Recorder
 from .records import Allocation, CallRecord, Event
-from .storage import storage_key
+from .storage import local, on_meta, storage_key
 from .undo import FunctionModes, Undo, interrupt_behind
 
 OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
@@ -109,6 +109,8 @@ def trace(
     autocast: torch.dtype | None = None,
     micro_batches: int = 1,
     fast: bool = True,
+    attach: Callable[[Recorder, Undo], None] | None = None,
+    default_device: str = "meta",
 ) -> Trace:
     """Run the pass once under a :class:`Recorder` and return what it saw.
 
@@ -122,6 +124,10 @@ def trace(
     forward pass, loss and backward that many times (gradients accumulate) before the step.
     ``fast=False`` turns the op cache off (``meta_widget.opcache``): every kernel runs; the
     records are the same.
+    ``attach(recorder, undo)`` is called once the recorder is open, to add to it (a parallel
+    trace watches collectives and storage resizes); ``undo`` takes the steps undoing that.
+    ``default_device``: where tensors the model makes without a device land (``factories``;
+    a parallel trace's fake tensors stand for CPU tensors: ``"cpu"``).
 
     Every change made to global or user state is undone before returning, on every path, and
     an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
@@ -147,7 +153,11 @@ def trace(
         fast=fast,
         workspaces=WORKSPACES.get(device),
     )
-    run = _Run(recorder, (lambda: Autocast(device, autocast)) if autocast is not None else None)
+    run = _Run(
+        recorder,
+        (lambda: Autocast(device, autocast)) if autocast is not None else None,
+        default_device,
+    )
     run.micro_batches = micro_batches
     start = time.perf_counter()
     params = [p for p in module.parameters() if p.requires_grad]
@@ -163,7 +173,7 @@ def trace(
         try:
             _claim(module, undo)
             _keep_state(module, params, undo)
-            run.exception = _setup_and_run(run, undo, training, checkpointed, device, step)
+            run.exception = _setup_and_run(run, undo, training, checkpointed, device, step, attach)
         finally:
             undo.run()
     finally:
@@ -200,6 +210,7 @@ def _setup_and_run(
     checkpointed: Sequence[torch.nn.Module],
     device: str,
     step: Callable[[_SavedTensorsHooks], None],
+    attach: Callable[[Recorder, Undo], None] | None = None,
 ) -> Exception | None:
     """Make the trace's changes (each undo step registered first) and run ``step``; return the
     exception the model raised, if any (interrupts go through)."""
@@ -213,6 +224,8 @@ def _setup_and_run(
         _set_grad_enabled(training, undo)
         saved = _SavedTensorsHooks(undo)
         run.recorder.open(undo)
+        if attach is not None:
+            attach(run.recorder, undo)
         _pause_gc(undo)  # last: its undo runs first
         step(saved)
     except Exception as exc:
@@ -227,7 +240,12 @@ class _Run:
     """What the body of one trace produces, kept outside its frame so the trace can return it
     (and drop the outputs) after the cleanup."""
 
-    def __init__(self, recorder: Recorder, autocast: Callable[[], Autocast] | None) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        autocast: Callable[[], Autocast] | None,
+        default_device: str = "meta",
+    ) -> None:
         self.recorder = recorder
         self.autocast = autocast
         self.micro_batches = 1
@@ -238,7 +256,7 @@ class _Run:
         self.exception: BaseException | None = None
         self.output: Any = None  # outlives the recorder: the timeline ends with the outputs
         self.opt: Any = None
-        self.factories = DeviceLessFactories()
+        self.factories = DeviceLessFactories(default_device)
 
     def step(
         self,
@@ -294,7 +312,7 @@ class _Run:
         value.backward()
         del value
         self.recorder.callstack.sum_backward()
-        self.grad_keys = {storage_key(p.grad) for p in params if p.grad is not None}
+        self.grad_keys = {storage_key(local(p.grad)) for p in params if p.grad is not None}
 
     def _optimizer_step(
         self,
@@ -308,7 +326,8 @@ class _Run:
         for state in self.opt.state.values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
-                    if v.is_meta:
+                    v = local(v)
+                    if on_meta(v):
                         self.state_keys.add(storage_key(v))
                     else:
                         self.state_other += v.numel() * v.element_size()

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import flop_registry
 
 from .assume import DATA_DEPENDENT, META_FIXES, Assumptions, Policy
@@ -36,7 +37,7 @@ from .callstack import CallStack, Listener
 from .kernels import EXTRA_FLOPS
 from .opcache import DECOMPOSED, OpCache, static_bypass
 from .records import CallRecord
-from .storage import StorageTracker
+from .storage import StorageTracker, local
 from .undo import DispatchModes, Undo
 
 __all__ = ["Listener", "OpPlan", "Recorder"]
@@ -128,6 +129,13 @@ class Recorder:
         self._plans: dict[Any, OpPlan] = {}
         #: the op cache (``fast``), or None: every kernel runs
         self.cache = OpCache() if fast else None
+        #: told of every op after it ran (``observer(func, args, out, owner)``), and FLOPs
+        #: counted on the local tensors of tensor subclasses (DTensor): a parallel trace sets
+        #: both before the first op (``meta_widget.parallel``)
+        self.observer: Callable[[Any, tuple[Any, ...], Any, CallRecord | None], None] | None = None
+        self.local_flops = False
+        #: kernels this trace runs instead of some ops (a parallel trace's, ``comms.py``)
+        self.kernels: dict[Any, Callable[..., Any]] = {}
         self._mode = _OpMode(self)
         self._modes: DispatchModes | None = None  # saved by open(), restored by close()
         self._undo = Undo()
@@ -247,6 +255,8 @@ class Recorder:
             self._count(plan, n, owner, backward)
         self.storage.track_output(out, plan.name, owner, backward)
         del workspace  # freed after the output is made, as inside the kernel
+        if self.observer is not None:
+            self.observer(func, args, out, owner)
         return out
 
     def _run(self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -283,11 +293,14 @@ class Recorder:
 
         elif func in META_FIXES:
             run = META_FIXES[func]
+        elif func in self.kernels:
+            run = self.kernels[func]
+        flops = _FLOPS.get(func._overloadpacket)
         return OpPlan(
             name=str(func._overloadpacket),
             decompose=_decomposition_counts(func, args, kwargs),
             run=run,
-            flops=_FLOPS.get(func._overloadpacket),
+            flops=_on_local(flops) if flops is not None and self.local_flops else flops,
             uncached=static_bypass(func, answered),
             workspace=self.workspaces.get(func._overloadpacket),
         )
@@ -311,6 +324,16 @@ class Recorder:
 
     def _free_owner(self) -> CallRecord | None:
         return self.callstack.owner()[0]
+
+
+def _on_local(formula: Callable[..., int]) -> Callable[..., int]:
+    """``formula`` applied to the local tensors of DTensor arguments: one device's FLOPs."""
+
+    def count(*args: Any, **kwargs: Any) -> int:
+        args, kwargs = tree_map_only(torch.Tensor, local, (args, kwargs))
+        return formula(*args, **kwargs)
+
+    return count
 
 
 class _FlopProbe(TorchDispatchMode):

@@ -87,3 +87,6 @@ class Allocation:
     phase: str
     freed: int = -1
     saved: bool = False
+    #: the category a parallel trace knows it by ("unsharded parameters", "communication
+    #: buffers"; see ``meta_widget.parallel``), or None: decided by ``memory.category``
+    category: str | None = None

@@ -15,15 +15,38 @@ from functools import partial
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .records import Allocation, CallRecord, Event
 
-__all__ = ["StorageTracker", "storage_key"]
+__all__ = ["StorageTracker", "inner_tensors", "local", "on_meta", "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
     """The key of ``t``'s storage: equal for views of one storage, unique among live ones."""
     return t.untyped_storage()._cdata
+
+
+def on_meta(t: torch.Tensor) -> bool:
+    """Whether ``t``'s data is on meta: a meta tensor, or a fake tensor (meta data standing for
+    another device, as in a parallel trace, ``meta_widget.parallel``)."""
+    return t.is_meta or type(t) is FakeTensor
+
+
+def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding the data of a tensor subclass that wraps others (a DTensor's
+    local shard), or ``[t]``."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    inner = (getattr(t, name) for name in names)  # a DTensor also names its (tensor-like) mesh
+    return [x for v in inner if isinstance(v, torch.Tensor) for x in inner_tensors(v)]
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s data on this device: ``t``, or a DTensor's local shard."""
+    return inner_tensors(t)[0]
 
 
 class StorageTracker:
@@ -45,12 +68,15 @@ class StorageTracker:
         self._free_owner = free_owner
         # storage key -> (its Allocation, the weak reference that reports its free)
         self._live: dict[int, tuple[Allocation, weakref.ref[Any]]] = {}
-        self._existing = {storage_key(t) for t in existing if t.is_meta}
+        self._existing = {storage_key(x) for t in existing for x in inner_tensors(t) if on_meta(x)}
 
     def track(self, t: torch.Tensor, op: str, call: CallRecord | None, backward: bool) -> None:
         """Note new storage of an op's output, allocated for ``call`` (a backward one: for its
         backward, which the forward's ``alloc_bytes`` leaves out)."""
-        if not t.is_meta:
+        if not t.is_meta and type(t) is not FakeTensor:
+            if is_traceable_wrapper_subclass(t):
+                for inner in inner_tensors(t):
+                    self.track(inner, op, call, backward)
             return
         st = t.untyped_storage()
         key = st._cdata
@@ -59,6 +85,10 @@ class StorageTracker:
         n = st.nbytes()
         if not n:
             return
+        self._allocate(st, n, op, call, backward)
+
+    def _allocate(self, st: Any, n: int, op: str, call: CallRecord | None, backward: bool) -> None:
+        key = st._cdata
         index = call.index if call is not None else -1
         alloc = Allocation(key, n, len(self.events), index, self.phase)
         self.allocations.append(alloc)
@@ -89,16 +119,30 @@ class StorageTracker:
         entry = self._live.pop(key, None)
         if entry is None or not self.active:
             return
-        alloc = entry[0]
+        owner = self._free_owner()
+        self._freed(entry[0], owner.index if owner is not None else -1)
+
+    def _freed(self, alloc: Allocation, call: int) -> None:
         alloc.freed = len(self.events)
         self.live_bytes -= alloc.nbytes
-        owner = self._free_owner()
-        call = owner.index if owner is not None else -1
         self.events.append(Event(-alloc.nbytes, self.live_bytes, call, "free", self.phase))
+
+    def resized(self, st: Any, op: str, call: CallRecord | None, backward: bool) -> None:
+        """Note that storage ``st`` was resized in place (FSDP2 frees and allocates unsharded
+        parameters this way: ``resize_(0)``, then back to full size): a free of what it held,
+        and an allocation of its new size."""
+        if not self.active or st._cdata in self._existing:
+            return
+        entry = self._live.pop(st._cdata, None)
+        if entry is not None:
+            self._freed(entry[0], call.index if call is not None else -1)
+        n = st.nbytes()
+        if n:
+            self._allocate(st, n, op, call, backward)
 
     def mark_saved(self, t: torch.Tensor) -> None:
         """Note that autograd saved ``t`` for the backward pass (a saved-tensors pack hook)."""
-        if t.is_meta:
+        if on_meta(t):
             entry = self._live.get(storage_key(t))
             if entry is not None:
                 entry[0].saved = True

@@ -1,0 +1,123 @@
+"""The truth for parallel traces: one real CPU step of rank 0 under PyTorch's fake process group.
+
+The model is built for real (random weights), wrapped here, by hand, with PyTorch's own
+``fully_shard`` (each decoder layer / block, then the root) and ``parallelize_module`` (the
+column/row-wise plan written out below, the one transformers' Llama config names), and runs one
+training step the way ``analyze(mode="training")`` models it (the output kept to the end, the
+loss freed after backward, AdamW made after backward, ``foreach=False``) while
+``torch.distributed._tools.mem_tracker.MemTracker`` measures it. The collectives move no data
+(backend ``"fake"``) but every buffer FSDP2 and DTensor allocate is allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+CPU = torch.device("cpu")
+
+
+def tiny_llama_config(vocab: int = 32000) -> Any:
+    """The tiny Llama of the issue: 4 layers, hidden 256 (8 heads, 4 key/value heads)."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=vocab,
+        architectures=["LlamaForCausalLM"],
+    )
+
+
+def llama_tp_plan() -> dict[str, Any]:
+    """transformers' Llama plan (``base_model_tp_plan`` and ``_tp_plan``), written by hand."""
+    plan: dict[str, Any] = {
+        f"model.layers.*.{path}": ColwiseParallel()
+        for path in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    }
+    plan["model.layers.*.self_attn.o_proj"] = RowwiseParallel()
+    plan["model.layers.*.mlp.gate_proj"] = ColwiseParallel()
+    plan["model.layers.*.mlp.up_proj"] = ColwiseParallel()
+    plan["model.layers.*.mlp.down_proj"] = RowwiseParallel()
+    plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
+    plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    return plan
+
+
+class DeepMLP(nn.Module):
+    """Four blocks of 256 -> 1024 -> 256 in a ModuleList (what fully_shard wraps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)) for _ in range(4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def real_rank_peak(
+    make: Callable[[], nn.Module],
+    x: torch.Tensor,
+    fsdp: int,
+    tp: int = 1,
+    tp_plan: dict[str, Any] | None = None,
+    blocks: Callable[[nn.Module], list[nn.Module]] | None = None,
+) -> dict[str, int]:
+    """MemTracker's peak snapshot (bytes by its categories and ``"Total"``) of one real AdamW
+    step of rank 0 of ``fsdp * tp`` CPU ranks; the process group is destroyed afterwards."""
+    dist.init_process_group("fake", rank=0, world_size=fsdp * tp, store=FakeStore())
+    try:
+        torch.manual_seed(0)
+        model = make().train()
+        mesh = init_device_mesh("cpu", (fsdp, tp), mesh_dim_names=("dp", "tp"))
+        if tp > 1:
+            parallelize_module(model, mesh["tp"], tp_plan)
+        if fsdp > 1:
+            for block in (blocks or _layers)(model):
+                fully_shard(block, mesh=mesh["dp"])
+            fully_shard(model, mesh=mesh["dp"])
+        params = [p for p in model.parameters() if p.requires_grad]
+        tracker = MemTracker()
+        tracker.track_external(model, x)
+        with tracker:
+            out = model(x)
+            loss = _floating_sum(out)
+            loss.backward()
+            del loss
+            opt = torch.optim.AdamW(params, foreach=False)
+            tracker.track_external(opt)
+            opt.step()
+            peak = tracker.get_tracker_snapshot("peak")[CPU]
+        del out
+        return {str(k).rsplit(".", 1)[-1]: int(v) for k, v in peak.items()}
+    finally:
+        dist.destroy_process_group()
+
+
+def _layers(model: nn.Module) -> list[nn.Module]:
+    inner = getattr(model, "model", model)
+    return list(inner.layers)  # type: ignore[union-attr, arg-type]
+
+
+def _floating_sum(out: Any) -> torch.Tensor:
+    """The loss ``analyze`` uses by default: the sum of the output (a model's logits)."""
+    if isinstance(out, torch.Tensor):
+        return out.sum()
+    return out.logits.sum()  # type: ignore[no-any-return]
