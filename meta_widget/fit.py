@@ -8,18 +8,19 @@ the answer is what ``analyze`` says at ``size`` and at ``size + 1``. It assumes 
 with the size (true of batch and sequence length in the models we know).
 
 Per device under a parallel strategy (``devices=8, strategy="zero3"``), the bytes compared with
-the budget are ``meta_widget.estimates.distributed``'s per-device total (an estimate; the size is
-then the per-device batch or sequence length).
+the budget are ``meta_widget.estimates.distributed``'s per-device total, the larger of its
+estimates at the recorded peak and at the end of the forward pass (see :func:`_moments`; an
+estimate, and the size is then the per-device batch or sequence length).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .analysis import Analysis
-from .choices import Mode
+from .choices import Mode, Phase
 from .errors import MetaWidgetError
 from .estimates import (
     STRATEGIES,
@@ -29,6 +30,7 @@ from .estimates import (
     tp_activation_fraction,
     tp_fraction,
 )
+from .memory import MemoryReport
 from .options import OptionError, OptionTypeError, check_budget
 from .sweeps import ProgressFn, Tracer, progress_function
 from .units import format_bytes
@@ -144,10 +146,11 @@ def max_fit(
                 report(len(history), 0, f"{vary}={size}")
             a = tracer.analysis_at([size])
             if a.error is not None:
+                where = f" (in module {a.error.module!r})" if a.error.module else ""
                 raise FitError(
-                    f"max_fit: the analysis at {vary}={size} failed, so the search cannot "
-                    f"tell whether it fits: {a.error.message} (at {a.error.module!r}). Run "
-                    f"mw.analyze at that size to see the explanation, or pass limit=<a smaller "
+                    f"max_fit: the analysis at {vary}={size} failed{where}, so the search "
+                    f"cannot tell whether it fits: {a.error.type}: {a.error.message} Run "
+                    "mw.analyze at that size to see the explanation, or pass limit=<a smaller "
                     "size> if larger sizes are not meant to work."
                 )
             found[size] = (measure(a), a)
@@ -262,19 +265,45 @@ def _measure(devices: int | None, strategy: str | None) -> Callable[[Analysis], 
         raise OptionError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
 
     def per_device(a: Analysis) -> int:
-        dtype = _recorded_dtype(a)
-        return distributed(
-            a.memory,
-            devices,
-            strategy,
-            dtype=dtype,
-            largest_unit_bytes=largest_block_bytes(a),
-            root_unit_bytes=root_unit_bytes(a),
-            tp_fraction=tp_fraction(a),
-            tp_activation_fraction=tp_activation_fraction(a),
-        )["total"]
+        return max(
+            distributed(
+                report,
+                devices,
+                strategy,
+                dtype=_recorded_dtype(a),
+                largest_unit_bytes=largest_block_bytes(a),
+                root_unit_bytes=root_unit_bytes(a),
+                tp_fraction=tp_fraction(a),
+                tp_activation_fraction=tp_activation_fraction(a),
+            )["total"]
+            for report in _moments(a.memory)
+        )
 
     return per_device
+
+
+def _moments(report: MemoryReport) -> list[MemoryReport]:
+    """The report at its peak and, in training, as at the end of the forward pass.
+
+    ``distributed`` re-scales the categories live at one moment. The single-device peak is the
+    moment where the unsharded state weighs most (often the optimizer step), but sharding that
+    state moves the per-device peak to where the activations weigh most: the end of the forward
+    pass, when every saved activation is live and no gradient yet (bytes above parameters,
+    buffers and inputs are taken as activations). The larger of the two estimates is the fit.
+    """
+    start = report.phases.get(Phase.BACKWARD)
+    if start is None or start < 1 or not report.timeline:
+        return [report]
+    live = report.timeline[start - 1][0]
+    categories = {c: 0 for c in report.categories}
+    categories.update(
+        parameters=report.param_bytes,
+        buffers=report.buffer_bytes,
+        inputs=report.input_bytes,
+        activations=max(0, live - report.baseline_bytes),
+    )
+    forward_end = replace(report, categories=categories, peak_phase=str(Phase.FORWARD))
+    return [report, forward_end]
 
 
 def _recorded_dtype(a: Analysis) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 from collections.abc import Callable
 
@@ -65,11 +66,23 @@ def test_max_fit_per_device_uses_the_distributed_estimate() -> None:
 
     def per_device(size: int) -> int:
         a = mw.analyze(llama_config(), input_size=(1, size), mode="training")
-        return distributed(
-            a.memory, 8, "zero3",
-            largest_unit_bytes=largest_block_bytes(a), root_unit_bytes=root_unit_bytes(a),
-            tp_fraction=tp_fraction(a), tp_activation_fraction=tp_activation_fraction(a),
-        )["total"]  # fmt: skip
+        m = a.memory
+        units = {
+            "largest_unit_bytes": largest_block_bytes(a),
+            "root_unit_bytes": root_unit_bytes(a),
+            "tp_fraction": tp_fraction(a),
+            "tp_activation_fraction": tp_activation_fraction(a),
+        }
+        at_peak = distributed(m, 8, "zero3", **units)["total"]
+        # at the end of the forward pass: every saved activation live, no gradient yet
+        live = m.timeline[m.phases["backward"] - 1][0]
+        cats = dict.fromkeys(m.categories, 0)
+        cats.update(parameters=m.param_bytes, buffers=m.buffer_bytes, inputs=m.input_bytes)
+        cats["activations"] = live - m.param_bytes - m.buffer_bytes - m.input_bytes
+        at_end = distributed(
+            dataclasses.replace(m, categories=cats, peak_phase="forward"), 8, "zero3", **units
+        )["total"]
+        return max(at_peak, at_end)
 
     assert per_device(fit.size) == fit.peak_bytes <= budget < per_device(fit.size + 1)
     one = mw.max_fit(
