@@ -277,7 +277,11 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
         ]),
       ),
     );
-    for (const x of assumptions) if (x.code) parent.append(h("pre", "mw-code", x.code));
+    for (const x of assumptions) {
+      if (x.code) parent.append(h("pre", "mw-code", x.code));
+      // the helpers the check went through, up to the model's line (innermost first)
+      if (x.stack.length > 1) parent.append(h("pre", "mw-code", x.stack.join("\n")));
+    }
   }
   const calls = m.calls.map((j) => a.calls[j]).filter((c): c is CallInfo => c !== undefined);
   if (calls.length === 0) {

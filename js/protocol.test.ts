@@ -78,6 +78,7 @@ describe("decodePayload", () => {
         code: "if mask.all():",
         count: 1,
         site: "model.py:17",
+        stack: [],
       },
     ]);
   });

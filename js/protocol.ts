@@ -170,8 +170,10 @@ export interface Assumption {
   line: number;
   code: string;
   count: number;
-  /** Key to override it with (`"file.py:LINE"` or the module path). */
+  /** Key to override it with (`"file.py:LINE"`, `"In[8]:3"`, the module path, `"module@CALL"`). */
   site: string;
+  /** The frames from the op out to the site, innermost first (`"import_utils.py:2011 in f"`). */
+  stack: string[];
 }
 
 export interface Timeline {
@@ -438,6 +440,7 @@ function decodeAssumption(o: Obj): Assumption {
     code: str(o.code),
     count: num(o.count, 1),
     site: str(o.site),
+    stack: arr<unknown>(o.stack).map((x) => str(x)),
   };
 }
 

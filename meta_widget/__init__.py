@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Analysis",
+    "BoundError",
     "CheckpointError",
     "CommandError",
     "Comparison",
@@ -48,6 +49,7 @@ __all__ = [
     "load_ipython_extension",
     "materialize",
     "max_fit",
+    "register_bound",
     "sweep",
     "unload_ipython_extension",
 ]
@@ -80,6 +82,8 @@ _WHERE = {
     "EstimateError": "estimates",
     "ParallelError": "parallel",
     "MetaValueNeeded": "assume",
+    "register_bound": "bounds",
+    "BoundError": "bounds",
     "UsageError": "cli",
     "CommandError": "cli",
     "sweep": "sweeps",
@@ -95,6 +99,7 @@ _WHERE = {
 if TYPE_CHECKING:
     from .analysis import Analysis, Options, analyze
     from .assume import MetaValueNeeded
+    from .bounds import BoundError, register_bound
     from .checkpoints import (
         CheckpointError,
         UnsafeCheckpointError,

@@ -730,6 +730,8 @@ def _explained(result: Trace | None) -> Explanation | None:
         call=call,
         op=result.failed_op,
     )
+    if call is not None:
+        error = replace(error, module_type=result.calls[call].type)
     return _blame_assumptions(error, result.assumptions)
 
 
@@ -755,18 +757,26 @@ def _checkpointed(module: torch.nn.Module, which: bool | Sequence[str]) -> list[
 
 
 def _blame_assumptions(error: Explanation, assumptions: Sequence[Assumption]) -> Explanation:
-    """Name the assumptions a failure may follow from, and how to override them."""
+    """Name the assumptions a failure may follow from, and how to override them.
+
+    Only a truth value can be decided differently through ``assume=`` (upper-bound shapes are
+    switched off with ``assume_nonzero=False``, not per site): the ``assume=`` suggested is
+    that of the latest truth assumption, and none is suggested when there is none.
+    """
     if not assumptions:
         return error
     last = assumptions[-1]
-    flip = "False" if last.value == "True" else "True" if last.value == "False" else "VALUE"
     note = (
         f" The trace had assumed values it could not know ({len(assumptions)} site(s); the "
         f"latest: {last}); this error may follow from one of them."
     )
-    fix = f" To decide that site differently: assume={{{last.site!r}: {flip}}}; strict=True " + (
-        "turns assumptions off."
-    )
+    truths = [a for a in assumptions if a.kind == "truth"]
+    fix = " strict=True turns assumptions off."
+    if truths:
+        flip = "False" if truths[-1].value == "True" else "True"
+        fix = (
+            f" To decide that condition differently: assume={{{truths[-1].site!r}: {flip}}};" + fix
+        )
     return replace(error, explanation=error.explanation + note, fix=error.fix + fix)
 
 

@@ -21,17 +21,16 @@ meta while the CPU and CUDA kernels take float32), so such models trace with exa
 
 from __future__ import annotations
 
-import linecache
 import operator
-import os
-import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .bounds import bound_for, run_bound
 from .errors import MetaWidgetError
+from .sites import find_site, source_name
 from .storage import on_meta, storage_key
 
 if TYPE_CHECKING:
@@ -49,8 +48,12 @@ class Assumption:
     """One site where the trace assumed a value instead of failing.
 
     ``kind`` is ``"truth"`` (a boolean tensor used as a condition), ``"nonzero"`` (every element
-    selected), or ``"value"`` (a number given through ``assume``). ``count`` is how many times
-    the site was reached (e.g. once per layer).
+    selected), ``"bound"`` (a data-dependent size taken at its upper bound, see
+    :func:`register_bound`) or ``"value"`` (a number given through ``assume``). ``count`` is how
+    many times the site was reached (e.g. once per layer). ``file``/``line``/``code`` are the
+    model's line (shared helpers skipped, see :mod:`meta_widget.sites`), ``stack`` the frames from
+    the op out to it (innermost first); in backward (``backward=True``) there is no model line:
+    ``module`` and ``call`` are the module and forward call that made the autograd node.
     """
 
     kind: str
@@ -62,13 +65,21 @@ class Assumption:
     line: int | None
     code: str | None
     count: int = 1
+    stack: list[str] = field(default_factory=list)
+    #: the class of the module (what names the root module, whose path is ``""``)
+    module_type: str = ""
+    backward: bool = False
+
+    @property
+    def where(self) -> str:
+        """The module, by path; the root by its class."""
+        return self.module or self.module_type or "<root>"
 
     @property
     def site(self) -> str:
-        """The key to override this assumption with: ``"file.py:LINE"`` (or the module path)."""
-        if self.file is None:
-            return self.module
-        return f"{os.path.basename(self.file)}:{self.line}"
+        """The key to override this assumption with: ``"file.py:LINE"`` (``"In[8]:3"`` for a
+        notebook cell), or without a line the module (``"module@CALL"`` in backward)."""
+        return site_key(self.file, self.line, self.where, self.call, self.backward)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -76,17 +87,55 @@ class Assumption:
         return out
 
     def __str__(self) -> str:
-        where = f"{_short(self.file)}:{self.line}" if self.file else "?"
+        at = f" at {self.site}" if self.file else " (backward)" if self.backward else ""
         times = f" ({self.count}×)" if self.count > 1 else ""
-        return (
-            f"{self.kind}: {self.op} -> {self.value} in {self.module or '<root>'} at {where}{times}"
+        return f"{self.kind}: {self.op} -> {self.value} in {self.where}{at}{times}"
+
+
+def site_key(file: str | None, line: int | None, where: str, call: int, backward: bool) -> str:
+    """The ``assume=`` key of a site (see :attr:`Assumption.site`)."""
+    if file is None:
+        return f"{where}@{call}" if backward else where
+    return f"{source_name(file)}:{line}"
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where an op runs: the model's line (if any), the short stack, and the call that owns it."""
+
+    file: str | None
+    line: int | None
+    code: str | None
+    stack: list[str]
+    module: str
+    module_type: str
+    call: int
+    backward: bool
+
+    @classmethod
+    def here(cls, owner: CallRecord | None, backward: bool) -> Where:
+        site, frames = find_site(2)
+        return cls(
+            site.file if site else None,
+            site.line if site else None,
+            site.code if site else None,
+            [str(f) for f in frames],
+            owner.path if owner else "",
+            owner.type if owner else "",
+            owner.index if owner else -1,
+            backward,
         )
 
+    @property
+    def site(self) -> str:
+        return site_key(
+            self.file, self.line, self.module or self.module_type, self.call, self.backward
+        )
 
-def _short(path: str) -> str:
-    """A library path from its package on (``transformers/masking_utils.py``)."""
-    marker = "site-packages" + os.sep
-    return path.split(marker, 1)[1] if marker in path else path
+    def module_keys(self) -> set[str]:
+        """The keys that name this site's module: its path, the root's class, ``path@call``."""
+        label = self.module or self.module_type
+        return {self.module, label, f"{label}@{self.call}"}
 
 
 @dataclass
@@ -97,35 +146,25 @@ class Policy:
     nonzero: bool = True
     values: Mapping[str, Any] | None = None
 
-    def lookup(self, file: str | None, line: int | None, module: str) -> tuple[bool, Any]:
-        """The user's value for a site: by ``file:line`` (basename or path suffix), then module."""
+    def lookup(self, where: Where) -> tuple[bool, Any]:
+        """The user's value for a site: by ``file:line`` (base name, ``In[N]`` or path suffix),
+        then by module (see :meth:`Where.module_keys`)."""
         values = self.values or {}
+        file = where.file
         if file is not None:
+            shown = source_name(file)
             for key, value in values.items():
                 name, _, number = key.rpartition(":")
-                if number.isdigit() and int(number) == line and file.endswith(name):
+                if (
+                    number.isdigit()
+                    and int(number) == where.line
+                    and (name == shown or file.endswith(name))
+                ):
                     return True, value
-        if module in values:
-            return True, values[module]
+        for key in where.module_keys():
+            if key in values:
+                return True, values[key]
         return False, None
-
-
-def _internal(path: str) -> bool:
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    return path.startswith((here, torch_dir)) or path.startswith("<")
-
-
-def caller_site() -> tuple[str | None, int | None, str | None]:
-    """The innermost Python frame outside PyTorch and meta_widget: (file, line, code)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not _internal(path):
-            code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-            return frame.f_code.co_filename, frame.f_lineno, code or None
-        frame = frame.f_back  # type: ignore[assignment]
-    return None, None, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,6 +275,15 @@ DATA_DEPENDENT = frozenset(
 )
 
 
+#: what a ``nonzero``-like assumption takes
+_ALL = "every element selected"
+
+
+def data_dependent(func: Any) -> bool:
+    """Whether the policy answers ``func``: a data-dependent op, or one with a registered bound."""
+    return func in DATA_DEPENDENT or bound_for(func) is not None
+
+
 # ---------------------------------------------------------------------------------------------
 # the policy at work during one trace
 
@@ -250,7 +298,13 @@ class Assumptions:
     ``tainted`` the set of storages with assumed shapes, which the call stack reads too.
     """
 
-    def __init__(self, policy: Policy | None, stack: list[CallRecord], tainted: set[int]) -> None:
+    def __init__(
+        self,
+        policy: Policy | None,
+        stack: list[CallRecord],
+        tainted: set[int],
+        owner: Callable[[], tuple[CallRecord | None, bool]] | None = None,
+    ) -> None:
         self.policy = policy
         self.recorded: dict[tuple[Any, ...], Assumption] = {}
         #: storages whose shape came from an assumption (shared with the call stack)
@@ -259,6 +313,7 @@ class Assumptions:
         #: values are the index grid), or a Python number for a 0-dim result computed from them
         self.known: dict[int, Any] = {}
         self._stack = stack
+        self._owner = owner
 
     def answer(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Answer a data-dependent op under the policy, recording what was assumed."""
@@ -271,24 +326,37 @@ class Assumptions:
             return self._scalar(first)
         if not policy.nonzero:
             return func(*args, **kwargs)
-        if func is aten.nonzero.default:
+        bound = bound_for(func)
+        if bound is not None:
+            out, n = run_bound(bound, func, args, kwargs)
+            value = bound.what if n is None else f"{bound.what} (size {n})"
+            self._record("bound", bound.op, value, self._where())
+        elif func is aten.nonzero.default:
             out = nonzero_upper_bound(first)
             self.known[storage_key(out)] = tuple(first.shape)
-            op = "nonzero"
+            self._record("nonzero", "nonzero", _ALL, self._where())
         elif func is aten.masked_select.default:
             out = masked_select_upper_bound(first, args[1])
-            op = "masked_select"
+            self._record("nonzero", "masked_select", _ALL, self._where())
         elif has_mask(args[1] if len(args) > 1 else None):
             out = index_upper_bound(func, args, kwargs)
-            op = "x[mask]" if func is aten.index.Tensor else "x[mask] = v"
             if func is not aten.index.Tensor:  # in place: the shape of x is unchanged
-                self._record("nonzero", op, "every element selected", *caller_site())
+                self._record("nonzero", "x[mask] = v", _ALL, self._where())
                 return out
+            self._record("nonzero", "x[mask]", _ALL, self._where())
         else:
             return func(*args, **kwargs)
-        self._record("nonzero", op, "every element selected", *caller_site())
         self.taint(out)
         return out
+
+    def _where(self) -> Where:
+        """The site of the op running now, and the call that owns it (in backward, the call
+        that made the autograd node)."""
+        if self._owner is not None:
+            owner, backward = self._owner()
+        else:
+            owner, backward = (self._stack[-1] if self._stack else None), False
+        return Where.here(owner, backward)
 
     def _scalar(self, t: torch.Tensor) -> Any:
         """``.item()`` of a meta tensor: a known value, a truth assumption, or the user's number."""
@@ -297,21 +365,19 @@ class Assumptions:
         known = self._known_value(t)
         if known is not None:
             return known
-        file, line, code = caller_site()
-        path = self._stack[-1].path if self._stack else ""
-        found, value = policy.lookup(file, line, path)
+        where = self._where()
+        found, value = policy.lookup(where)
         if t.dtype == torch.bool and (found or policy.truth):
             answer = bool(value) if found else True
-            self._record("truth", "bool(tensor)", answer, file, line, code)
+            self._record("truth", "bool(tensor)", answer, where)
             return answer
         if not found:
-            site = f"{os.path.basename(file)}:{line}" if file else path
             raise MetaValueNeeded(
                 "Tensor.item() cannot be called on meta tensors: the code needs a number "
-                f"from a {t.dtype} tensor here. Pass it with assume={{{site!r}: value}}."
+                f"from a {t.dtype} tensor here. Pass it with assume={{{where.site!r}: value}}."
             )
         number = float(value) if t.dtype.is_floating_point else int(value)
-        self._record("value", "item()", number, file, line, code)
+        self._record("value", "item()", number, where)
         return number
 
     def follow(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
@@ -348,20 +414,31 @@ class Assumptions:
             values.append(a)
         self.known[storage_key(out)] = SCALAR_OPS[func](values[0], values[1])
 
-    def _record(
-        self, kind: str, op: str, value: Any, file: str | None, line: int | None, code: str | None
-    ) -> None:
-        stack = self._stack
-        path = stack[-1].path if stack else ""
-        key = (kind, op, str(value), file, line, path)
+    def _record(self, kind: str, op: str, value: Any, where: Where) -> None:
+        key = (kind, op, str(value), where.file, where.line, where.module, where.backward)
         found = self.recorded.get(key)
         if found is not None:
             found.count += 1
         else:
-            call = stack[-1].index if stack else -1
-            self.recorded[key] = Assumption(kind, op, str(value), path, call, file, line, code)
-        for rec in stack:
+            self.recorded[key] = Assumption(
+                kind,
+                op,
+                str(value),
+                where.module,
+                where.call,
+                where.file,
+                where.line,
+                where.code,
+                stack=where.stack,
+                module_type=where.module_type,
+                backward=where.backward,
+            )
+        for rec in self._stack:
             rec.assumed = True
+        if where.backward and where.call >= 0 and self._owner is not None:
+            owner, _ = self._owner()
+            if owner is not None:
+                owner.assumed = True
 
 
 def _constant(t: torch.Tensor) -> bool:

@@ -32,12 +32,15 @@ class Explanation:
     line: int | None = None
     code: str | None = None
     op: str | None = None
+    #: the class of the module (what names the root module, whose path is ``""``)
+    module_type: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def __str__(self) -> str:
-        where = f" in module {self.module!r}" if self.module is not None else ""
+        name = self.module or self.module_type or self.module
+        where = f" in module {name!r}" if name is not None else ""
         at = f"\n  at {self.file}:{self.line}" if self.file else ""
         code = f"\n    {self.code}" if self.code else ""
         kind = f"{self.type}: " if self.type else ""
@@ -164,9 +167,9 @@ register_explanation(
         "tensor cannot know, and PyTorch registers no meta kernel for it."
     ),
     fix=(
-        "On meta, use a known upper bound instead (e.g. torch.arange(num_classes, "
-        "device=x.device)), or skip that step when x.is_meta; sizes that depend on values "
-        "cannot be traced without data."
+        "mw.analyze takes the upper bound (every value distinct) and marks the results as "
+        "assumed. On plain meta, use a known upper bound instead (e.g. torch.arange(num_classes, "
+        "device=x.device)), or skip that step when x.is_meta."
     ),
 )
 register_explanation(
@@ -292,6 +295,21 @@ register_explanation(
         "mw.analyze assumes truth values by default (strict=False) and lists the assumption; for "
         ".item()/int()/float() pass the value with assume={'file.py:LINE': value}. In your own "
         "code, pass such numbers as arguments (e.g. F.one_hot(x, num_classes=N))."
+    ),
+)
+register_explanation(
+    "unbacked_size",
+    r"may return an output Tensor with data-dependent shape|get_ctx\(\) for the meta",
+    title="An op whose output size depends on values",
+    explanation=(
+        "The op's fake kernel asks for a data-dependent size (torch.library.get_ctx()."
+        "new_dynamic_size()): how many elements it returns depends on the values, which meta "
+        "tensors do not have. The op's name starts the message."
+    ),
+    fix=(
+        "Give the trace an upper bound for that size, computed from the arguments' shapes: "
+        "mw.register_bound('namespace::op', lambda *args, **kwargs: N) (e.g. the number of "
+        "input rows). The outputs then get upper-bound shapes, marked as assumed."
     ),
 )
 register_explanation(

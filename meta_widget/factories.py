@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils import _device
 
-from .assume import caller_site
+from .sites import find_site, source_name
 from .undo import FunctionModes
 
 __all__ = ["DeviceLessFactories"]
@@ -52,8 +52,8 @@ class DeviceLessFactories(_device.DeviceContext):
         return func(*args, **kwargs)
 
     def _count(self, func: Any) -> None:
-        file, line, _ = caller_site()
-        where = f"{_basename(file)}:{line}" if file else "?"
+        site, _ = find_site()
+        where = f"{source_name(site.file)}:{site.line}" if site else "?"
         key = f"torch.{getattr(func, '__name__', func)} at {where}"
         self.made[key] = self.made.get(key, 0) + 1
 
@@ -95,7 +95,3 @@ class DeviceLessFactories(_device.DeviceContext):
             "allocation, as they would with torch.set_default_device on the target device. "
             "Without it a real run makes them on the CPU."
         ]
-
-
-def _basename(path: str) -> str:
-    return path.replace("\\", "/").rsplit("/", 1)[-1]

@@ -62,11 +62,12 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                  "input_bytes", "activation_bytes", "peak_bytes"},
       "peak": {"bytes": int, "call": int, "module": str, "op": str} | null,
       "error": {"type", "message", "title", "module", "call", "file", "line", "code", "op",
-                "explanation", "fix"} | null,
+                "explanation", "fix", "module_type"} | null,
       "checkpoint": {...} (only with analyze(..., checkpoint=path): CheckpointDiff.to_dict()),
       "notes": [str],
       "assumptions": [{"kind", "op", "value", "module", "call", "file", "line", "code",
-                       "count", "site"}],   # where the trace assumed a value it did not have
+                       "count", "site", "stack", "module_type", "backward"}],
+                      # where the trace assumed a value it did not have
     }
 
 The columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``,

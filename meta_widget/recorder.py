@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import flop_registry
 
-from .assume import DATA_DEPENDENT, META_FIXES, Assumptions, Policy
+from .assume import META_FIXES, Assumptions, Policy, data_dependent
 from .callstack import CallStack, Listener
 from .kernels import EXTRA_FLOPS
 from .opcache import DECOMPOSED, OpCache, static_bypass
@@ -122,7 +122,7 @@ class Recorder:
         )
         tainted: set[int] = set()
         self.callstack = CallStack(module, self.storage, tainted, listeners, tag_grad_nodes)
-        self.assumptions = Assumptions(policy, self.callstack.stack, tainted)
+        self.assumptions = Assumptions(policy, self.callstack.stack, tainted, self.callstack.owner)
         self.orphan_flops = 0
         self.orphan_ops: dict[str, int] = {}
         self.failed_op: str | None = None
@@ -284,7 +284,7 @@ class Recorder:
 
     def _plan(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpPlan:
         run: Callable[..., Any] = func
-        answered = func in DATA_DEPENDENT and self.assumptions.policy is not None
+        answered = data_dependent(func) and self.assumptions.policy is not None
         if answered:
             answer = self.assumptions.answer
 

@@ -215,9 +215,12 @@ def test_numbers_come_only_from_assume_by_line_or_module() -> None:
 def test_assumptions_show_in_summary_and_payload() -> None:
     a = mw.analyze(llama_config(), input_data={"input_ids": _ids(), "use_cache": False})
     text = a.summary()
-    assert "Assumed (1 site(s)" in text and "masking_utils.py:" in text
+    # the mask utilities decide, but the site is the model's line that called them (the whole
+    # short stack is kept for the widget)
+    assert "Assumed (1 site(s)" in text and "modeling_llama.py:" in text
     payload = a.to_payload()
-    assert payload["assumptions"][0]["site"].startswith("masking_utils.py:")
+    assert payload["assumptions"][0]["site"].startswith("modeling_llama.py:")
+    assert payload["assumptions"][0]["stack"][0].startswith("masking_utils.py:")
     assert sum(payload["calls"]["assumed"]) == sum(c.assumed for c in a.calls) > 0
 
 

@@ -213,9 +213,9 @@ class Inner(nn.Module):
             return torch.as_tensor(x.numpy())
         if self.how == "tolist":
             return torch.tensor(x.tolist())
-        if self.how == "device_mix":
-            return x + torch.ones(x.shape)
-        return torch.unique(x)
+        if self.how == "device_mix":  # an explicit CPU tensor (a device-less one lands on meta)
+            return x + torch.ones(x.shape, device="cpu")
+        return torch.bincount(x.long().flatten())
 
 
 class Outer(nn.Module):
@@ -240,8 +240,8 @@ def _line_of(text: str) -> int:
     [
         ("numpy", "numpy", "x.numpy()"),
         ("tolist", "copy_out", "x.tolist()"),
-        ("device_mix", "device_mix", "torch.ones(x.shape)"),
-        ("unique", "unique", "torch.unique(x)"),
+        ("device_mix", "device_mix", 'torch.ones(x.shape, device="cpu")'),
+        ("bincount", "bincount", "torch.bincount(x.long().flatten())"),
     ],
 )
 def test_in_a_model_the_error_points_to_the_module_and_the_line(
@@ -256,6 +256,6 @@ def test_in_a_model_the_error_points_to_the_module_and_the_line(
         "numpy": "is_meta",
         "copy_out": "is_meta",
         "device_mix": "device=x.device",
-        "unique": "upper bound",
+        "bincount": "minlength=N",
     }
     assert fixes[entry] in a.error.fix

@@ -1,0 +1,1 @@
+"""A stand-in for a library whose models share check helpers (see ``utils/import_utils.py``)."""
