@@ -259,7 +259,33 @@ SCALAR_OPS: dict[Any, Callable[[Any, Any], Any]] = {
     aten.mul.Tensor: operator.mul,
 }
 
-META_FIXES: dict[Any, Callable[..., Any]] = {aten._grouped_mm.default: _grouped_mm}
+
+def _native_batch_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``native_batch_norm`` as the real kernels allocate: in eval (running statistics) the CPU
+    kernel returns empty ``save_mean``/``save_invstd``, where the meta kernel makes
+    ``num_features`` floats each; in training the meta kernel is right."""
+    out = aten.native_batch_norm.default(
+        x, weight, bias, running_mean, running_var, training, momentum, eps
+    )
+    if training or running_mean is None:
+        return out  # type: ignore[no-any-return]
+    empty = torch.empty((0,), dtype=out[1].dtype, device=out[1].device)
+    return out[0], empty, empty.new_empty((0,))
+
+
+META_FIXES: dict[Any, Callable[..., Any]] = {
+    aten._grouped_mm.default: _grouped_mm,
+    aten.native_batch_norm.default: _native_batch_norm,
+}
 
 #: ops whose result depends on values: handled by the policy when it is on
 DATA_DEPENDENT = frozenset(
