@@ -16,6 +16,7 @@ import {
   recordedFloatBytes,
   type DtypeChoice,
 } from "./charts";
+import { renderComms } from "./comms";
 import { copyText, errorBlock, h, renderDetails } from "./details";
 import { formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
 import { Header, renderProgress } from "./header";
@@ -130,6 +131,7 @@ export class App {
   private timelineEl = h("div", "mw-timeline");
   private memoryNote = h("div", "mw-muted mw-chart-note");
   private timelineNote = h("div", "mw-muted mw-chart-note");
+  private commsEl = h("div", "mw-comms");
   private toast = h("div", "mw-toast");
   private checkpointEl = h("div", "mw-checkpoint");
   private categoryEl = h("div", "mw-categories");
@@ -204,7 +206,7 @@ export class App {
     }
     this.tabsEl.setAttribute("role", "tablist");
     this.memoryEl.append(this.categoryEl, this.memoryNote);
-    this.timelineEl.append(this.timelineNote);
+    this.timelineEl.append(this.timelineNote, this.commsEl);
     this.panel.append(this.detailsEl, this.memoryEl, this.timelineEl);
 
     this.root.append(
@@ -793,6 +795,7 @@ export class App {
           this.chartWidth(),
         );
       } else this.timelineChart.setData(a, this.chartWidth());
+      renderComms(this.commsEl, a.comms ?? [], a.timeline.bytes.length, this.chartWidth(), formatBytes);
     }
   }
 

@@ -10,6 +10,8 @@
  * `[]`, so that a partial or newer payload still renders what it can.
  */
 
+import { type Comm, decodeComms } from "./comms";
+
 export const VERSION = 1;
 
 // ---------------------------------------------------------------------------------------------
@@ -299,6 +301,8 @@ export interface Analysis {
   memory: Memory;
   checkpoint: CheckpointDiff | null;
   dict: Dictionaries;
+  /** A parallel trace's collectives (`analyze(..., parallel=...)`, see comms.ts). */
+  comms?: Comm[];
 }
 
 export interface StartMessage {
@@ -628,6 +632,7 @@ export function decodePayload(raw: unknown): Analysis | null {
     memory: decodeMemory(raw.memory),
     checkpoint: decodeCheckpoint(raw.checkpoint),
     dict,
+    comms: decodeComms(raw.comms),
   };
   const c = isObj(raw.calls) ? raw.calls : {};
   const nc = arr(c.module).length;

@@ -37,7 +37,13 @@ if TYPE_CHECKING:
     from .recorder import Recorder
     from .undo import Undo
 
-__all__ = ["CommRecord", "CommWatcher", "collective", "comms_frame", "comms_totals"]
+__all__ = [
+    "CommRecord",
+    "CommWatcher",
+    "collective",
+    "comms_frame",
+    "comms_totals",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "error": {"type", "message", "title", "module", "call", "file", "line", "code", "op",
                 "explanation", "fix", "module_type"} | null,
       "checkpoint": {...} (only with analyze(..., checkpoint=path): CheckpointDiff.to_dict()),
+      "comms": {"point": [timeline index], "collective": [...], "bytes": [...], "group": [...],
+                "module": [...], "phase": [...]}  (only with analyze(..., parallel=...)),
       "notes": [str],
       "assumptions": [{"kind", "op", "value", "module", "call", "file", "line", "code",
                        "count", "site", "stack", "module_type", "backward"}],
@@ -102,6 +104,7 @@ Messages, front end -> kernel
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -259,6 +262,21 @@ def encode_header(
     return payload
 
 
+def encode_comms(records: Sequence[Any], kept: list[int]) -> dict[str, list[Any]]:
+    """A parallel trace's collectives (``meta_widget.comms.CommRecord``) as columns; ``point``
+    is the index into the payload's thinned timeline at or after each one's event (``kept``:
+    the timeline indices the payload keeps, ascending)."""
+    last = max(len(kept) - 1, 0)
+    return {
+        "point": [min(bisect.bisect_left(kept, r.event), last) for r in records],
+        "collective": [r.collective for r in records],
+        "bytes": [r.bytes for r in records],
+        "group": [r.group for r in records],
+        "module": [r.module for r in records],
+        "phase": [r.phase for r in records],
+    }
+
+
 def encode_analysis(a: Analysis) -> dict[str, Any]:
     """The whole analysis as one payload."""
     d = Dictionary()
@@ -278,6 +296,8 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
         "op": [d.string(mem.timeline[i][2]) for i in keep],
         "phase": [d.string(phases[i]) for i in keep],
     }
+    if a.comm_records:  # a parallel trace: its collectives, placed on the timeline
+        payload["comms"] = encode_comms(a.comm_records, keep)
     first_kept: dict[str, int] = {}
     for j, i in enumerate(keep):
         first_kept.setdefault(phases[i], j)

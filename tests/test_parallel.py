@@ -6,6 +6,7 @@ Truth: the same model built for real, wrapped by hand with PyTorch's ``fully_sha
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -178,3 +179,21 @@ def test_tensor_parallelism_without_a_plan_says_how_to_give_one() -> None:
 def test_parallel_options_are_checked_before_anything_is_built(parallel: Any, match: str) -> None:
     with pytest.raises(mw.OptionError, match=match):
         mw.analyze(DeepMLP, input_size=(8, 256), parallel=parallel)
+
+
+def test_the_widget_payload_places_each_collective_on_the_timeline() -> None:
+    a = analyze_rank(DeepMLP, torch.randn(64, 256), fsdp=2)
+    payload = json.loads(a.to_json())
+    comms = payload["comms"]
+    assert comms["module"] == list(a.comms.module)
+    assert comms["bytes"] == list(a.comms.bytes)
+    points = comms["point"]
+    assert (
+        points == sorted(points)
+        and points[0] >= 0
+        and points[-1] < len(payload["timeline"]["bytes"])
+    )
+    # the phases of the points agree with the collectives' phases
+    phase_names = [payload["strings"][i] for i in payload["timeline"]["phase"]]
+    assert [phase_names[p] for p in points] == comms["phase"]
+    assert "comms" not in json.loads(mw.analyze(DeepMLP, input_size=(8, 256)).to_json())
