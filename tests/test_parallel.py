@@ -197,3 +197,20 @@ def test_the_widget_payload_places_each_collective_on_the_timeline() -> None:
     phase_names = [payload["strings"][i] for i in payload["timeline"]["phase"]]
     assert [phase_names[p] for p in points] == comms["phase"]
     assert "comms" not in json.loads(mw.analyze(DeepMLP, input_size=(8, 256)).to_json())
+
+
+def test_max_fit_finds_the_largest_batch_per_rank_that_a_real_rank_fits() -> None:
+    budget = 12_000_000
+    fit = mw.max_fit(
+        DeepMLP,
+        input_size=(1, 256),
+        budget=budget,
+        vary="batch",
+        mode="training",
+        device="cpu",
+        parallel={"fsdp": 4},
+        limit=4096,
+    )
+    assert fit.analysis.comm_records  # each size traced as a rank of 4
+    assert real_rank_peak(DeepMLP, torch.randn(fit.size, 256), fsdp=4)["Total"] <= budget
+    assert real_rank_peak(DeepMLP, torch.randn(fit.size + 1, 256), fsdp=4)["Total"] > budget
