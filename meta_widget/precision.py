@@ -23,7 +23,13 @@ __all__ = ["cast_inputs", "with_param_dtype"]
 
 def with_param_dtype(meta: MetaModel, dtype: torch.dtype) -> MetaModel:
     """``meta`` with every floating parameter and buffer in ``dtype`` (a copy unless owned)."""
-    module = meta.module if meta.owned else meta_copy(meta.module)
+    floating = [
+        t for t in (*meta.module.parameters(), *meta.module.buffers()) if t.is_floating_point()
+    ]
+    if meta.owned or all(t.dtype == dtype for t in floating):
+        module = meta.module  # ours to change, or nothing to change (a re-run): no copy
+    else:
+        module = meta_copy(meta.module)
     module.to(dtype)
     note = f"Parameters and buffers analyzed in {str(dtype).removeprefix('torch.')} (param_dtype)."
     return MetaModel(module, meta.source, True, [*meta.notes, note], meta.rebuild)
