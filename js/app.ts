@@ -157,8 +157,10 @@ export class App {
 
     const toolbar = h("div", "mw-toolbar");
     this.search.type = "search";
-    this.search.placeholder = "Filter by module name or type";
-    this.search.setAttribute("aria-label", "Filter modules by name or type");
+    this.search.placeholder = "Filter: name, type, path or glob (layers.*.mlp)";
+    this.search.setAttribute("aria-label", "Filter modules by name, type, dotted path or glob");
+    this.search.title =
+      "A name or class substring (attn, Linear), or a dotted path from any depth (mlp.c_fc) where * stands for one segment (layers.*.mlp). Matches inside folded layers stay folded: the first one is shown.";
     this.search.addEventListener("input", this.onSearch);
     const depthLabel = h("label", "mw-label", "Depth ");
     depthLabel.append(this.depthSel);
@@ -186,7 +188,7 @@ export class App {
     this.view = new TreeView(this.tableWrap, {
       describe: (row) => this.describe(row),
       onSelect: (i) => this.selectRow(i, true),
-      onToggle: (i, open) => this.toggleRow(i, open),
+      onToggle: (i, open, deep) => (deep ? this.openAllBelow(i) : this.toggleRow(i, open)),
       onSort: (c) => this.cycleSort(c),
     });
     this.tableWrap.append(this.emptyEl);
@@ -287,6 +289,7 @@ export class App {
     if (!same) {
       const maxDepth = a ? Math.max(0, ...a.modules.map((m) => m.depth)) : 0;
       this.depth = Math.max(1, Math.min(this.preferredDepth, maxDepth));
+      // a new model opens to its depth with repeated layers folded ("all" in the menu opens them)
       this.expanded = this.tree ? expandToDepth(this.tree, this.depth) : new Set();
       // the root is selected (not sent to the kernel) so that the details panel shows totals
       this.selectedKey = this.tree?.root ? this.tree.root.key : null;
@@ -320,6 +323,15 @@ export class App {
     this.schedule(true);
   }
 
+  /** The keys open at the depth picked in the menu: "all" opens folded groups too. */
+  private expandTo(depth: number): Set<string> {
+    return this.tree ? expandToDepth(this.tree, depth, depth >= this.maxDepth()) : new Set();
+  }
+
+  private maxDepth(): number {
+    return this.analysis ? Math.max(0, ...this.analysis.modules.map((m) => m.depth)) : 0;
+  }
+
   /** Bars' screen positions, for browser tests that click a real bar. */
   barCenters(): { module: number; x: number; y: number }[] {
     return this.memoryChart?.barCenters() ?? [];
@@ -336,7 +348,7 @@ export class App {
 
   private onDepth = (): void => {
     this.depth = Number(this.depthSel.value);
-    if (this.tree) this.expanded = expandToDepth(this.tree, this.depth);
+    if (this.tree) this.expanded = this.expandTo(this.depth);
     this.chartsDirty = true;
     this.schedule();
   };
@@ -382,6 +394,19 @@ export class App {
     }
     if (want) this.expanded.add(row.node.key);
     else this.expanded.delete(row.node.key);
+    this.schedule(true);
+  }
+
+  /** Alt+click on a caret: open the row and everything below it, every folded member too. */
+  private openAllBelow(i: number): void {
+    const row = this.rows[i];
+    if (!row || !this.tree || this.filter.trim()) return;
+    const visit = (node: TreeNode): void => {
+      if (node.children.length === 0) return;
+      this.expanded.add(node.key);
+      for (const c of node.children) visit(c);
+    };
+    visit(row.node);
     this.schedule(true);
   }
 
@@ -701,7 +726,7 @@ export class App {
     let text = "";
     if (!a) text = "Nothing analyzed yet.";
     else if (this.rows.length === 0) {
-      if (this.filter.trim()) text = `No module name or type contains “${this.filter.trim()}”.`;
+      if (this.filter.trim()) text = `No module name, type or path matches “${this.filter.trim()}”.`;
       else if (a.status === "running") text = "Waiting for the first calls…";
       else text = "This model has no modules.";
     }

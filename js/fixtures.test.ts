@@ -177,8 +177,11 @@ describe.skipIf(payloads.length === 0)("every recorded payload", () => {
 
       it("shows every module when fully open", () => {
         const tree = buildTree(a);
-        const open = expandToDepth(tree, 99);
-        for (const n of tree.nodes) for (const c of n.children) open.add(c.key);
+        const open = expandToDepth(tree, 99, true);
+        for (const n of tree.nodes) {
+          open.add(n.key); // every module, later members of folded groups included
+          for (const c of n.children) open.add(c.key);
+        }
         const rows = flatten(tree, { expanded: open });
         expect(rows.filter((r) => r.node.kind === "module")).toHaveLength(a.modules.length);
       });

@@ -269,7 +269,7 @@ export interface Row {
 
 export interface FlattenOptions {
   expanded: ReadonlySet<string>;
-  /** Case-insensitive substring of a module's name or class name; "" or undefined: no filter. */
+  /** What `moduleMatcher` reads: a name or class substring, or a dotted path / glob; "" none. */
   filter?: string;
   /** Further restriction, e.g. "has been called" while streaming. */
   keep?: (m: ModuleInfo) => boolean;
@@ -278,19 +278,37 @@ export interface FlattenOptions {
   paramBytes?: (m: ModuleInfo) => number;
 }
 
+/**
+ * The search box's rule, case-insensitive. A query with a dot or a star is a module path:
+ * `mlp.c_fc` finds `h.0.mlp.c_fc` (whole segments, from any depth), `*` stands for one
+ * segment or part of one (`layers.*.mlp`, `h.*.attn.c_*`), and the last segment may be
+ * unfinished while typing (`mlp.c_f`). Any other query is a substring of a module's own name
+ * or of its class name (`attn`, `Linear`).
+ */
+export function moduleMatcher(filter: string): ((m: ModuleInfo) => boolean) | null {
+  const q = filter.trim().toLowerCase();
+  if (!q) return null;
+  if (!q.includes(".") && !q.includes("*")) {
+    return (m) => m.name.toLowerCase().includes(q) || m.type.toLowerCase().includes(q);
+  }
+  const glob = q
+    .replace(/^\.+|\.+$/g, "")
+    .split("*")
+    .map((part) => part.replace(/[.+?^${}()|[\]\\]/g, "\\$&"))
+    .join("[^.]*");
+  const re = new RegExp(`(^|\\.)${glob}[^.]*$`);
+  return (m) => re.test(m.path.toLowerCase());
+}
+
 /** Which modules match `filter`/`keep`; ancestors of a match are kept too (`visible`). */
 export function filterModules(
   a: Analysis,
   filter: string | undefined,
   keep?: (m: ModuleInfo) => boolean,
 ): { matched: boolean[]; visible: boolean[] } | null {
-  const q = (filter ?? "").trim().toLowerCase();
-  if (!q && !keep) return null;
-  const matched = a.modules.map(
-    (m) =>
-      (!keep || keep(m)) &&
-      (!q || m.name.toLowerCase().includes(q) || m.type.toLowerCase().includes(q)),
-  );
+  const match = moduleMatcher(filter ?? "");
+  if (!match && !keep) return null;
+  const matched = a.modules.map((m) => (!keep || keep(m)) && (!match || match(m)));
   const visible = matched.slice();
   for (let i = a.modules.length - 1; i > 0; i--) {
     const p = (a.modules[i] as ModuleInfo).parent;
@@ -348,6 +366,8 @@ export function flatten(tree: Tree, opts: FlattenOptions): Row[] {
 
   const visit = (node: TreeNode, level: number, parentRow: number): void => {
     let kids: TreeNode[] = node.children.filter(isVisible);
+    // matches inside a folded group stay folded: its first member with a match stands for all
+    if (autoOpen && node.kind === "group") kids = kids.slice(0, 1);
     // with a filter, a kept node is open when something below it is kept
     const expanded = autoOpen ? kids.length > 0 : opts.expanded.has(node.key);
     const row = rows.length;
@@ -374,11 +394,22 @@ export function flatten(tree: Tree, opts: FlattenOptions): Row[] {
   return rows;
 }
 
-/** Keys to open so that every module down to `depth` (root = 0) shows; groups stay folded. */
-export function expandToDepth(tree: Tree, depth: number): Set<string> {
+/**
+ * Keys to open so that every module down to `depth` (root = 0) shows. Groups stay folded
+ * unless `openGroups` ("Depth: all"); either way only a group's first member opens below it,
+ * so that opening a group of 80 layers shows 80 rows, one of them open, not 80 open layers.
+ */
+export function expandToDepth(tree: Tree, depth: number, openGroups = false): Set<string> {
   const keys = new Set<string>();
-  for (const m of tree.analysis.modules) {
+  const mods = tree.analysis.modules;
+  // a later member of a folded group, or anything below one
+  const later: boolean[] = new Array<boolean>(mods.length).fill(false);
+  for (const m of mods) {
+    const g = tree.groupOf[m.index] ?? null;
+    later[m.index] = (m.parent >= 0 && later[m.parent] === true) || (g !== null && g !== `g${m.index}`);
+    if (later[m.index]) continue;
     if (m.depth < depth && m.children.length > 0) keys.add(moduleKey(m.index));
+    if (openGroups && g !== null && m.depth <= depth) keys.add(g);
   }
   return keys;
 }

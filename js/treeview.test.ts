@@ -8,30 +8,43 @@ describe("columnLayout", () => {
     const l = columnLayout(1400);
     const w = widths(l.template);
     expect(l.hidden).toEqual([]);
-    expect(w.slice(3)).toEqual([80, 104, 100, 108]);
+    expect(w.slice(3)).toEqual([80, 98, 110, 104]);
     expect(w[1]).toBe(w[2]);
     expect(Math.abs((w[0] as number) / (w[1] as number) - 2.4)).toBeLessThan(0.02);
     expect(w.reduce((x, y) => x + y, 0)).toBeLessThanOrEqual(1400);
   });
 
   it("leaves out input shapes, then output shapes, before the table scrolls sideways", () => {
-    expect(columnLayout(892).hidden).toEqual([]);
+    expect(columnLayout(872).hidden).toEqual([]);
     const mid = columnLayout(800);
     expect(mid.hidden).toEqual(["inputs"]);
     expect(widths(mid.template)).toHaveLength(6);
     const narrow = columnLayout(700);
     expect(narrow.hidden).toEqual(["inputs", "outputs"]);
-    expect(widths(narrow.template)).toEqual([308, 80, 104, 100, 108]);
+    expect(widths(narrow.template)).toEqual([308, 80, 98, 110, 104]);
     const tiny = columnLayout(300);
-    expect(tiny.minWidth).toBe(632);
-    expect(widths(tiny.template)[0]).toBe(240); // never below its minimum: scrolls instead
+    expect(tiny.minWidth).toBe(612);
+    expect(widths(tiny.template)[0]).toBe(220); // never below its minimum: scrolls instead
+  });
+
+  it("keeps the columns it shows while a scrollbar comes and goes", () => {
+    const all = columnLayout(880);
+    expect(all.hidden).toEqual([]);
+    // 15 px less (a scrollbar): the columns stay, the module column gives the room
+    const squeezed = columnLayout(865, all.hidden.length);
+    expect(squeezed.hidden).toEqual([]);
+    expect(widths(squeezed.template).reduce((x, y) => x + y, 0)).toBeLessThanOrEqual(865);
+    // a fresh layout at that width would have left the input shapes out
+    expect(columnLayout(865).hidden).toEqual(["inputs"]);
+    // much narrower: they go after all
+    expect(columnLayout(840, 0).hidden).toEqual(["inputs"]);
   });
 
   it("never gives a column less than its minimum", () => {
     for (let width = 600; width <= 2000; width += 7) {
       const l = columnLayout(width);
       const w = widths(l.template);
-      expect(w[0]).toBeGreaterThanOrEqual(240);
+      expect(w[0]).toBeGreaterThanOrEqual(220);
       for (const x of w.slice(1, w.length - 4)) expect(x).toBeGreaterThanOrEqual(130);
       if (width >= l.minWidth) expect(w.reduce((x, y) => x + y, 0)).toBeLessThanOrEqual(width);
     }

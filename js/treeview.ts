@@ -44,7 +44,8 @@ export interface TreeViewHandlers {
   describe(row: Row, index: number): RowCells;
   onSelect(index: number): void;
   /** `open`: undefined toggles. */
-  onToggle(index: number, open?: boolean): void;
+  /** `deep`: open everything below, folded groups and all their members (Alt+click). */
+  onToggle(index: number, open?: boolean, deep?: boolean): void;
   onSort(column: SortColumn): void;
 }
 
@@ -82,11 +83,14 @@ const COLUMNS: Column[] = [
 ];
 
 /** Widths of the numeric columns (params, param mem, activations, FLOPs), pixels. */
-const FIXED_COLUMNS = [80, 104, 100, 108];
+const FIXED_COLUMNS = [80, 98, 110, 104];
 /** The module, input-shape and output-shape columns: minimum widths and shares of the rest. */
-const FLEX_MIN = [240, 130, 130];
+const FLEX_MIN = [220, 130, 130];
 const FLEX_SHARE = [2.4, 1, 1];
 const sum = (xs: number[]): number => xs.reduce((x, y) => x + y, 0);
+
+/** How far below its minimum width a table keeps the columns it shows (a scrollbar's width). */
+const SLACK = 24;
 
 /** Columns left out, in this order, of a table narrower than all columns' minimums. */
 export type DroppedColumn = "inputs" | "outputs";
@@ -107,14 +111,21 @@ export interface ColumnLayout {
  * 2.4 : 1 : 1, never below their minimums. A narrow table (a notebook beside a side panel) leaves
  * out the input shapes, then the output shapes, before it scrolls sideways.
  */
-export function columnLayout(width: number): ColumnLayout {
+export function columnLayout(width: number, shown: number | null = null): ColumnLayout {
   const fixed = sum(FIXED_COLUMNS);
   let dropped = 0;
   const need = (d: number): number => fixed + sum(FLEX_MIN.slice(0, FLEX_MIN.length - d));
-  while (dropped < DROP_ORDER.length && width < need(dropped)) dropped += 1;
+  // a column on screen (`shown`: how many were left out before) stays until the table is
+  // SLACK px narrower than it needs, squeezing the module column: a scrollbar that comes and
+  // goes (the tree's, the page's, the notebook's) does not make columns come and go
+  const kept = (d: number): boolean => shown !== null && d <= shown;
+  const room = (d: number): number => need(d) - (kept(d) ? SLACK : 0);
+  while (dropped < DROP_ORDER.length && width < room(dropped)) dropped += 1;
   // the module column is first; input shapes (index 1) go before output shapes (index 2)
   const keep = [0, 1, 2].filter((i) => i === 0 || i > dropped);
   const mins = keep.map((i) => FLEX_MIN[i] as number);
+  const squeeze = kept(dropped) ? Math.max(0, Math.min(SLACK, need(dropped) - width)) : 0;
+  mins[0] = (mins[0] as number) - squeeze;
   const shares = keep.map((i) => FLEX_SHARE[i] as number);
   const free = Math.max(0, width - fixed);
   let flex = shares.map((s) => Math.floor((free * s) / sum(shares)));
@@ -132,7 +143,7 @@ export function columnLayout(width: number): ColumnLayout {
   return {
     template: [...flex, ...FIXED_COLUMNS].map((x) => `${x}px`).join(" "),
     hidden: DROP_ORDER.slice(0, dropped),
-    minWidth: need(dropped),
+    minWidth: need(dropped) - squeeze,
   };
 }
 
@@ -326,8 +337,10 @@ export class TreeView {
   layoutColumns(width: number): void {
     const w = Math.floor(width) - 2;
     if (w === this.colsWidth || w <= 0) return;
+    // how many columns the last layout left out (none yet: null)
+    const before = this.colsWidth > 0 ? DROP_ORDER.filter((c) => this.el.classList.contains(`mw-hide-${c}`)).length : null;
     this.colsWidth = w;
-    const layout = columnLayout(w);
+    const layout = columnLayout(w, before);
     this.el.style.setProperty("--mw-cols", layout.template);
     this.el.style.setProperty("--mw-min-width", `${layout.minWidth}px`);
     for (const col of DROP_ORDER) {
@@ -365,7 +378,8 @@ export class TreeView {
     const i = this.rowIndexOf(e.target);
     if (i < 0) return;
     if ((e.target as HTMLElement).closest(".mw-caret")) {
-      this.h.onToggle(i);
+      if (e.altKey) this.h.onToggle(i, true, true);
+      else this.h.onToggle(i);
     } else {
       this.h.onSelect(i);
     }

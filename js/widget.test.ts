@@ -202,6 +202,17 @@ describe("widget", () => {
     model.emit("change:depth");
     r.app.render();
     expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]); // groups stay folded
+    // "all" picked in the menu opens the folded group, with only its first member open
+    const menu = el.querySelector(".mw-select") as HTMLSelectElement;
+    menu.value = "3";
+    menu.dispatchEvent(new Event("change"));
+    r.app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "0", "fc", "act", "1", "2", "head"]);
+    // Alt+click on a caret opens everything below it, every folded member too
+    const caret = el.querySelector('.mw-row[data-row="0"] .mw-caret') as HTMLElement;
+    caret.dispatchEvent(new MouseEvent("click", { bubbles: true, altKey: true }));
+    r.app.render();
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "0", "fc", "act", "1", "fc", "act", "2", "fc", "act", "head"]);
     r.cleanup();
   });
 

@@ -66,6 +66,9 @@ def browser_context() -> Iterator[Any]:
             executable_path=str(CHROMIUM),
             headless=True,
             args=CHROMIUM_ARGS,
+            # real scrollbars, as a desktop browser draws them (headless hides them by default,
+            # and then a layout that breaks when a scrollbar appears cannot be seen)
+            ignore_default_args=["--hide-scrollbars"],
             viewport={"width": 1200, "height": 1000},
         )
         try:
