@@ -2,6 +2,7 @@
 //   widget.js      ES module for anywidget (`export default { render }`)
 //   standalone.js  IIFE defining window.metaWidget.renderStandalone(el, payload)
 //   widget.css     styles for both (uPlot's CSS included)
+//   explore.js/css the "what fits" and comparison views (meta_widget/explore_view.py)
 // `node js/build.mjs --watch` rebuilds on change (use with ANYWIDGET_HMR=1).
 import * as esbuild from "esbuild";
 import { fileURLToPath } from "node:url";
@@ -24,6 +25,8 @@ const builds = [
   { ...common, entryPoints: [path.join(root, "js/widget.ts")], format: "esm", outfile: path.join(outdir, "widget.js") },
   { ...common, entryPoints: [path.join(root, "js/standalone.ts")], format: "iife", outfile: path.join(outdir, "standalone.js") },
   { ...common, entryPoints: [path.join(root, "js/widget.css")], outfile: path.join(outdir, "widget.css") },
+  { ...common, entryPoints: [path.join(root, "js/explore.ts")], format: "esm", outfile: path.join(outdir, "explore.js") },
+  { ...common, entryPoints: [path.join(root, "js/explore.css")], outfile: path.join(outdir, "explore.css") },
 ];
 
 if (watch) {

@@ -147,24 +147,13 @@ class Comparison:
             lines.append("  " + _describe(path, r, count))
         return "\n".join(lines)
 
-    def to_payload(self) -> dict[str, Any]:
-        """The comparison as plain data (for the widget's compare view)."""
-        return {
-            "a": self.a.title,
-            "b": self.b.title,
-            "totals": {k: list(v) for k, v in self.totals.items()},
-            "rows": [
-                {
-                    "module": r.module,
-                    "depth": r.depth,
-                    "type": (r.a or r.b).type,  # type: ignore[union-attr]
-                    **{f"{n}_{s}": r.value(n, s) for n in NUMBERS for s in ("a", "b")},
-                    "only_in": r.only_in,
-                    "changed": r.changed,
-                }
-                for r in self.rows
-            ],
-        }
+    def widget(self) -> Any:
+        """The comparison tree as a widget: changed modules highlighted, totals side by side,
+        repeated layers folded (``meta_widget.explore_view``)."""
+        return heavy.explore_view().comparison_view(self)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget()._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
         return f"<Comparison {self.a.title} vs {self.b.title}: {len(self.changed)} modules differ>"

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import heavy
 from .analysis import Analysis
 from .choices import Mode, Phase
 from .errors import MetaWidgetError
@@ -69,6 +70,13 @@ class Fit:
     def traces(self) -> int:
         """How many analyses the search ran."""
         return len(self.history)
+
+    def widget(self) -> Any:
+        """The "what fits" panel (``meta_widget.explore_view``)."""
+        return heavy.explore_view().fit_view(self)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget()._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
         where = f" per device ({self.devices} x {self.strategy})" if self.devices else ""

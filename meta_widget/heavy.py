@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "analysis",
     "display",
+    "explore_view",
     "pandas",
     "parallel",
     "plotly_go",
@@ -77,6 +78,13 @@ def display(obj: Any) -> None:
     from IPython.display import display as show
 
     show(obj)
+
+
+def explore_view() -> ModuleType:
+    """``meta_widget.explore_view`` (the fit and comparison widgets; anywidget)."""
+    from . import explore_view as module
+
+    return module
 
 
 def widget() -> ModuleType:

@@ -1,0 +1,130 @@
+/**
+ * The comparison view of `mw.compare(a, b)`: totals side by side, then the module tree with the
+ * modules that differ highlighted, repeated layers folded (`layers.{0..31}` ×32, folded by the
+ * kernel). "Differences only" keeps the changed rows and their ancestors. Text only through
+ * `textContent`.
+ */
+import { h } from "./details";
+import { formatBytes, formatCount, formatFlops } from "./format";
+
+export interface CompareRow {
+  module: string;
+  depth: number;
+  type: string;
+  count: number;
+  changed: boolean;
+  onlyIn: "a" | "b" | null;
+  params: [number, number];
+  flops: [number, number];
+  activation_bytes: [number, number];
+}
+
+export interface ComparePayload {
+  a: string;
+  b: string;
+  totals: Record<string, [number, number]>;
+  rows: CompareRow[];
+}
+
+export function decodeCompare(raw: unknown): ComparePayload | null {
+  if (!raw || typeof raw !== "object") return null;
+  const p = raw as Partial<ComparePayload>;
+  if (!Array.isArray(p.rows) || !p.totals) return null;
+  return p as ComparePayload;
+}
+
+const TOTALS: [string, string, (n: number) => string][] = [
+  ["total_params", "parameters", formatCount],
+  ["total_flops", "FLOPs", formatFlops],
+  ["activation_bytes", "activation bytes", formatBytes],
+  ["param_bytes", "parameter bytes", formatBytes],
+  ["peak_bytes", "peak", formatBytes],
+];
+
+const COLUMNS: [keyof CompareRow, string, (n: number) => string][] = [
+  ["params", "params", formatCount],
+  ["flops", "FLOPs", formatFlops],
+  ["activation_bytes", "activations", formatBytes],
+];
+
+/** `a → b (+d)`, or just `a` when equal. */
+export function pair(values: [number, number], format: (n: number) => string): string {
+  const [a, b] = values;
+  if (a === b) return format(a);
+  const d = b - a;
+  return `${format(a)} → ${format(b)} (${d > 0 ? "+" : "−"}${format(Math.abs(d))})`;
+}
+
+/** The rows kept by "differences only": changed rows and every ancestor of one. */
+export function withAncestors(rows: CompareRow[]): CompareRow[] {
+  const keep = new Set<number>();
+  const stack: { index: number; depth: number }[] = [];
+  rows.forEach((r, i) => {
+    while (stack.length && (stack[stack.length - 1]?.depth ?? -1) >= r.depth) stack.pop();
+    if (r.changed) {
+      keep.add(i);
+      for (const parent of stack) keep.add(parent.index);
+    }
+    stack.push({ index: i, depth: r.depth });
+  });
+  return rows.filter((_, i) => keep.has(i));
+}
+
+function totalsTable(p: ComparePayload): HTMLTableElement {
+  const table = h("table", "mw-cmp-totals");
+  const head = h("tr");
+  for (const t of ["", `a: ${p.a}`, `b: ${p.b}`, "b − a"]) head.append(h("th", "", t));
+  table.append(head);
+  for (const [key, label, format] of TOTALS) {
+    const v = p.totals[key];
+    if (!v) continue;
+    const tr = h("tr", v[0] !== v[1] ? "mw-cmp-changed" : "");
+    const d = v[1] - v[0];
+    tr.append(h("td", "", label), h("td", "", format(v[0])), h("td", "", format(v[1])));
+    tr.append(h("td", "", d === 0 ? "=" : `${d > 0 ? "+" : "−"}${format(Math.abs(d))}`));
+    table.append(tr);
+  }
+  return table;
+}
+
+function treeTable(rows: CompareRow[]): HTMLTableElement {
+  const table = h("table", "mw-cmp-tree");
+  const head = h("tr");
+  for (const t of ["module", "type", ...COLUMNS.map(([, label]) => label)]) head.append(h("th", "", t));
+  table.append(head);
+  for (const r of rows) {
+    const cls = ["mw-cmp-row", r.changed ? "mw-cmp-changed" : "", r.onlyIn ? `mw-cmp-only-${r.onlyIn}` : ""];
+    const tr = h("tr", cls.filter(Boolean).join(" "));
+    const name = h("td", "mw-cmp-name");
+    name.style.paddingLeft = `${4 + 14 * r.depth}px`;
+    name.append(h("span", "", r.module || "(root)"));
+    if (r.count > 1) name.append(h("span", "mw-cmp-count", `×${r.count}`));
+    if (r.onlyIn) name.append(h("span", "mw-cmp-only", `only in ${r.onlyIn}`));
+    tr.append(name, h("td", "mw-cmp-type", r.type));
+    for (const [key, , format] of COLUMNS) tr.append(h("td", "mw-cmp-num", pair(r[key] as [number, number], format)));
+    table.append(tr);
+  }
+  return table;
+}
+
+/** Render the comparison into `el` (replacing what was there). */
+export function renderComparison(el: HTMLElement, p: ComparePayload): () => void {
+  el.replaceChildren();
+  const root = h("div", "mw-root mw-cmp");
+  const changed = p.rows.filter((r) => r.changed).length;
+  root.append(h("div", "mw-cmp-title", `${p.a} (a) against ${p.b} (b): ${changed} module row(s) differ`));
+  root.append(totalsTable(p));
+  const label = h("label", "mw-cmp-filter");
+  const only = h("input");
+  only.type = "checkbox";
+  only.checked = changed > 0;
+  label.append(only, document.createTextNode(" differences only"));
+  root.append(label);
+  const holder = h("div", "mw-cmp-holder");
+  const draw = (): void => holder.replaceChildren(treeTable(only.checked ? withAncestors(p.rows) : p.rows));
+  only.addEventListener("change", draw);
+  draw();
+  root.append(holder);
+  el.append(root);
+  return () => only.removeEventListener("change", draw);
+}

@@ -1,0 +1,87 @@
+import { describe, expect, it } from "vitest";
+import { decodeCompare, pair, renderComparison, withAncestors, type CompareRow } from "./compare";
+import { draw } from "./explore";
+import { decodeFit, renderFit, verdict } from "./fit";
+
+/** Written by the Python encoders (`python tests/test_explore_view.py`). */
+const files = import.meta.glob<{ default: { fit: unknown; compare: unknown } }>("./fixtures/explore.json", {
+  eager: true,
+});
+const sample = files["./fixtures/explore.json"]!.default;
+
+describe("what fits panel", () => {
+  const fit = decodeFit(sample.fit)!;
+
+  it("says the size, its bytes against the budget and the next size", () => {
+    expect(verdict(fit)).toBe(
+      "batch = 107 fits: 7.95 MiB of 8.00 MiB; batch = 108 needs 8.02 MiB.",
+    );
+  });
+
+  it("draws every traced size, over-budget ones apart, and the category bar", () => {
+    const el = document.createElement("div");
+    renderFit(el, fit);
+    expect(el.querySelectorAll("circle").length).toBe(fit.history.length);
+    const over = fit.history.filter(([, b]) => b > fit.budget).length;
+    expect(el.querySelectorAll("circle.mw-fit-out").length).toBe(over);
+    expect(el.querySelectorAll(".mw-fit-part").length).toBe(Object.keys(fit.categories).length);
+    expect(el.textContent).toContain("The peak is at features.1.");
+  });
+
+  it("refuses what is not a fit", () => {
+    expect(decodeFit({ rows: [] })).toBeNull();
+    const el = document.createElement("div");
+    draw(el, "fit", {});
+    expect(el.textContent).toContain("nothing to show");
+  });
+});
+
+describe("comparison view", () => {
+  const cmp = decodeCompare(sample.compare)!;
+
+  it("shows totals side by side and highlights exactly the changed rows", () => {
+    const el = document.createElement("div");
+    renderComparison(el, cmp);
+    const changed = [...el.querySelectorAll(".mw-cmp-tree tr.mw-cmp-changed .mw-cmp-name span:first-child")];
+    expect(changed.map((e) => e.textContent)).toEqual([
+      "model.layers.{0..1}.self_attn",
+      "model.layers.{0..1}.self_attn.k_proj",
+      "model.layers.{0..1}.self_attn.v_proj",
+    ]);
+    expect(el.querySelector(".mw-cmp-totals")!.textContent).toContain("parameters");
+    expect(el.querySelector(".mw-cmp-count")!.textContent).toBe("×2");
+  });
+
+  it("differences only keeps the changed rows and their ancestors; unticked, every row", () => {
+    const el = document.createElement("div");
+    const cleanup = renderComparison(el, cmp);
+    const kept = withAncestors(cmp.rows).map((r) => r.module);
+    expect(kept).toEqual([
+      "",
+      "model",
+      "model.layers",
+      "model.layers.{0..1}",
+      "model.layers.{0..1}.self_attn",
+      "model.layers.{0..1}.self_attn.k_proj",
+      "model.layers.{0..1}.self_attn.v_proj",
+    ]);
+    expect(el.querySelectorAll(".mw-cmp-tree tr.mw-cmp-row").length).toBe(kept.length);
+    const box = el.querySelector("input")!;
+    box.checked = false;
+    box.dispatchEvent(new Event("change"));
+    expect(el.querySelectorAll(".mw-cmp-tree tr.mw-cmp-row").length).toBe(cmp.rows.length);
+    cleanup();
+  });
+
+  it("writes names as text, never as markup", () => {
+    const row: CompareRow = {
+      module: '<img src=x onerror="alert(1)">', depth: 0, type: "<b>T</b>", count: 1,
+      changed: true, onlyIn: "b", params: [0, 4], flops: [0, 0], activation_bytes: [0, 0],
+    };
+    const el = document.createElement("div");
+    renderComparison(el, { a: "A", b: "B", totals: {}, rows: [row] });
+    expect(el.querySelector("img")).toBeNull();
+    expect(el.textContent).toContain('<img src=x onerror="alert(1)">');
+    expect(pair([0, 4], String)).toBe("0 → 4 (+4)");
+  });
+});

@@ -1,0 +1,99 @@
+/**
+ * The "what fits" panel of `mw.max_fit`: the answer in one sentence, the bytes at that size
+ * against the budget (stacked by category), and every size the search traced (an SVG chart with
+ * the budget line). Text only through `textContent`.
+ */
+import { h } from "./details";
+import { formatBytes, formatExact } from "./format";
+
+export interface FitPayload {
+  title: string;
+  vary: string;
+  size: number;
+  peakBytes: number;
+  nextPeakBytes: number | null;
+  budget: number;
+  devices: number | null;
+  strategy: string | null;
+  mode: string;
+  peakOwner: string | null;
+  categories: Record<string, number>;
+  history: [number, number][];
+}
+
+/** The payload as sent by `meta_widget.explore_view.fit_payload`, or null when it is not one. */
+export function decodeFit(raw: unknown): FitPayload | null {
+  if (!raw || typeof raw !== "object") return null;
+  const p = raw as Partial<FitPayload>;
+  if (typeof p.size !== "number" || typeof p.budget !== "number" || !Array.isArray(p.history)) return null;
+  return p as FitPayload;
+}
+
+/** One sentence: `seq = 176,456 fits in 80.00 GiB (80.00 GiB); seq = 176,457 needs ...`. */
+export function verdict(p: FitPayload): string {
+  const where = p.devices ? ` per device (${p.devices} × ${p.strategy})` : "";
+  const head = `${p.vary} = ${formatExact(p.size)} fits: ${formatBytes(p.peakBytes)} of ${formatBytes(p.budget)}${where}`;
+  if (p.nextPeakBytes === null) return `${head} (the largest size tried).`;
+  return `${head}; ${p.vary} = ${formatExact(p.size + 1)} needs ${formatBytes(p.nextPeakBytes)}.`;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg<K extends keyof SVGElementTagNameMap>(tag: K, attrs: Record<string, string | number>): SVGElementTagNameMap[K] {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  return e;
+}
+
+/** The traced sizes as points (fits: filled, over: hollow) under the dashed budget line. */
+export function historyChart(p: FitPayload, width = 360, height = 150): SVGSVGElement {
+  const pad = 28;
+  const xs = p.history.map(([s]) => s);
+  const ys = p.history.map(([, b]) => b);
+  const xMax = Math.max(...xs, 1);
+  const yMax = Math.max(...ys, p.budget) * 1.05;
+  const x = (v: number): number => pad + ((width - 2 * pad) * v) / xMax;
+  const y = (v: number): number => height - pad - ((height - 2 * pad) * v) / yMax;
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "mw-fit-chart", role: "img" });
+  const title = svg("title", {});
+  title.textContent = `bytes at each ${p.vary} traced; the dashed line is the budget`;
+  root.append(title);
+  root.append(svg("line", { x1: pad, x2: width - pad, y1: y(p.budget), y2: y(p.budget), class: "mw-fit-budget" }));
+  root.append(svg("line", { x1: pad, x2: pad, y1: pad / 2, y2: height - pad, class: "mw-fit-axis" }));
+  root.append(svg("line", { x1: pad, x2: width - pad, y1: height - pad, y2: height - pad, class: "mw-fit-axis" }));
+  for (const [size, bytes] of p.history) {
+    const dot = svg("circle", { cx: x(size), cy: y(bytes), r: 3.5, class: bytes <= p.budget ? "mw-fit-in" : "mw-fit-out" });
+    const tip = svg("title", {});
+    tip.textContent = `${p.vary} = ${formatExact(size)}: ${formatBytes(bytes)}`;
+    dot.append(tip);
+    root.append(dot);
+  }
+  const label = svg("text", { x: width - pad, y: height - 6, class: "mw-fit-label", "text-anchor": "end" });
+  label.textContent = p.vary;
+  root.append(label);
+  return root;
+}
+
+/** Render the panel into `el` (replacing what was there). */
+export function renderFit(el: HTMLElement, p: FitPayload): void {
+  el.replaceChildren();
+  const root = h("div", "mw-root mw-fit");
+  root.append(h("div", "mw-fit-title", `What fits: ${p.title}, ${p.mode}`));
+  root.append(h("div", "mw-fit-verdict", verdict(p)));
+  const bar = h("div", "mw-fit-bar");
+  bar.title = "bytes at the peak by category, against the budget";
+  for (const [name, bytes] of Object.entries(p.categories)) {
+    const part = h("div", `mw-fit-part mw-cat-${name.replace(/\s+/g, "-")}`);
+    part.style.width = `${Math.min(100, (100 * bytes) / p.budget)}%`;
+    part.title = `${name}: ${formatBytes(bytes)}`;
+    bar.append(part);
+  }
+  root.append(bar);
+  const legend = h("div", "mw-fit-legend");
+  for (const [name, bytes] of Object.entries(p.categories)) legend.append(h("span", "", `${name} ${formatBytes(bytes)}`));
+  root.append(legend);
+  if (p.peakOwner) root.append(h("div", "mw-fit-note", `The peak is at ${p.peakOwner}.`));
+  root.append(historyChart(p));
+  root.append(h("div", "mw-fit-note", `${p.history.length} traces, each a full analysis.`));
+  el.append(root);
+}
