@@ -31,6 +31,9 @@ _NODE_CALL = "meta_widget.call"
 _NO_SEQUENCE = 2**63  # AccumulateGrad nodes (parameters' leaves) carry the largest number
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
+#: the hooks only record: the trace's function modes (attention kernels, autocast) are for the
+#: model's code, and each tensor method call they see in a hook costs 5 us more
+_no_function_modes = torch._C.DisableTorchFunction
 
 
 class CallStack:
@@ -76,6 +79,10 @@ class CallStack:
         """A forward pre-hook: a call of ``mod`` starts."""
         if threading.get_ident() != self.thread:
             return  # another thread running the same module: not this trace's call
+        with _no_function_modes():
+            self._pre(mod, args, kwargs)
+
+    def _pre(self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         stack = self.stack
         if self.phase == Phase.BACKWARD:
             stack.append(self._recomputation(mod))
@@ -105,6 +112,10 @@ class CallStack:
         """A forward hook (``always_call``): a call of ``mod`` ends, with ``output`` or an error."""
         if threading.get_ident() != self.thread:
             return
+        with _no_function_modes():
+            self._post(mod, output)
+
+    def _post(self, mod: torch.nn.Module, output: Any) -> None:
         stack, ids = self.stack, self._ids
         if not ids or id(mod) not in ids:
             return  # a call we did not see start (e.g. hooks added mid-call)

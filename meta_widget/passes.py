@@ -226,7 +226,7 @@ def _setup_and_run(
         run.recorder.open(undo)
         if attach is not None:
             attach(run.recorder, undo)
-        _pause_gc(undo)  # last: its undo runs first
+        pause_gc(undo)  # last: its undo runs first
         step(saved)
     except Exception as exc:
         interrupt = interrupt_behind(exc)
@@ -486,7 +486,8 @@ class _GcPause:
             cls.lock.release()
 
 
-def _pause_gc(undo: Undo) -> None:
+def pause_gc(undo: Undo) -> None:
+    """Pause the cyclic garbage collector (see :class:`_GcPause`); ``undo`` resumes it."""
     token = id(undo)
     undo.add(lambda: _GcPause.resume(token))
     _GcPause.pause(token)

@@ -123,6 +123,7 @@ class Recorder:
         tainted: set[int] = set()
         self.callstack = CallStack(module, self.storage, tainted, listeners, tag_grad_nodes)
         self.assumptions = Assumptions(policy, self.callstack.stack, tainted, self.callstack.owner)
+        self.storage.on_free = self._forget
         self.orphan_flops = 0
         self.orphan_ops: dict[str, int] = {}
         self.failed_op: str | None = None
@@ -321,6 +322,14 @@ class Recorder:
         else:
             self.orphan_flops += n
             self.orphan_ops[name] = self.orphan_ops.get(name, 0) + n
+
+    def _forget(self, key: int) -> None:
+        """A storage died: what the assumptions knew of it (an assumed shape, known values)
+        must not pass to the next storage given its key (the allocator reuses addresses)."""
+        assumptions = self.assumptions
+        if assumptions.known:
+            assumptions.known.pop(key, None)
+        assumptions.tainted.discard(key)
 
     def _free_owner(self) -> CallRecord | None:
         return self.callstack.owner()[0]

@@ -69,6 +69,8 @@ class StorageTracker:
         # storage key -> (its Allocation, the weak reference that reports its free)
         self._live: dict[int, tuple[Allocation, weakref.ref[Any]]] = {}
         self._existing = {storage_key(x) for t in existing for x in inner_tensors(t) if on_meta(x)}
+        #: told the key of each storage that dies: a later storage may get the same key
+        self.on_free: Callable[[int], None] | None = None
 
     def track(self, t: torch.Tensor, op: str, call: CallRecord | None, backward: bool) -> None:
         """Note new storage of an op's output, allocated for ``call`` (a backward one: for its
@@ -117,7 +119,11 @@ class StorageTracker:
 
     def _note_free(self, key: int) -> None:
         entry = self._live.pop(key, None)
-        if entry is None or not self.active:
+        if entry is None:
+            return
+        if self.on_free is not None:
+            self.on_free(key)
+        if not self.active:
             return
         owner = self._free_owner()
         self._freed(entry[0], owner.index if owner is not None else -1)

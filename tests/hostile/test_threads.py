@@ -113,7 +113,8 @@ def test_two_models_in_two_threads_are_both_right() -> None:
     tb, out_b = _in_thread(lambda: mw.analyze(model_b, input_size=(3, 8)))
     try:
         assert gate_a.inside.wait(timeout=60) and gate_b.inside.wait(timeout=60)
-        assert len(_GcPause.holders) == 2  # both traces are running at once
+        # both traces are running at once: each analysis holds the pause, and its trace too
+        assert len(_GcPause.holders) == 4
         assert not gc.isenabled()
         gate_a.go.set()
         ta.join()
