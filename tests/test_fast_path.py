@@ -85,7 +85,9 @@ def trace_snapshot(a: mw.Analysis, fast: bool) -> dict[str, Any]:
     }
 
 
-def assert_same(model: Callable[[], nn.Module], min_hits: int = 1, **kwargs: Any) -> mw.Analysis:
+def assert_same(
+    model: Callable[[], nn.Module], min_hits: int = 1, raw: bool = True, **kwargs: Any
+) -> mw.Analysis:
     """Analyze ``model()`` with and without the fast path; every record must be the same."""
     # from one line: assumptions taken in backward name the line that called analyze
     fast, slow = (mw.analyze(model(), fast=on, **kwargs) for on in (True, False))
@@ -94,6 +96,8 @@ def assert_same(model: Callable[[], nn.Module], min_hits: int = 1, **kwargs: Any
     a, b = snapshot(fast), snapshot(slow)
     for key in a:
         assert a[key] == b[key], key
+    if not raw:  # options the plain trace below cannot take
+        return fast
     a, b = trace_snapshot(fast, True), trace_snapshot(fast, False)
     for key in a:
         assert a[key] == b[key], key
@@ -164,6 +168,26 @@ def test_autocast_micro_batches_and_low_precision_are_the_same() -> None:
         )
     assert_same(llama, mode="training", micro_batches=2, input_data=ids(2, 12))
     assert_same(llama, mode="training", param_dtype="bfloat16", input_data=ids(2, 12))
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [{"fsdp": 2}, {"tp": 2, "tp_plan": {"layers.*.0": "colwise", "layers.*.2": "rowwise"}}],
+)
+def test_one_rank_of_fsdp2_and_tensor_parallelism_is_the_same(parallel: dict[str, Any]) -> None:
+    from parallel_truth import DeepMLP
+
+    # DTensors are run, not cached: what this checks is that nothing changes
+    a = assert_same(
+        DeepMLP,
+        min_hits=0,
+        raw=False,
+        mode="training",
+        device="cpu",
+        input_size=(8, 256),
+        parallel=parallel,
+    )
+    assert a.error is None, a.error
 
 
 def test_activation_checkpointing_and_devices_are_the_same() -> None:
