@@ -275,7 +275,7 @@ class Aliasing(nn.Module):
             torch.add(y.detach(), 1, out=w)  # out=: resized
             ints = (y > 0).long()
             mixed = ints * 2, ints * 2.0, ints * True  # long, float, long
-            cpu = y * torch.tensor(3.0)  # a CPU scalar tensor
+            cpu = y * torch.tensor(3.0, device="cpu")  # a CPU scalar tensor
             sliced = y[1:]  # a storage offset
             odd = sliced + 1
             square = y[:, :4]
