@@ -291,6 +291,7 @@ META_FIXES: dict[Any, Callable[..., Any]] = {
 DATA_DEPENDENT = frozenset(
     {
         aten._local_scalar_dense.default,
+        aten._nested_tensor_from_mask_left_aligned.default,
         aten.nonzero.default,
         aten.masked_select.default,
         aten.index.Tensor,
@@ -350,6 +351,8 @@ class Assumptions:
             return func(*args, **kwargs)
         if func is aten._local_scalar_dense.default:
             return self._scalar(first)
+        if func is aten._nested_tensor_from_mask_left_aligned.default:
+            return self._left_aligned()
         if not policy.nonzero:
             return func(*args, **kwargs)
         bound = bound_for(func)
@@ -383,6 +386,15 @@ class Assumptions:
         else:
             owner, backward = (self._stack[-1] if self._stack else None), False
         return Where.here(owner, backward)
+
+    def _left_aligned(self) -> bool:
+        """Whether a padding mask keeps each sequence's tokens first (what
+        ``nn.TransformerEncoder`` checks before its nested-tensor path): a truth value."""
+        where = self._where()
+        found, value = self.policy.lookup(where) if self.policy is not None else (False, None)
+        answer = bool(value) if found else True
+        self._record("truth", "padding mask left-aligned", answer, where)
+        return answer
 
     def _scalar(self, t: torch.Tensor) -> Any:
         """``.item()`` of a meta tensor: a known value, a truth assumption, or the user's number."""

@@ -1,0 +1,45 @@
+"""``nn.TransformerEncoder`` with a padding mask traces (its left-aligned check is a recorded
+truth assumption); in training, where PyTorch takes no fused path, its peak is the real one."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from truth import real_peak
+
+import meta_widget as mw
+
+
+def encoder() -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 2)
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    mask = torch.zeros(4, 32, dtype=torch.bool)
+    mask[1, 28:] = True  # padding at the end of one sequence: left-aligned
+    return torch.randn(4, 32, 64), mask
+
+
+def test_a_padding_mask_traces_under_a_recorded_left_aligned_assumption() -> None:
+    model, (x, mask) = encoder(), inputs()
+    data = {"src": x, "src_key_padding_mask": mask}
+    a = mw.analyze(model, input_data=data, device="cpu")
+    assert a.error is None, a.error
+    (check,) = a.assumptions
+    assert check.op == "padding mask left-aligned" and check.value == "True"
+    assert check.where == "TransformerEncoder"
+    with torch.no_grad():
+        real = model.eval()(x, src_key_padding_mask=mask)
+    assert a.calls[0].outputs[0][1].shape == tuple(real.shape)
+    off = mw.analyze(model, input_data=data, device="cpu", assume={"TransformerEncoder": False})
+    assert off.error is None and off.assumptions[0].value == "False"
+
+
+def test_training_with_a_padding_mask_has_the_real_peak() -> None:
+    model, (x, mask) = encoder(), inputs()
+    data = {"src": x, "src_key_padding_mask": mask}
+    a = mw.analyze(model, input_data=data, mode="training", optimizer=None, device="cpu")
+    assert a.error is None, a.error
+    assert a.peak_bytes == real_peak(model, (x,), {"src_key_padding_mask": mask}, training=True)
