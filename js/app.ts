@@ -9,6 +9,7 @@
 import {
   DTYPE_CHOICES,
   MemoryChart,
+  foldBars,
   TimelineChart,
   memoryBars,
   paramBytesAt,
@@ -28,6 +29,8 @@ import {
   aggregate,
   buildTree,
   expandToDepth,
+  foldedPath,
+  groupLabels,
   flatten,
   frontier,
   moduleKey,
@@ -131,6 +134,9 @@ export class App {
   private timelineEl = h("div", "mw-timeline");
   private memoryNote = h("div", "mw-muted mw-chart-note");
   private timelineNote = h("div", "mw-muted mw-chart-note");
+  /** "Leave out parameters": the timeline without its constant part (null: not chosen yet). */
+  private leaveOut: boolean | null = null;
+  private leaveOutBox = h("input", "mw-leave-out");
   private commsEl = h("div", "mw-comms");
   private toast = h("div", "mw-toast");
   private checkpointEl = h("div", "mw-checkpoint");
@@ -208,7 +214,17 @@ export class App {
     }
     this.tabsEl.setAttribute("role", "tablist");
     this.memoryEl.append(this.categoryEl, this.memoryNote);
-    this.timelineEl.append(this.timelineNote, this.commsEl);
+    this.leaveOutBox.type = "checkbox";
+    this.leaveOutBox.addEventListener("change", () => {
+      this.leaveOut = this.leaveOutBox.checked;
+      this.chartsDirty = true;
+      this.schedule();
+    });
+    const leaveOut = h("label", "mw-label mw-leave-out-label");
+    leaveOut.append(this.leaveOutBox, document.createTextNode(" Leave out parameters, buffers and inputs"));
+    leaveOut.title =
+      "They are live from start to end: without them the y axis shows what the pass itself allocates (activations, temporaries, gradients, optimizer state)";
+    this.timelineEl.append(leaveOut, this.timelineNote, this.commsEl);
     this.panel.append(this.detailsEl, this.memoryEl, this.timelineEl);
 
     this.root.append(
@@ -767,16 +783,21 @@ export class App {
     this.chartsDirty = false;
     if (this.tab === "memory") {
       this.memoryChart ??= new MemoryChart(this.memoryEl, (m) => this.selectModule(m));
-      let mods = frontier(a, this.depth);
-      let note = `Modules at depth ${this.depth} (and shallower leaves): parameters (${this.dtype === "recorded" ? "as recorded" : this.dtype}) and output mem (the new storage their outputs hold), stacked. The peak by category above counts what is live at the peak. Click a bar to select the module.`;
-      if (mods.length > MAX_BARS) {
-        const total = (i: number): number =>
-          this.paramBytes(a.modules[i] as ModuleInfo) + (this.aggs[i]?.activationBytes ?? 0);
-        mods = mods
-          .slice()
-          .sort((x, y) => total(y) - total(x))
+      const tree = this.tree;
+      const labels = tree ? groupLabels(tree) : new Map<string, string>();
+      // the same module of every folded layer is one bar (layers.0–79.mlp, summed)
+      let bars = foldBars(memoryBars(a, frontier(a, this.depth), this.aggs, this.paramBytes), (m) =>
+        tree ? foldedPath(tree, m, labels) || a.title : String(m),
+      );
+      let note = `Modules at depth ${this.depth} (and shallower leaves), repeated layers folded into one bar (summed): parameters (${this.dtype === "recorded" ? "as recorded" : this.dtype}) and output mem (the new storage their outputs hold), stacked. The peak by category above counts what is live at the peak. Click a bar to select the module.`;
+      if (bars.modules.length > MAX_BARS) {
+        const keep = bars.modules
+          .map((_, i) => i)
+          .sort((x, y) => (bars.params[y] ?? 0) + (bars.activations[y] ?? 0) - (bars.params[x] ?? 0) - (bars.activations[x] ?? 0))
           .slice(0, MAX_BARS)
           .sort((x, y) => x - y);
+        const pick = <T,>(xs: T[]): T[] => keep.map((i) => xs[i] as T);
+        bars = { modules: pick(bars.modules), labels: pick(bars.labels), params: pick(bars.params), activations: pick(bars.activations) };
         note += ` Showing the ${MAX_BARS} largest.`;
       }
       this.memoryNote.textContent = note;
@@ -797,7 +818,6 @@ export class App {
         legend.append(item);
       }
       this.memoryNote.append(legend);
-      const bars = memoryBars(a, mods, this.aggs, this.paramBytes);
       bars.activations = bars.activations.map((b) => this.outputBytes(b));
       this.memoryChart.setData(bars, this.chartWidth());
       const sel = this.selectedNode();
@@ -810,16 +830,26 @@ export class App {
         ? `Live bytes after each allocation and free${a.mode === "training" ? " (forward, backward, optimizer step)" : ""}. Peak ${formatBytes(p.bytes)} in ${peakOwner(a)}${p.op ? ` (${p.op})` : ""}${phase && !peakOwner(a).includes(phase) ? `, in the ${phase} phase` : ""}.`
         : "Live bytes after each allocation and free over the forward pass.";
       const pr = this.precision();
+      const t = a.totals;
+      const c = pr?.categories;
+      const base = c
+        ? (c.parameters ?? 0) + (c.buffers ?? 0) + (c.inputs ?? 0)
+        : t.param_bytes + t.buffer_bytes + t.input_bytes;
+      const scaled = pr ? scaledTimeline(a, pr) : a.timeline.bytes;
+      const top = scaled.length ? Math.max(...scaled) : 0;
+      // left out by default where the constant part is most of the peak (big models)
+      const leftOut = this.leaveOut ?? (top > 0 && base / top > 0.5);
+      this.leaveOutBox.checked = leftOut;
+      const bytes = leftOut ? scaled.map((b) => b - base) : scaled;
       if (pr) {
         // the same trace at another precision: the timeline re-scaled (see precision.ts)
-        const bytes = scaledTimeline(a, pr);
-        const top = Math.max(...bytes);
         this.timelineNote.textContent = `${pr.note} Timeline re-scaled from the recorded trace; peak ${formatBytes(top)}.`;
-        this.timelineChart.setData(
-          { ...a, timeline: { ...a.timeline, bytes }, peak: a.peak && { ...a.peak, bytes: top } },
-          this.chartWidth(),
-        );
-      } else this.timelineChart.setData(a, this.chartWidth());
+      }
+      this.timelineChart.setData(
+        { ...a, timeline: { ...a.timeline, bytes }, peak: a.peak && { ...a.peak, bytes: top } },
+        this.chartWidth(),
+        { bytes: base, leftOut },
+      );
       renderComms(this.commsEl, a.comms ?? [], a.timeline.bytes.length, this.chartWidth(), formatBytes);
     }
   }

@@ -108,6 +108,35 @@ export interface MemoryBars {
   activations: number[];
 }
 
+/**
+ * Bars of modules that are the same module of every member of a folded group (`layers.3.mlp`
+ * for each of 80 layers) merged into one, summed, labelled by `key` (`layers.0–79.mlp`) with
+ * the count; the first module stands for the bar (a click selects it).
+ */
+export function foldBars(bars: MemoryBars, key: (module: number) => string): MemoryBars {
+  const out: MemoryBars = { modules: [], labels: [], params: [], activations: [] };
+  const at = new Map<string, number>();
+  const count: number[] = [];
+  bars.modules.forEach((m, i) => {
+    const k = key(m);
+    const j = at.get(k);
+    if (j === undefined) {
+      at.set(k, out.modules.length);
+      out.modules.push(m);
+      out.labels.push(k);
+      out.params.push(bars.params[i] ?? 0);
+      out.activations.push(bars.activations[i] ?? 0);
+      count.push(1);
+    } else {
+      out.params[j] = (out.params[j] ?? 0) + (bars.params[i] ?? 0);
+      out.activations[j] = (out.activations[j] ?? 0) + (bars.activations[i] ?? 0);
+      count[j] = (count[j] ?? 0) + 1;
+    }
+  });
+  out.labels = out.labels.map((l, j) => ((count[j] ?? 1) > 1 ? `${l} (${count[j]} ×)` : l));
+  return out;
+}
+
 /** One bar per module of `rows`, in that order. */
 export function memoryBars(
   a: Analysis,
@@ -367,7 +396,8 @@ export class MemoryChart {
       cursor: { x: false, y: false, drag: { x: false, y: false }, points: { show: false } },
       scales: {
         x: { time: false, ori: 1, dir: -1, range: () => [-0.5, n - 0.5] },
-        y: { ori: 0, dir: 1, range: (_u, _min, max) => [0, max > 0 ? max * 1.04 : 1] },
+        // room on the right for each bar's value
+        y: { ori: 0, dir: 1, range: (_u, _min, max) => [0, max > 0 ? max * 1.22 : 1] },
       },
       axes: [
         {
@@ -415,6 +445,21 @@ export class MemoryChart {
       ],
       hooks: {
         draw: [
+          (u) => {
+            // each bar's total beside it
+            const ctx = u.ctx;
+            const dpr = uPlot.pxRatio;
+            ctx.save();
+            ctx.fillStyle = p.fg2;
+            ctx.font = `${10 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
+            ctx.textBaseline = "middle";
+            ctx.textAlign = "left";
+            totals.forEach((t, i) => {
+              if (t <= 0) return;
+              ctx.fillText(formatBytes(t), u.valToPos(t, "y", true) + 4 * dpr, u.valToPos(i, "x", true));
+            });
+            ctx.restore();
+          },
           (u) => {
             if (self.selected < 0) return;
             const i = bars.modules.indexOf(self.selected);
@@ -493,7 +538,12 @@ export class TimelineChart {
     parent.append(this.el);
   }
 
-  setData(a: Analysis, width: number): void {
+  /**
+   * Draw `a`'s timeline. `base`: the constant bytes under it (parameters, buffers, inputs), drawn
+   * as a band with its size; `base.leftOut`: the timeline was given without them (the y axis
+   * then counts the bytes above them, so a 70B model's activations are not a flat line).
+   */
+  setData(a: Analysis, width: number, base?: { bytes: number; leftOut: boolean }): void {
     this.plot?.destroy();
     this.plot = null;
     this.host.textContent = "";
@@ -554,6 +604,9 @@ export class TimelineChart {
           space: 40,
           incrs: BYTE_INCRS,
           values: (_u, splits) => splits.map((v) => formatBytes(v)),
+          label: base?.leftOut ? "live bytes above the constant band" : "live bytes",
+          labelFont: p.font,
+          labelSize: 18,
         },
       ],
       series: [
@@ -570,10 +623,23 @@ export class TimelineChart {
       hooks: {
         drawClear: [
           (u) => {
-            // phases as alternating bands with their names, behind the line
-            if (spans.length < 2) return;
             const ctx = u.ctx;
             const dpr = uPlot.pxRatio;
+            if (base && !base.leftOut && base.bytes > 0) {
+              // the constant part as a band of its own, named with its size
+              const y = u.valToPos(base.bytes, "y", true);
+              const bottom = u.bbox.top + u.bbox.height;
+              ctx.save();
+              ctx.fillStyle = `${p.params}33`;
+              ctx.fillRect(u.bbox.left, y, u.bbox.width, bottom - y);
+              ctx.fillStyle = p.fg2;
+              ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
+              ctx.textBaseline = "top";
+              ctx.fillText(`parameters, buffers, inputs: ${formatBytes(base.bytes)}`, u.bbox.left + 6 * dpr, y + 3 * dpr);
+              ctx.restore();
+            }
+            // phases as alternating bands with their names, behind the line
+            if (spans.length < 2) return;
             ctx.save();
             ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
             // names at the bottom of each band: the peak label sits near the top

@@ -95,3 +95,20 @@ describe("the precision switch", () => {
     expect(totals()["optimizer state (est.)"]).toBe(formatBytes(bf16["optimizer state"] as number));
   });
 });
+
+describe("the timeline", () => {
+  it("leaves the constant parameters out by default where they are most of the peak", () => {
+    const { app } = setup(inference);
+    (el.querySelector('.mw-tab[data-tab="timeline"]') as HTMLElement).click();
+    app.render();
+    const box = el.querySelector(".mw-leave-out") as HTMLInputElement;
+    const t = (inference as { totals: Record<string, number> }).totals;
+    const base = (t.param_bytes ?? 0) + (t.buffer_bytes ?? 0) + (t.input_bytes ?? 0);
+    expect(base / (t.peak_bytes ?? 1)).toBeGreaterThan(0.5); // GPT-2 tiny: weights dominate
+    expect(box.checked).toBe(true);
+    box.checked = false;
+    box.dispatchEvent(new Event("change"));
+    app.render();
+    expect((el.querySelector(".mw-leave-out") as HTMLInputElement).checked).toBe(false); // the choice holds
+  });
+});

@@ -414,6 +414,27 @@ export function expandToDepth(tree: Tree, depth: number, openGroups = false): Se
   return keys;
 }
 
+/**
+ * Module `i`'s path with each folded group it sits in written as the group ("layers.0–79.mlp"
+ * for "layers.3.mlp"): equal for the same module of every member, so charts can fold them.
+ */
+export function foldedPath(tree: Tree, i: number, labels = groupLabels(tree)): string {
+  const mods = tree.analysis.modules;
+  const parts: string[] = [];
+  for (let j = i; j > 0; j = mods[j]?.parent ?? 0) {
+    const g = tree.groupOf[j];
+    parts.push(g ? (labels.get(g) ?? mods[j]?.name ?? "") : (mods[j]?.name ?? ""));
+  }
+  return parts.reverse().join(".");
+}
+
+/** Group key -> its label ("0–79"). */
+export function groupLabels(tree: Tree): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const n of tree.nodes) for (const c of n.children) if (c.kind === "group") out.set(c.key, c.label);
+  return out;
+}
+
 /** Keys to open so that module row `i` is visible: its ancestors and the groups holding them. */
 export function revealKeys(tree: Tree, i: number): string[] {
   const keys: string[] = [];

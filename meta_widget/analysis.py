@@ -809,7 +809,7 @@ def _resolve_widget(widget: Any, options: Options) -> Any:
     module = heavy.widget()
     if widget is True:
         view = module.MetaWidget()
-        view.display()
+        heavy.display(view)
     elif isinstance(widget, module.MetaWidget):
         view = widget
     else:

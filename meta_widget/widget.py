@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
-from IPython.display import DisplayHandle, display
 
 from .choices import Device, Mode, Optimizer
 from .fallback import fallback_html
@@ -63,8 +62,6 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
     #: the Analysis shown, when the kernel has it (the mode/optimizer/device switches re-run it
     #: and put the new one here)
     analysis: Analysis | None = None
-    #: where ``display()`` showed this widget (updated with the static view once it has one)
-    _handle: DisplayHandle | None = None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         """The widget, and beside it the summary as text and a static HTML view of the analysis
@@ -76,17 +73,6 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
         data["text/plain"] = self.analysis.summary()
         data["text/html"] = fallback_html(self.analysis)
         return data, meta
-
-    def display(self) -> None:
-        """Show this widget in the notebook now (before it has an analysis, to stream into)."""
-        self._handle = display(self, display_id=True)
-
-    @traitlets.observe("payload")
-    def _refresh_display(self, _change: Any = None) -> None:
-        """The analysis is in: update the output ``display()`` made, to carry the static view."""
-        if self._handle is not None and self.analysis is not None:
-            self._handle.update(self)
-            self._handle = None
 
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         if not isinstance(content, dict):
