@@ -25,7 +25,8 @@ describe("what fits panel", () => {
     const over = fit.history.filter(([, b]) => b > fit.budget).length;
     expect(el.querySelectorAll("circle.mw-fit-out").length).toBe(over);
     expect(el.querySelectorAll(".mw-fit-part").length).toBe(Object.keys(fit.categories).length);
-    expect(el.textContent).toContain("The peak is at features.1.");
+    expect(el.textContent).toContain("Peak at batch = 107: features.1");
+    expect(el.textContent).toContain("budget 8.00 MiB");
   });
 
   it("refuses what is not a fit", () => {

@@ -46,8 +46,8 @@ function svg<K extends keyof SVGElementTagNameMap>(tag: K, attrs: Record<string,
 }
 
 /** The traced sizes as points (fits: filled, over: hollow) under the dashed budget line. */
-export function historyChart(p: FitPayload, width = 360, height = 150): SVGSVGElement {
-  const pad = 28;
+export function historyChart(p: FitPayload, width = 380, height = 140): SVGSVGElement {
+  const pad = 30;
   const xs = p.history.map(([s]) => s);
   const ys = p.history.map(([, b]) => b);
   const xMax = Math.max(...xs, 1);
@@ -68,9 +68,15 @@ export function historyChart(p: FitPayload, width = 360, height = 150): SVGSVGEl
     dot.append(tip);
     root.append(dot);
   }
-  const label = svg("text", { x: width - pad, y: height - 6, class: "mw-fit-label", "text-anchor": "end" });
-  label.textContent = p.vary;
-  root.append(label);
+  const text = (x0: number, y0: number, value: string, anchor = "start"): void => {
+    const t = svg("text", { x: x0, y: y0, class: "mw-fit-label", "text-anchor": anchor });
+    t.textContent = value;
+    root.append(t);
+  };
+  text(pad, y(p.budget) - 4, `budget ${formatBytes(p.budget)}`);
+  text(pad, height - pad + 12, "0", "middle");
+  text(x(xMax), height - pad + 12, formatExact(xMax), "middle");
+  text(width / 2, height - 4, p.vary, "middle");
   return root;
 }
 
@@ -92,7 +98,7 @@ export function renderFit(el: HTMLElement, p: FitPayload): void {
   const legend = h("div", "mw-fit-legend");
   for (const [name, bytes] of Object.entries(p.categories)) legend.append(h("span", "", `${name} ${formatBytes(bytes)}`));
   root.append(legend);
-  if (p.peakOwner) root.append(h("div", "mw-fit-note", `The peak is at ${p.peakOwner}.`));
+  if (p.peakOwner) root.append(h("div", "mw-fit-note", `Peak at ${p.vary} = ${formatExact(p.size)}: ${p.peakOwner}`));
   root.append(historyChart(p));
   root.append(h("div", "mw-fit-note", `${p.history.length} traces, each a full analysis.`));
   el.append(root);
