@@ -398,6 +398,8 @@ class Analysis:
         listeners = changes.pop("listeners", ())
         if "optimizer" not in changes:  # not chosen again: no "not used" note in inference
             changes["optimizer"] = carried_optimizer(self.options.optimizer)
+        if changes.get("mode") == Mode.INFERENCE and "micro_batches" not in changes:
+            changes["micro_batches"] = 1  # accumulation belongs to training: not carried over
         if "input_size" in changes and "input_data" not in changes:
             changes["input_data"] = None
         if "input_size" in changes or "input_data" in changes:

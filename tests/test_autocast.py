@@ -182,3 +182,11 @@ def test_precision_options_are_checked() -> None:
         mw.analyze(mlp(), input_size=(2, 32), mode="training", micro_batches=0)
     with pytest.raises(mw.OptionError, match="not a floating dtype"):
         mw.analyze(mlp(), input_size=(2, 32), param_dtype="long")
+
+
+def test_a_rerun_in_inference_leaves_micro_batches_behind() -> None:
+    a = mw.analyze(mlp(), input_size=(4, 32), mode="training", micro_batches=2, autocast="bfloat16")
+    b = a.rerun(mode="inference")  # what the widget's mode switch does
+    assert b.options.micro_batches == 1 and b.options.autocast == torch.bfloat16
+    assert b.mode == "inference" and len(b["0"].calls) == 1
+    assert a.total_flops == 2 * a.rerun(micro_batches=1).total_flops
