@@ -348,7 +348,10 @@ def check_buildable(model: Any) -> None:
     is_class = isinstance(model, type)
     if is_class and not issubclass(model, torch.nn.Module):
         return  # not a module class: the sources say what they accept
-    if not callable(model) or isinstance(model, torch.nn.Module):
+    if isinstance(model, torch.nn.Module):
+        _check_not_distributed(model)
+        return
+    if not callable(model):
         return
     required = _required_parameters(model)
     if not required:
@@ -359,6 +362,21 @@ def check_buildable(model: Any) -> None:
     raise OptionTypeError(
         f"the {what} {name} needs arguments to build the model ({', '.join(required)}): pass "
         f"an instance, or a function that builds it: mw.analyze(lambda: {name}({sample}))."
+    )
+
+
+def _check_not_distributed(model: Any) -> None:
+    """Refuse a module already wrapped by ``fully_shard`` / ``parallelize_module`` (its
+    parameters are DTensors): it cannot be copied to meta; ``parallel=`` wraps a copy instead."""
+    wrapped = next((n for n, p in model.named_parameters() if type(p).__name__ == "DTensor"), None)
+    if wrapped is None:
+        return
+    raise OptionTypeError(
+        f"{type(model).__name__} is already sharded (its parameter {wrapped!r} is a DTensor, "
+        "from fully_shard or parallelize_module), and meta_widget cannot copy it to meta. Pass "
+        "the unwrapped model, or a function that builds it, with parallel=: e.g. "
+        'mw.analyze(lambda: MyModel(...), input_size=..., mode="training", '
+        'parallel={"fsdp": 8}) traces one rank of FSDP2 as PyTorch runs it.'
     )
 
 
