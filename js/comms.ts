@@ -124,4 +124,24 @@ export function renderComms(
     }
   }
   parent.append(title, strip, table);
+  alignWithChart(parent, strip);
+}
+
+/**
+ * Put the marks under the timeline chart drawn beside `parent` (uPlot's plot area, `.u-over`),
+ * so that a mark sits under the point of the step it belongs to; without a chart, as is.
+ */
+function alignWithChart(parent: HTMLElement, strip: HTMLElement): void {
+  const host = parent.parentElement;
+  if (!host) return;
+  host.append(parent); // after the chart
+  const align = (): void => {
+    const over = host.querySelector<HTMLElement>(".u-over");
+    const plot = over?.getBoundingClientRect();
+    if (!plot || plot.width <= 0) return;
+    strip.style.marginLeft = `${plot.left - parent.getBoundingClientRect().left}px`;
+    strip.style.width = `${plot.width}px`;
+  };
+  align();
+  requestAnimationFrame(align); // the chart may lay itself out in the next frame
 }
