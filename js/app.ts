@@ -24,6 +24,7 @@ import { Header, renderProgress } from "./header";
 import { PRECISION_HINT, precisionOf, scaledTimeline, type Precision } from "./precision";
 import { peakOwner, type Analysis, type CallInfo, type Message, type ModuleInfo, type RerunMessage } from "./protocol";
 import { RERUN_WAIT_MS, initialSession, reduce, type Session, type SessionEvent } from "./session";
+import { stackTimeline } from "./stack";
 import { Switches } from "./switches";
 import {
   aggregate,
@@ -845,10 +846,17 @@ export class App {
         // the same trace at another precision: the timeline re-scaled (see precision.ts)
         this.timelineNote.textContent = `${pr.note} Timeline re-scaled from the recorded trace; peak ${formatBytes(top)}.`;
       }
+      const bands = stackTimeline(
+        a.timeline.categories,
+        bytes.length,
+        leftOut,
+        pr ? { staticBytes: pr.categories, actScale: pr.actScale } : undefined,
+      );
       this.timelineChart.setData(
         { ...a, timeline: { ...a.timeline, bytes }, peak: a.peak && { ...a.peak, bytes: top } },
         this.chartWidth(),
         { bytes: base, leftOut },
+        bands,
       );
       renderComms(this.commsEl, a.comms ?? [], a.timeline.bytes.length, this.chartWidth(), formatBytes);
     }

@@ -12,6 +12,7 @@
 import uPlot from "uplot";
 import { formatBytes } from "./format";
 import { MEMORY_CATEGORIES, peakOwner, type Analysis, type Memory, type ModuleInfo } from "./protocol";
+import { STATIC_BAND, type StackBand } from "./stack";
 import type { Aggregate } from "./tree";
 
 // ---------------------------------------------------------------------------------------------
@@ -520,12 +521,50 @@ export class MemoryChart {
   }
 }
 
+/**
+ * Stacked areas of `bands` (bottom first), stepped as the live-bytes line is: each point's
+ * value holds until the next event. Translucent, so the phase bands show through.
+ */
+function drawBands(u: uPlot, bands: readonly StackBand[], color: (k: number) => string): void {
+  const ctx = u.ctx;
+  const n = bands[0]?.top.length ?? 0;
+  if (n === 0) return;
+  const x = (i: number): number => u.valToPos(Math.min(i, n - 1), "x", true);
+  const y = (v: number): number => u.valToPos(v, "y", true);
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(u.bbox.left, u.bbox.top, u.bbox.width, u.bbox.height);
+  ctx.clip();
+  ctx.globalAlpha = 0.55;
+  let below: readonly number[] = new Array<number>(n).fill(0);
+  for (const b of bands) {
+    ctx.fillStyle = color(b.color);
+    ctx.beginPath();
+    for (let i = 0; i < n; i++) {
+      const yt = y(b.top[i] ?? 0);
+      if (i === 0) ctx.moveTo(x(0), yt);
+      else ctx.lineTo(x(i), yt);
+      ctx.lineTo(x(i + 1), yt);
+    }
+    for (let i = n - 1; i >= 0; i--) {
+      const yb = y(below[i] ?? 0);
+      ctx.lineTo(x(i + 1), yb);
+      ctx.lineTo(x(i), yb);
+    }
+    ctx.closePath();
+    ctx.fill();
+    below = b.top;
+  }
+  ctx.restore();
+}
+
 /** The memory timeline with the peak marked. */
 export class TimelineChart {
   readonly el: HTMLElement;
   private plot: uPlot | null = null;
   private host: HTMLElement;
   private tip: HTMLElement;
+  private legend: HTMLElement;
 
   constructor(parent: HTMLElement) {
     this.el = document.createElement("div");
@@ -534,19 +573,40 @@ export class TimelineChart {
     this.host.className = "mw-chart-host";
     this.tip = document.createElement("div");
     this.tip.className = "mw-chart-tip";
-    this.el.append(this.host, this.tip);
+    this.legend = document.createElement("div");
+    this.legend.className = "mw-legend mw-timeline-legend";
+    this.el.append(this.legend, this.host, this.tip);
     parent.append(this.el);
+  }
+
+  /** The bands' names with their colors, top band first (as they stack). */
+  private renderLegend(bands: readonly StackBand[]): void {
+    this.legend.textContent = "";
+    for (const b of [...bands].reverse()) {
+      const item = document.createElement("span");
+      const sw = document.createElement("span");
+      sw.className = `mw-swatch mw-cat-${b.color}`;
+      item.append(sw, document.createTextNode(b.name));
+      this.legend.append(item);
+    }
   }
 
   /**
    * Draw `a`'s timeline. `base`: the constant bytes under it (parameters, buffers, inputs), drawn
    * as a band with its size; `base.leftOut`: the timeline was given without them (the y axis
    * then counts the bytes above them, so a 70B model's activations are not a flat line).
+   * `bands`: the same bytes stacked by category (stack.ts), bottom first; their top is `bytes`.
    */
-  setData(a: Analysis, width: number, base?: { bytes: number; leftOut: boolean }): void {
+  setData(
+    a: Analysis,
+    width: number,
+    base?: { bytes: number; leftOut: boolean },
+    bands: readonly StackBand[] = [],
+  ): void {
     this.plot?.destroy();
     this.plot = null;
     this.host.textContent = "";
+    this.renderLegend(bands);
     const bytes = a.timeline.bytes;
     if (bytes.length === 0) {
       const empty = document.createElement("div");
@@ -615,29 +675,37 @@ export class TimelineChart {
           label: "live bytes",
           stroke: p.line,
           width: 1.5,
-          fill: /^#[0-9a-f]{6}$/i.test(p.line) ? `${p.line}22` : undefined,
+          fill: bands.length === 0 && /^#[0-9a-f]{6}$/i.test(p.line) ? `${p.line}22` : undefined,
           paths: uPlot.paths.stepped!({ align: 1 }),
           points: { show: false },
         },
       ],
       hooks: {
-        drawClear: [
+        // after the grid, before the line: the stacked categories, then the constant band's name
+        drawAxes: [
           (u) => {
             const ctx = u.ctx;
             const dpr = uPlot.pxRatio;
+            drawBands(u, bands, (k) => cssVar(self.el, `--mw-cat-${k}`, p.acts));
             if (base && !base.leftOut && base.bytes > 0) {
               // the constant part as a band of its own, named with its size
               const y = u.valToPos(base.bytes, "y", true);
               const bottom = u.bbox.top + u.bbox.height;
               ctx.save();
               ctx.fillStyle = `${p.params}33`;
-              ctx.fillRect(u.bbox.left, y, u.bbox.width, bottom - y);
+              if (bands[0]?.name !== STATIC_BAND) ctx.fillRect(u.bbox.left, y, u.bbox.width, bottom - y);
               ctx.fillStyle = p.fg2;
               ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
               ctx.textBaseline = "top";
               ctx.fillText(`parameters, buffers, inputs: ${formatBytes(base.bytes)}`, u.bbox.left + 6 * dpr, y + 3 * dpr);
               ctx.restore();
             }
+          },
+        ],
+        drawClear: [
+          (u) => {
+            const ctx = u.ctx;
+            const dpr = uPlot.pxRatio;
             // phases as alternating bands with their names, behind the line
             if (spans.length < 2) return;
             ctx.save();
@@ -697,7 +765,12 @@ export class TimelineChart {
               return;
             }
             const phase = phaseAt(i);
-            self.tip.textContent = `event ${i}${phase ? ` (${phase})` : ""} · ${formatBytes(bytes[i] ?? 0)} live · ${a.timeline.op[i] ?? ""} in ${moduleOfEvent(i)}`;
+            const split = [...bands]
+              .reverse()
+              .filter((b) => (b.values[i] ?? 0) !== 0)
+              .map((b) => `${b.name} ${formatBytes(b.values[i] ?? 0)}`)
+              .join(", ");
+            self.tip.textContent = `event ${i}${phase ? ` (${phase})` : ""} · ${formatBytes(bytes[i] ?? 0)} live${split ? ` (${split})` : ""} · ${a.timeline.op[i] ?? ""} in ${moduleOfEvent(i)}`;
           },
         ],
       },

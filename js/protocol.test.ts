@@ -44,6 +44,7 @@ describe("decodePayload", () => {
     expect(a.calls[6]?.module).toBe(7);
     expect(a.timeline.op[4]).toBe("free");
     expect(a.timeline.bytes[3]).toBe(5000);
+    expect(a.timeline.categories).toEqual({}); // an older kernel's payload: no category series
     expect(a.peak).toEqual({ bytes: 5000, call: 11, module: "head", op: "aten.addmm" });
     expect(a.totals.flops).toBe(2176);
     expect(a.notes).toEqual(["Dropout is a no-op in inference mode."]);

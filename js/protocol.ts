@@ -61,6 +61,8 @@ export interface WireTimeline {
   op: number[];
   /** Optional (newer kernels): phase name sid per event (forward | backward | optimizer). */
   phase?: number[];
+  /** Optional: memory category -> live bytes of it at each point (they add up to `bytes`). */
+  categories?: Record<string, number[]>;
 }
 
 export interface WireErrorInfo {
@@ -184,6 +186,8 @@ export interface Timeline {
   op: string[];
   /** Phase of each event ("forward", "backward", "optimizer"); empty when not sent. */
   phase: string[];
+  /** Memory category -> its live bytes at each event (they add up to `bytes`); empty when not sent. */
+  categories: Record<string, number[]>;
 }
 
 /** The seven memory categories, in the order the views stack them. */
@@ -448,6 +452,16 @@ function decodeAssumption(o: Obj): Assumption {
   };
 }
 
+/** `{name: [number]}`, anything else left out. */
+function decodeSeries(raw: unknown): Record<string, number[]> {
+  const out: Record<string, number[]> = {};
+  if (!isObj(raw)) return out;
+  for (const [name, values] of Object.entries(raw)) {
+    if (Array.isArray(values)) out[name] = values.map((v) => num(v));
+  }
+  return out;
+}
+
 function decodeMemory(raw: unknown): Memory {
   const m = isObj(raw) ? raw : {};
   const nums = (v: unknown): Record<string, number> => {
@@ -623,6 +637,7 @@ export function decodePayload(raw: unknown): Analysis | null {
       call: arr<unknown>(tl.call).map((c) => num(c, -1)),
       op: arr<unknown>(tl.op).map((o) => dict.strings[num(o)] ?? "?"),
       phase: arr<unknown>(tl.phase).map((o) => dict.strings[num(o)] ?? "?"),
+      categories: decodeSeries(tl.categories),
     },
     totals,
     peak,

@@ -16,6 +16,8 @@ Definitions (the README repeats them):
   e.g. AdamW's two moments, plus its step counters kept on the CPU), activations (in inference
   everything the forward pass allocated; in training what autograd saved for backward and the
   outputs still alive when the forward pass ends), temporaries (everything else).
+- **timeline by category**: the same split after every event, so that at each event the
+  categories add up to the live bytes and at the peak they equal the categories above.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class MemoryReport:
     #: optimizer state on the device, whether or not they are live at the peak
     gradient_bytes: int = 0
     optimizer_state_bytes: int = 0
+    #: category -> bytes of it live after each timeline event (see the module docstring); the
+    #: categories add up to the timeline's live bytes at every event
+    timeline_categories: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def baseline_bytes(self) -> int:
@@ -171,6 +176,28 @@ def category(a: Allocation, trace: Trace, training: bool) -> str:
     return "activations" if a.saved or a.freed < 0 or a.freed >= forward_end else "temporaries"
 
 
+def category_timeline(trace: Trace, training: bool, static: dict[str, int]) -> dict[str, list[int]]:
+    """Bytes live after each event of ``trace``, by category: ``static`` (parameters, buffers,
+    inputs: constant) plus each allocation's bytes, in its :func:`category`, from the event
+    that allocated it to the one before the event that freed it."""
+    n = len(trace.events)
+    deltas: dict[str, list[int]] = {c: [0] * n for c in CATEGORIES}
+    for a in trace.allocations:
+        d = deltas.setdefault(category(a, trace, training), [0] * n)
+        if 0 <= a.event < n:
+            d[a.event] += a.nbytes
+        if 0 <= a.freed < n:
+            d[a.freed] -= a.nbytes
+    out: dict[str, list[int]] = {}
+    for name, d in deltas.items():
+        live, series = static.get(name, 0), []
+        for x in d:
+            live += x
+            series.append(live)
+        out[name] = series
+    return out
+
+
 def memory_report(
     module: torch.nn.Module,
     inputs: Sequence[torch.Tensor],
@@ -218,6 +245,7 @@ def memory_report(
         if a.event <= i and (a.freed < 0 or a.freed > i):
             name = category(a, trace, training)  # a parallel trace adds two (comms.py)
             report.categories[name] = report.categories.get(name, 0) + a.nbytes
+    report.timeline_categories = category_timeline(trace, training, static)
     report.optimizer_host_bytes = other_state
     alive = [a for a in trace.allocations if a.freed < 0]
     report.gradient_bytes = sum(a.nbytes for a in alive if a.key in trace.grad_keys)

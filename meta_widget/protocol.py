@@ -52,6 +52,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
         "call": [int],                    # innermost call running at the event (-1: none)
         "op": [sid],                      # aten op that allocated (or "free")
         "phase": [sid],                   # forward | backward | optimizer
+        "categories": {name: [int]},      # the live bytes by memory category at the same
+                                          # points (they add up to "bytes"); all-zero ones left out
       },
       "memory": {"categories": {name: bytes},   # live at the peak; they add up to peak_bytes
                  "phases": {phase: first timeline index}, "peak_phase": str | null,
@@ -295,6 +297,11 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
         "call": [mem.timeline[i][1] for i in keep],
         "op": [d.string(mem.timeline[i][2]) for i in keep],
         "phase": [d.string(phases[i]) for i in keep],
+        "categories": {
+            name: [series[i] for i in keep]
+            for name, series in mem.timeline_categories.items()
+            if any(series)
+        },
     }
     if a.comm_records:  # a parallel trace: its collectives, placed on the timeline
         payload["comms"] = encode_comms(a.comm_records, keep)
