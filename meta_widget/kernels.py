@@ -67,7 +67,15 @@ def _cpu_flash_backward_flops(
 
 
 #: FLOP formulas for kernels FlopCounterMode's registry lacks (keyed by overload packet)
+def _addmm_activation_flops(
+    bias: Any, a: Any, b: Any, *args: Any, out_val: Any = None, **kw: Any
+) -> int:
+    """``addmm`` fused with ReLU/GELU (the encoder layer's fast path): ``addmm``'s count."""
+    return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
+
+
 EXTRA_FLOPS = {
+    aten._addmm_activation: _addmm_activation_flops,
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
 }

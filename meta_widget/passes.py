@@ -32,6 +32,7 @@ from .callstack import Listener
 from .choices import Optimizer, Phase
 from .errors import MetaWidgetError
 from .factories import DeviceLessFactories
+from .fastpath import patch_fast_paths
 from .flatten import named_tensors
 from .kernels import WORKSPACES, AttentionKernels
 from .opcache import CacheStats
@@ -217,6 +218,8 @@ def _setup_and_run(
     try:
         run.recorder.root.train(training)
         _patch_forwards(checkpointed if training else (), device, undo)
+        if not training and device != "math":  # the fused inference kernels a device runs
+            patch_fast_paths(run.recorder.root, undo)
         undo.add(FunctionModes().restore)
         run.factories.enter(undo)  # device-less tensors of the model's code land on meta
         if device != "math":

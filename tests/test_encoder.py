@@ -43,3 +43,21 @@ def test_training_with_a_padding_mask_has_the_real_peak() -> None:
     a = mw.analyze(model, input_data=data, mode="training", optimizer=None, device="cpu")
     assert a.error is None, a.error
     assert a.peak_bytes == real_peak(model, (x,), {"src_key_padding_mask": mask}, training=True)
+
+
+def test_inference_runs_the_fused_encoder_layer_kernels_steps() -> None:
+    """The fast path's steps: packed projection, fused attention, ``addmm`` + activation; none of
+    the unfused layer's separate projections (``tests/test_cuda_truth.py`` checks the peak
+    against a real H200)."""
+    model, (x, _) = encoder(), inputs()
+    a = mw.analyze(model, input_data=(x,), device="cpu")
+    assert a.error is None, a.error
+    ops = {op for _, _, op in a.memory.timeline}
+    assert "aten._addmm_activation" in ops
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" in ops
+    with torch.no_grad():
+        real = model.eval()(x)
+    assert a.calls[0].outputs[0][1].shape == tuple(real.shape)
+    assert a.total_flops == mw.analyze(model, input_data=(x,), device="math").total_flops
+    training = mw.analyze(model, input_data=(x,), mode="training", optimizer=None, device="cpu")
+    assert "aten._addmm_activation" not in {op for _, _, op in training.memory.timeline}

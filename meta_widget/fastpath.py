@@ -1,0 +1,161 @@
+"""PyTorch's fused inference fast paths, run on meta as the real device runs them.
+
+In inference (``eval()``, no autograd), ``nn.MultiheadAttention`` and
+``nn.TransformerEncoderLayer`` leave their Python code for one fused kernel
+(``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``), which allocates less than
+the unfused layer. That path requires a real device (``cpu``/``cuda``) and no active function
+mode, so a meta trace never takes it and would overstate the peak (1.26× on a 4-layer encoder,
+2.7× on a bare attention layer). While tracing inference for ``device="cpu"`` or ``"cuda"``,
+:func:`patch_fast_paths` gives each such module an instance ``forward`` that, when PyTorch's own
+conditions for the fast path hold, runs the kernel's steps as ATen ops (each recorded like any
+other): for attention, the packed ``in_proj`` projection, ``scaled_dot_product_attention`` on the
+heads (the device's kernel, see :mod:`meta_widget.kernels`), the copy back to ``(B, T, D)`` and
+``out_proj``; for the encoder layer, that attention, the residual added in place, layer norms, and
+the feed-forward as ``addmm`` fused with its activation (``_addmm_activation``). Where the kernel
+would take another branch (a mask, head sizes not a multiple of 8, ``need_weights=True``) the
+module's own ``forward`` runs, as before. The undo step puts back what was there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["patch_fast_paths"]
+
+
+def _attention_ok(m: nn.MultiheadAttention, x: torch.Tensor) -> bool:
+    """PyTorch's conditions for the fused attention kernel's SDPA branch (self-attention)."""
+    return (
+        torch.backends.mha.get_fastpath_enabled()
+        and not m.training
+        and x.dim() == 3
+        and m.batch_first
+        and m._qkv_same_embed_dim
+        and m.in_proj_bias is not None
+        and m.bias_k is None
+        and not m.add_zero_attn
+        and m.num_heads % 2 == 0
+        and (m.embed_dim // m.num_heads) % 8 == 0
+        and not torch.is_autocast_enabled()
+        and not (torch.is_grad_enabled() and any(p.requires_grad for p in m.parameters()))
+    )
+
+
+def _attention(m: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
+    """``_native_multi_head_attention``'s SDPA branch: packed projection, SDPA, projection."""
+    b, _, d = x.shape
+    heads = m.num_heads
+    assert m.in_proj_weight is not None
+    qkv = F.linear(x, m.in_proj_weight, m.in_proj_bias)
+    q, k, v = (c.view(b, -1, heads, d // heads).transpose(1, 2) for c in qkv.chunk(3, -1))
+    y = F.scaled_dot_product_attention(q, k, v)
+    # the kernel keeps the packed projection (and y) alive until its output projection is made
+    return F.linear(y.transpose(1, 2).reshape(b, -1, d), m.out_proj.weight, m.out_proj.bias)
+
+
+def _attention_forward(m: nn.MultiheadAttention, forward: Callable[..., Any]) -> Callable[..., Any]:
+    def run(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kw: Any
+    ) -> Any:
+        plain = not args and not any(
+            kw.get(k) is not None for k in ("key_padding_mask", "attn_mask")
+        )
+        if (
+            plain
+            and query is key
+            and key is value
+            and kw.get("need_weights", True) is False
+            and not kw.get("is_causal", False)
+            and _attention_ok(m, query)
+        ):
+            return _attention(m, query), None
+        return forward(query, key, value, *args, **kw)
+
+    return run
+
+
+def _layer_ok(m: nn.TransformerEncoderLayer, x: torch.Tensor) -> bool:
+    return (
+        m.activation_relu_or_gelu != 0
+        and m.norm1.eps == m.norm2.eps
+        and m.norm1.weight is not None
+        and m.linear1.bias is not None
+        and _attention_ok(m.self_attn, x)
+        and not (torch.is_grad_enabled() and any(p.requires_grad for p in m.parameters()))
+    )
+
+
+def _layer(m: nn.TransformerEncoderLayer, src: torch.Tensor) -> torch.Tensor:
+    """``_transformer_encoder_layer_fwd``: attention, ``add_`` of the input, layer norms, and the
+    feed-forward as two ``addmm`` (the first fused with its activation)."""
+    b, t, d = src.shape
+    eps = m.norm1.eps
+
+    def norm(x: torch.Tensor, ln: nn.LayerNorm) -> torch.Tensor:
+        return F.layer_norm(x, (d,), ln.weight, ln.bias, eps)
+
+    x = norm(src, m.norm1) if m.norm_first else src
+    x = _attention(m.self_attn, x)
+    x.add_(src)
+    if not m.norm_first:
+        x = norm(x, m.norm1)
+    residual = x
+    if m.norm_first:
+        x = norm(x, m.norm2)
+    gelu = m.activation_relu_or_gelu == 2
+    h = torch._addmm_activation(
+        m.linear1.bias, x.reshape(-1, d), m.linear1.weight.t(), use_gelu=gelu
+    )
+    del x
+    x = torch.addmm(m.linear2.bias, h, m.linear2.weight.t()).view(b, t, d)
+    del h
+    x.add_(residual)
+    del residual
+    return norm(x, m.norm2) if not m.norm_first else x
+
+
+def _layer_forward(
+    m: nn.TransformerEncoderLayer, forward: Callable[..., Any]
+) -> Callable[..., Any]:
+    def run(
+        src: torch.Tensor,
+        src_mask: Any = None,
+        src_key_padding_mask: Any = None,
+        is_causal: bool = False,
+    ) -> Any:
+        if src_mask is None and src_key_padding_mask is None and _layer_ok(m, src):
+            return _layer(m, src)
+        return forward(src, src_mask, src_key_padding_mask, is_causal=is_causal)
+
+    return run
+
+
+_PATCHES: dict[type[nn.Module], Callable[[Any, Callable[..., Any]], Callable[..., Any]]] = {
+    nn.TransformerEncoderLayer: _layer_forward,
+    nn.MultiheadAttention: _attention_forward,
+}
+
+
+def patch_fast_paths(module: nn.Module, undo: Any) -> None:
+    """Give every attention and encoder layer of ``module`` the fast-path ``forward`` (an instance
+    attribute); ``undo`` first gets the step putting back what each had."""
+    for m in module.modules():
+        patch = _PATCHES.get(type(m))
+        if patch is None:
+            continue
+        state = vars(m)
+        had, before = "forward" in state, state.get("forward")
+
+        def restore(m: nn.Module = m, had: bool = had, before: Any = before) -> None:
+            if had:
+                vars(m)["forward"] = before
+            else:
+                vars(m).pop("forward", None)
+
+        undo.add(restore)
+        m.forward = patch(m, m.forward)  # type: ignore[method-assign]
