@@ -322,6 +322,12 @@ BROKEN: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]] = {
     "views, in-place, out=, scalars": (Aliasing, {"input_size": (4, 8)}),
     "random ops": (Random, {"input_size": (4, 8)}),
     "ops that read values": (ReadsValues, {"input_size": (4, 8)}),
+    "fused encoder layers": (
+        lambda: nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 3, enable_nested_tensor=False
+        ),
+        {"input_size": (2, 5, 16)},
+    ),
 }
 
 
