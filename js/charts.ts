@@ -697,6 +697,7 @@ export class TimelineChart {
               ctx.fillStyle = p.fg2;
               ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
               ctx.textBaseline = "top";
+              ctx.textAlign = "left"; // the y axis leaves it "right"
               ctx.fillText(`parameters, buffers, inputs: ${formatBytes(base.bytes)}`, u.bbox.left + 6 * dpr, y + 3 * dpr);
               ctx.restore();
             }

@@ -54,8 +54,10 @@ def memory_figure(analysis: Analysis, depth: int = 1) -> go.Figure:
 
 
 def timeline_figure(analysis: Analysis) -> go.Figure:
-    """Live bytes after each allocation and free of the pass: phases shaded (in training), the
-    peak marked with its module, op and phase, and its bytes by category in the hover."""
+    """Live bytes after each allocation and free of the pass, stacked by memory category
+    (``MemoryReport.timeline_categories``: parameters at the bottom; they add up to the line):
+    phases shaded (in training), the peak marked with its module, op and phase, and its bytes
+    by category in the hover."""
     go = heavy.plotly_go()
 
     mem = analysis.memory
@@ -64,9 +66,20 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
     modules = [analysis.calls[c].path if c >= 0 else "" for _, c, _ in points] or [""]
     ops = [op for _, _, op in points] or [""]
     fig = go.Figure()
+    for name, series in mem.timeline_categories.items():  # stacked, parameters at the bottom
+        if any(series):
+            fig.add_scatter(
+                y=[b / _MIB for b in series],
+                mode="lines",
+                name=name,
+                stackgroup="categories",
+                line={"width": 0, "shape": "hv"},
+                hovertemplate=f"{name}: %{{y:.2f}} MiB<extra></extra>",
+            )
     fig.add_scatter(
         y=ys,
         mode="lines",
+        line={"shape": "hv"},
         name="live bytes",
         customdata=list(zip(modules, ops, strict=True)),
         hovertemplate="%{y:.2f} MiB<br>%{customdata[0]} (%{customdata[1]})<extra></extra>",
@@ -99,6 +112,7 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
             name="peak",
             text=[f"peak {format_bytes(mem.peak_bytes)} in {where} ({mem.peak_op}{phase})"],
             textposition="top left",
+            showlegend=False,
             hovertext=[parts],
             hoverinfo="text",
         )
@@ -106,7 +120,7 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
         title=f"{analysis.title}: live memory over the {analysis.mode} pass",
         xaxis_title="allocation / free event",
         yaxis_title="MiB live",
-        showlegend=False,
+        legend={"orientation": "h", "traceorder": "reversed"},
     )
     return fig
 

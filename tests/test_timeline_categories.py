@@ -37,3 +37,15 @@ def test_payload_sends_the_category_series_at_the_timeline_points() -> None:
     for i, live in enumerate(tl["bytes"]):
         assert sum(s[i] for s in cats.values()) == live
     assert max(tl["bytes"]) == a.peak_bytes
+
+
+def test_timeline_figure_stacks_the_categories_under_the_live_bytes_line() -> None:
+    a = mw.analyze(llama_config(), input_size=(2, 16), mode="training")
+    fig = a.figure("timeline")
+    stacked = [d for d in fig.data if d.stackgroup == "categories"]
+    names = [d.name for d in stacked]
+    assert names[0] == "parameters"
+    assert {"activations", "gradients", "optimizer state"} <= set(names)
+    line = next(d for d in fig.data if d.name == "live bytes")
+    for i, y in enumerate(line.y):
+        assert sum(d.y[i] for d in stacked) == pytest.approx(y)

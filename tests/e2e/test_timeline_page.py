@@ -1,0 +1,69 @@
+"""The memory timeline stacked by category, in a real Chromium (the standalone page).
+
+A Llama-3-70B-shaped inference (examples/llama_70b.py: parameters are ~97 % of the peak, so
+they are left out by default and the activations fill the chart) and a tiny Llama training step
+(gradients, optimizer state, activations, temporaries), in light and dark. Screenshots land in
+``test-artifacts/``; look at them.
+"""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import transformers
+
+import meta_widget as mw
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("timeline")
+    big = runpy.run_path(str(EXAMPLES / "llama_70b.py"))["config"]
+    tiny = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
+    runs = {"llama-70b": (big, (1, 4096), "inference"), "training": (tiny, (2, 32), "training")}
+    paths = {}
+    for name, (config, size, mode) in runs.items():
+        paths[name] = out / f"{name}.html"
+        mw.analyze(config, input_size=size, mode=mode).to_html(str(paths[name]))
+    return paths
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+@pytest.mark.parametrize(
+    ("name", "bands"),
+    [
+        ("llama-70b", ["activations"]),
+        (
+            "training",
+            ["gradients", "optimizer state", "activations", "parameters, buffers, inputs"],
+        ),
+    ],
+)
+def test_timeline_is_stacked_by_category(
+    page: Any, pages: dict[str, Path], artifacts: Path, name: str, bands: list[str], theme: str
+) -> None:
+    page.emulate_media(color_scheme=theme)
+    page.goto(pages[name].as_uri())
+    page.wait_for_selector(".mw-row")
+    page.click(".mw-tab[data-tab='timeline']")
+    page.wait_for_selector(".mw-timeline canvas")
+    legend = page.inner_text(".mw-timeline .mw-timeline-legend")
+    for band in bands:
+        assert band in legend
+    if name == "llama-70b":  # parameters are most of the peak: left out, activations fill the chart
+        assert "parameters, buffers, inputs" not in legend
+    page.locator(".mw-timeline").screenshot(path=str(artifacts / f"timeline-{name}-{theme}.png"))
