@@ -12,8 +12,9 @@ other): for attention, the packed ``in_proj`` projection, ``scaled_dot_product_a
 heads (the device's kernel, see :mod:`meta_widget.kernels`), the copy back to ``(B, T, D)`` and
 ``out_proj``; for the encoder layer, that attention, the residual added in place, layer norms, and
 the feed-forward as ``addmm`` fused with its activation (``_addmm_activation``). Where the kernel
-would take another branch (a mask, head sizes not a multiple of 8, ``need_weights=True``) the
-module's own ``forward`` runs, as before. The undo step puts back what was there.
+would take another branch (a mask, head sizes not a multiple of 8, ``need_weights=True``), or
+PyTorch would not take the fast path (a user's forward hook on an encoder layer), the module's own
+``forward`` runs, as before. The undo step puts back what was there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .callstack import CallStack
 
 __all__ = ["patch_fast_paths"]
 
@@ -79,9 +82,20 @@ def _attention_forward(m: nn.MultiheadAttention, forward: Callable[..., Any]) ->
     return run
 
 
+def _users_hooks(m: nn.Module) -> bool:
+    """Whether a forward (pre-)hook other than the trace's own is on ``m`` or a submodule: then
+    PyTorch leaves the encoder layer's fast path."""
+    for sub in m.modules():
+        for hook in (*sub._forward_hooks.values(), *sub._forward_pre_hooks.values()):
+            if not isinstance(getattr(hook, "__self__", None), CallStack):
+                return True
+    return False
+
+
 def _layer_ok(m: nn.TransformerEncoderLayer, x: torch.Tensor) -> bool:
     return (
         m.activation_relu_or_gelu != 0
+        and not _users_hooks(m)
         and m.norm1.eps == m.norm2.eps
         and m.norm1.weight is not None
         and m.linear1.bias is not None

@@ -61,3 +61,12 @@ def test_inference_runs_the_fused_encoder_layer_kernels_steps() -> None:
     assert a.total_flops == mw.analyze(model, input_data=(x,), device="math").total_flops
     training = mw.analyze(model, input_data=(x,), mode="training", optimizer=None, device="cpu")
     assert "aten._addmm_activation" not in {op for _, _, op in training.memory.timeline}
+
+
+def test_a_users_hook_keeps_the_layer_off_the_fast_path_as_pytorch_does() -> None:
+    model, (x, _) = encoder(), inputs()
+    model.layers[0].linear1.register_forward_hook(lambda *a: None)
+    a = mw.analyze(model, input_data=(x,), device="cpu")
+    assert a.error is None, a.error
+    calls = {c.path for c in a.calls}
+    assert "layers.0.linear1" in calls and "layers.1.linear1" not in calls
