@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from .choices import Device
 from .storage import on_meta
@@ -57,16 +57,19 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def _cpu_flash_flops(q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kw: Any) -> int:
-    return int(sdpa_flop_count(q.shape, k.shape, v.shape))
+    return int(sdpa_flop_count(_shape(q), _shape(k), _shape(v)))
 
 
 def _cpu_flash_backward_flops(
     grad: Any, q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kw: Any
 ) -> int:
-    return int(sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape))
+    return int(sdpa_backward_flop_count(_shape(grad), _shape(q), _shape(k), _shape(v)))
 
 
-#: FLOP formulas for kernels FlopCounterMode's registry lacks (keyed by overload packet)
+def _shape(x: Any) -> Any:
+    return x.shape if isinstance(x, torch.Tensor) else x
+
+
 def _addmm_activation_flops(
     bias: Any, a: Any, b: Any, *args: Any, out_val: Any = None, **kw: Any
 ) -> int:
@@ -74,10 +77,46 @@ def _addmm_activation_flops(
     return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
 
 
+def _heads_of_query(formula: Callable[..., int], first: int) -> Callable[..., int]:
+    """``formula`` given key/value shapes with the query's head count: grouped-query attention
+    counts as the kernel runs it (each query head against its shared key/value head), on every
+    PyTorch; before 2.12 ``sdpa_flop_count`` refused such shapes ("incompatible"), seen on 2.11."""
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        q, k, v = args[first : first + 3]
+        if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 4:
+            heads = q.shape[-3]
+            if k.shape[-3] != heads:
+                k_shape = torch.Size([*k.shape[:-3], heads, *k.shape[-2:]])
+                v_shape = torch.Size([*v.shape[:-3], heads, *v.shape[-2:]])
+                args = (*args[:first], q, k_shape, v_shape, *args[first + 3 :])
+        return formula(*args, **kwargs)
+
+    return counted
+
+
+_FUSED_ATTENTION = {
+    aten._scaled_dot_product_efficient_attention: 0,
+    aten._scaled_dot_product_flash_attention: 0,
+    aten._scaled_dot_product_cudnn_attention: 0,
+    aten._scaled_dot_product_efficient_attention_backward: 1,
+    aten._scaled_dot_product_flash_attention_backward: 1,
+    aten._scaled_dot_product_cudnn_attention_backward: 1,
+}
+
+#: FLOP formulas for kernels FlopCounterMode's registry lacks (keyed by overload packet), and its
+#: fused-attention ones made safe for grouped-query shapes
 EXTRA_FLOPS = {
     aten._addmm_activation: _addmm_activation_flops,
-    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu: _heads_of_query(_cpu_flash_flops, 0),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _heads_of_query(
+        _cpu_flash_backward_flops, 1
+    ),
+    **{
+        op: _heads_of_query(flop_registry[op], first)
+        for op, first in _FUSED_ATTENTION.items()
+        if op in flop_registry
+    },
 }
 
 

@@ -126,3 +126,32 @@ def test_cuda_backend_follows_the_dispatchers_checks() -> None:
     assert cuda_backend(*qkv(half, dim=512), None, False) == "efficient"  # flash: dim <= 256
     assert cuda_backend(*qkv(full, dim=30), None, False) == "math"  # alignment of 4
     assert cuda_backend(*qkv(half, tq=1, tk=16), None, True) == "efficient"  # causal, unequal
+
+
+def test_grouped_query_attention_flops_do_not_depend_on_the_formulas_gqa_support() -> None:
+    # PyTorch before 2.12 refused grouped-query shapes in sdpa_flop_count (seen on the GPU
+    # machine's 2.11): the counts are taken with key/value shapes at the query's head count,
+    # which is what 2.13's formula counts for grouped-query shapes
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from meta_widget.kernels import EXTRA_FLOPS
+
+    q = torch.randn(2, 8, 16, 32, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 16, 32, dtype=torch.bfloat16)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    # the math path's two matmuls, counted by FlopCounterMode itself (no fused formula involved)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        torch.nn.functional.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+    meta = [t.to("meta") for t in (q, k, k)]
+    op = torch.ops.aten._scaled_dot_product_flash_attention
+    counted = EXTRA_FLOPS[op](*meta, 0.0, True)
+    assert counted == counter.get_total_flops() == 2 * (2 * 2 * 8 * 16 * 16 * 32)
+
+    def strict(q: torch.Tensor, k: object, v: object, *_: object, **__: object) -> int:
+        assert isinstance(k, torch.Size) and k[1] == 8  # the query's heads, as 2.11 required
+        return 1
+
+    from meta_widget.kernels import _heads_of_query
+
+    assert _heads_of_query(strict, 0)(*meta) == 1
