@@ -12,6 +12,7 @@
 import uPlot from "uplot";
 import { formatBytes } from "./format";
 import { MEMORY_CATEGORIES, peakOwner, type Analysis, type Memory, type ModuleInfo } from "./protocol";
+import { moduleRuns, type ModuleRun } from "./modulebands";
 import { STATIC_BAND, type StackBand } from "./stack";
 import type { Aggregate } from "./tree";
 
@@ -558,6 +559,36 @@ function drawBands(u: uPlot, bands: readonly StackBand[], color: (k: number) => 
   ctx.restore();
 }
 
+/** Height of the strip of module bands between the plot and the x axis' numbers (CSS px). */
+const MODULE_STRIP = 16;
+
+/** Alternating light bands under the plot, one per module run, named where the name fits. */
+function drawModuleStrip(u: uPlot, runs: readonly ModuleRun[], p: Palette, font: string): void {
+  const ctx = u.ctx;
+  const dpr = uPlot.pxRatio;
+  const top = u.bbox.top + u.bbox.height + 2 * dpr;
+  const h = (MODULE_STRIP - 4) * dpr;
+  ctx.save();
+  ctx.font = `${10 * dpr}px ${font}`;
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "left";
+  runs.forEach((r, k) => {
+    const left = Math.max(u.bbox.left, u.valToPos(r.start - 0.5, "x", true));
+    const right = Math.min(u.bbox.left + u.bbox.width, u.valToPos(r.end - 0.5, "x", true));
+    if (right <= left || !r.name) return;
+    ctx.fillStyle = p.grid;
+    ctx.globalAlpha = k % 2 ? 0.5 : 1;
+    ctx.fillRect(left, top, right - left, h);
+    ctx.globalAlpha = 1;
+    const w = ctx.measureText(r.name).width;
+    if (w + 4 * dpr < right - left) {
+      ctx.fillStyle = p.fg2;
+      ctx.fillText(r.name, left + 2 * dpr, top + h / 2);
+    }
+  });
+  ctx.restore();
+}
+
 /** The memory timeline with the peak marked. */
 export class TimelineChart {
   readonly el: HTMLElement;
@@ -635,6 +666,7 @@ export class TimelineChart {
     // "· backward" only where the owner ("the backward of x", "the optimizer step") does not say it
     const peakText = peakPhase && !peakLabel.includes(peakPhase) ? `${peakLabel} · ${peakPhase}` : peakLabel;
     const xs = bytes.map((_, i) => i);
+    const runs = moduleRuns(a);
     const self = this;
     const opts: uPlot.Options = {
       width: Math.max(320, width),
@@ -652,6 +684,9 @@ export class TimelineChart {
           ticks: { stroke: p.grid },
           font: p.font,
           label: spans.length > 1 ? "allocation events (in order)" : "allocation events (forward pass order)",
+          // room for the module bands between the plot and the numbers
+          gap: runs.length ? 5 + MODULE_STRIP : 5,
+          size: runs.length ? 50 + MODULE_STRIP : 50,
           labelFont: p.font,
           labelSize: 18,
         },
@@ -737,6 +772,7 @@ export class TimelineChart {
         ],
         draw: [
           (u) => {
+            drawModuleStrip(u, runs, p, cssVar(self.el, "--mw-font", "sans-serif"));
             if (peakI < 0) return;
             const ctx = u.ctx;
             const dpr = uPlot.pxRatio;

@@ -67,3 +67,28 @@ def test_timeline_is_stacked_by_category(
     if name == "llama-70b":  # parameters are most of the peak: left out, activations fill the chart
         assert "parameters, buffers, inputs" not in legend
     page.locator(".mw-timeline").screenshot(path=str(artifacts / f"timeline-{name}-{theme}.png"))
+
+
+def test_drag_zooms_into_a_range_and_double_click_resets(page: Any, pages: dict[str, Path]) -> None:
+    page.goto(pages["training"].as_uri())
+    page.wait_for_selector(".mw-row")
+    page.click(".mw-tab[data-tab='timeline']")
+    page.wait_for_selector(".mw-timeline canvas")
+    r = page.eval_on_selector(".mw-timeline .u-over", "e => e.getBoundingClientRect().toJSON()")
+    y = r["y"] + r["height"] / 2
+
+    def event_at(fraction: float) -> int:
+        page.mouse.move(r["x"] + r["width"] * fraction, y)
+        tip = page.inner_text(".mw-timeline .mw-chart-tip")
+        return int(tip.split()[1])  # "event 123 (forward) · ..."
+
+    whole = event_at(0.9)
+    page.mouse.move(r["x"] + r["width"] * 0.1, y)
+    page.mouse.down()
+    page.mouse.move(r["x"] + r["width"] * 0.3, y, steps=5)
+    page.mouse.up()
+    zoomed = event_at(0.9)
+    assert zoomed < whole  # the plot now spans 10 %..30 % of the events
+    assert "(" in page.inner_text(".mw-timeline .mw-chart-tip")  # the split by category
+    page.mouse.dblclick(r["x"] + r["width"] * 0.5, y)
+    assert event_at(0.9) == whole
