@@ -219,7 +219,9 @@ def cuda_backend(
     ``"flash"`` (fp16/bf16, no mask, equal head dims <= 256, no causal mask over unequal lengths;
     cuDNN attention, preferred on sm90, allocates the same), ``"efficient"`` (fp32/fp16/bf16,
     equal query/key head dims that are multiples of 4 (fp32) or 8 (half), equal head counts) or
-    ``"math"``.
+    ``"math"``. Grouped-query heads in memory-efficient attention (pytorch/pytorch#191085, July
+    2026) are not taken: PyTorch 2.11 on an H200 ran the math path, and this PyTorch's meta kernel
+    for its backward still returns query-shaped key gradients.
     """
     dims = (q.shape[-1], k.shape[-1], v.shape[-1])
     same_heads = q.shape[-3] == k.shape[-3] == v.shape[-3]
