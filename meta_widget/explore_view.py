@@ -9,37 +9,25 @@ The front end is ``js/explore.ts`` (``js/fit.ts``, ``js/compare.ts``), bundled i
 
 from __future__ import annotations
 
-import pathlib
 from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
 
 from .comparison import NUMBERS, Comparison, fold
+from .widget import NOT_BUILT, asset
 
 if TYPE_CHECKING:
     from .fit import Fit
 
 __all__ = ["ExploreView", "comparison_payload", "fit_payload"]
 
-STATIC = pathlib.Path(__file__).parent / "static"
-_NOT_BUILT = """
-export default { render({ el }) {
-  el.textContent = "meta_widget: the front end is not built (run `npm install && npm run build`).";
-} };
-"""
-
-
-def _asset(name: str, fallback: str) -> pathlib.Path | str:
-    path = STATIC / name
-    return path if path.exists() else fallback
-
 
 class ExploreView(anywidget.AnyWidget):  # type: ignore[misc]
     """The "what fits" panel (``kind="fit"``) or the comparison tree (``kind="compare"``)."""
 
-    _esm = _asset("explore.js", _NOT_BUILT)
-    _css = _asset("explore.css", "")
+    _esm = asset("explore.js", NOT_BUILT)
+    _css = asset("explore.css", "")
 
     kind = traitlets.Unicode("").tag(sync=True)
     payload = traitlets.Dict().tag(sync=True)

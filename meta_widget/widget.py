@@ -33,14 +33,16 @@ RERUN_OPTIONS: dict[str, tuple[Any, ...]] = {
     "device": tuple(d.value for d in Device),
 }
 
-_NOT_BUILT = """
+#: the module shown where the front end was not built
+NOT_BUILT = """
 export default { render({ el }) {
   el.textContent = "meta_widget: the front end is not built (run `npm install && npm run build`).";
 } };
 """
 
 
-def _asset(name: str, fallback: str) -> pathlib.Path | str:
+def asset(name: str, fallback: str) -> pathlib.Path | str:
+    """The built file ``name`` in ``static/``, or ``fallback`` where it was not built."""
     path = STATIC / name
     return path if path.exists() else fallback
 
@@ -48,8 +50,8 @@ def _asset(name: str, fallback: str) -> pathlib.Path | str:
 class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
     """The module tree, charts and details of an analysis, live while it is recorded."""
 
-    _esm = _asset("widget.js", _NOT_BUILT)
-    _css = _asset("widget.css", "")
+    _esm = asset("widget.js", NOT_BUILT)
+    _css = asset("widget.css", "")
 
     payload = traitlets.Dict().tag(sync=True)
     selected = traitlets.Int(-1).tag(sync=True)
