@@ -389,11 +389,18 @@ def gpt2_stream() -> dict[str, Any]:
     """The messages a real trace streams to the widget, and the final payload."""
     import json
 
-    from meta_widget.widget import MetaWidget
+    from meta_widget.widget import CallStream, MetaWidget
 
     class Recorder(MetaWidget):  # type: ignore[misc]
         def send(self, content: Any, buffers: Any = None) -> None:
             self.__dict__.setdefault("sent", []).append(json.loads(json.dumps(content)))
+
+        def stream(self, nodes: Any, *, title: str, source: str, mode: str) -> CallStream:
+            # batches of 8 calls, never by the clock: how many batches a fast machine sends in
+            # 50 ms is no part of what this test checks
+            return CallStream(
+                self, nodes, title=title, source=source, mode=mode, batch=8, interval_s=1e9
+            )
 
     w = Recorder()
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
