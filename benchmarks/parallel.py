@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import runpy
 import subprocess
 import sys
 import time
@@ -49,18 +50,8 @@ GIB = 2**30
 
 
 def llama_70b() -> Any:
-    import transformers
-
-    return transformers.LlamaConfig(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        architectures=["LlamaForCausalLM"],
-    )
+    """The Llama-3-70B-shaped config of ``examples/llama_70b.py`` (the one every benchmark uses)."""
+    return runpy.run_path(str(ROOT / "examples" / "llama_70b.py"))["config"]
 
 
 def estimate(single: mw.Analysis, fsdp: int, tp: int) -> int | None:
