@@ -49,8 +49,34 @@ def _attention_ok(m: nn.MultiheadAttention, x: torch.Tensor) -> bool:
     )
 
 
-def _attention(m: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
-    """``_native_multi_head_attention``'s SDPA branch: packed projection, SDPA, projection."""
+def _attention(m: nn.MultiheadAttention, x: torch.Tensor, device: str) -> torch.Tensor:
+    """``_native_multi_head_attention`` as ``device`` runs it."""
+    return _attention_math(m, x) if device == "cpu" else _attention_sdpa(m, x)
+
+
+def _attention_math(m: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
+    """The kernel's math branch, which the CPU always takes (PyTorch registers no CPU backend
+    choice for it): the projection without its bias, a new ``(3, B, H, T, Dh)`` buffer for the
+    biased, scaled heads, the scores (softmax in place), the context written over the query
+    heads, then the heads made contiguous for the output projection."""
+    b, t, d = x.shape
+    heads = m.num_heads
+    assert m.in_proj_weight is not None
+    qkv = torch.matmul(x, m.in_proj_weight.t())
+    q_k_v = torch.empty((3 * b * heads, t, d // heads), dtype=qkv.dtype, device=qkv.device)
+    del qkv
+    q, k, v = q_k_v.split(b * heads)
+    scores = torch.bmm(q, k.transpose(1, 2))
+    torch._softmax(scores, -1, False, out=scores)
+    torch.bmm(scores, v, out=q)
+    del scores
+    heads_last = q.view(b, heads, t, d // heads).transpose(1, 2).contiguous()
+    y = F.linear(heads_last.view(b * t, d), m.out_proj.weight, m.out_proj.bias)
+    return y.view(b, t, d)
+
+
+def _attention_sdpa(m: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
+    """The kernel's SDPA branch (CUDA): packed projection, SDPA, projection."""
     b, _, d = x.shape
     heads = m.num_heads
     assert m.in_proj_weight is not None
@@ -61,7 +87,9 @@ def _attention(m: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
     return F.linear(y.transpose(1, 2).reshape(b, -1, d), m.out_proj.weight, m.out_proj.bias)
 
 
-def _attention_forward(m: nn.MultiheadAttention, forward: Callable[..., Any]) -> Callable[..., Any]:
+def _attention_forward(
+    m: nn.MultiheadAttention, forward: Callable[..., Any], device: str
+) -> Callable[..., Any]:
     def run(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kw: Any
     ) -> Any:
@@ -76,7 +104,7 @@ def _attention_forward(m: nn.MultiheadAttention, forward: Callable[..., Any]) ->
             and not kw.get("is_causal", False)
             and _attention_ok(m, query)
         ):
-            return _attention(m, query), None
+            return _attention(m, query, device), None
         return forward(query, key, value, *args, **kw)
 
     return run
@@ -104,7 +132,7 @@ def _layer_ok(m: nn.TransformerEncoderLayer, x: torch.Tensor) -> bool:
     )
 
 
-def _layer(m: nn.TransformerEncoderLayer, src: torch.Tensor) -> torch.Tensor:
+def _layer(m: nn.TransformerEncoderLayer, src: torch.Tensor, device: str) -> torch.Tensor:
     """``_transformer_encoder_layer_fwd``: attention, ``add_`` of the input, layer norms, and the
     feed-forward as two ``addmm`` (the first fused with its activation)."""
     b, t, d = src.shape
@@ -114,7 +142,7 @@ def _layer(m: nn.TransformerEncoderLayer, src: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (d,), ln.weight, ln.bias, eps)
 
     x = norm(src, m.norm1) if m.norm_first else src
-    x = _attention(m.self_attn, x)
+    x = _attention(m.self_attn, x, device)
     x.add_(src)
     if not m.norm_first:
         x = norm(x, m.norm1)
@@ -134,7 +162,7 @@ def _layer(m: nn.TransformerEncoderLayer, src: torch.Tensor) -> torch.Tensor:
 
 
 def _layer_forward(
-    m: nn.TransformerEncoderLayer, forward: Callable[..., Any]
+    m: nn.TransformerEncoderLayer, forward: Callable[..., Any], device: str
 ) -> Callable[..., Any]:
     def run(
         src: torch.Tensor,
@@ -143,21 +171,22 @@ def _layer_forward(
         is_causal: bool = False,
     ) -> Any:
         if src_mask is None and src_key_padding_mask is None and _layer_ok(m, src):
-            return _layer(m, src)
+            return _layer(m, src, device)
         return forward(src, src_mask, src_key_padding_mask, is_causal=is_causal)
 
     return run
 
 
-_PATCHES: dict[type[nn.Module], Callable[[Any, Callable[..., Any]], Callable[..., Any]]] = {
+_PATCHES: dict[type[nn.Module], Callable[[Any, Callable[..., Any], str], Callable[..., Any]]] = {
     nn.TransformerEncoderLayer: _layer_forward,
     nn.MultiheadAttention: _attention_forward,
 }
 
 
-def patch_fast_paths(module: nn.Module, undo: Any) -> None:
-    """Give every attention and encoder layer of ``module`` the fast-path ``forward`` (an instance
-    attribute); ``undo`` first gets the step putting back what each had."""
+def patch_fast_paths(module: nn.Module, device: str, undo: Any) -> None:
+    """Give every attention and encoder layer of ``module`` the fast-path ``forward`` of
+    ``device`` (an instance attribute); ``undo`` first gets the step putting back what each
+    had."""
     for m in module.modules():
         patch = _PATCHES.get(type(m))
         if patch is None:
@@ -172,4 +201,4 @@ def patch_fast_paths(module: nn.Module, undo: Any) -> None:
                 vars(m).pop("forward", None)
 
         undo.add(restore)
-        m.forward = patch(m, m.forward)  # type: ignore[method-assign]
+        m.forward = patch(m, m.forward, device)  # type: ignore[method-assign]

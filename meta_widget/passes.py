@@ -219,7 +219,7 @@ def _setup_and_run(
         run.recorder.root.train(training)
         _patch_forwards(checkpointed if training else (), device, undo)
         if not training and device != "math":  # the fused inference kernels a device runs
-            patch_fast_paths(run.recorder.root, undo)
+            patch_fast_paths(run.recorder.root, device, undo)
         undo.add(FunctionModes().restore)
         run.factories.enter(undo)  # device-less tensors of the model's code land on meta
         if device != "math":
