@@ -29,9 +29,11 @@ def test_a_padding_mask_traces_under_a_recorded_left_aligned_assumption() -> Non
     data = {"src": x, "src_key_padding_mask": mask}
     a = mw.analyze(model, input_data=data, device="cpu")
     assert a.error is None, a.error
-    (check,) = a.assumptions
+    check, kept = a.assumptions
     assert check.op == "padding mask left-aligned" and check.value == "True"
     assert check.where == "TransformerEncoder"
+    # packing the unpadded tokens: how many is in the mask's values; the trace keeps them all
+    assert (kept.op, kept.value) == ("masked_select", "every element selected")
     with torch.no_grad():
         real = model.eval()(x, src_key_padding_mask=mask)
     assert a.calls[0].outputs[0][1].shape == tuple(real.shape)
@@ -125,3 +127,36 @@ def test_attention_inference_peak_equals_the_cpu_allocators(
     a = mw.analyze(model, input_data=(x,), device="cpu")
     assert a.error is None, a.error
     assert a.peak_bytes == allocator_peak(model, (x,))
+
+
+def padded_encoder(
+    dim: int, heads: int, ff: int, layers: int, batch: int, tokens: int
+) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(dim, heads, ff, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, layers).eval(), torch.randn(batch, tokens, dim)
+
+
+ENCODERS = [(64, 4, 128, 2, 4, 32), (256, 8, 1024, 2, 2, 128), (512, 8, 2048, 2, 4, 64)]
+
+
+@pytest.mark.parametrize("dim, heads, ff, layers, batch, tokens", ENCODERS)
+def test_a_padding_mask_takes_the_nested_path_and_its_peak_is_the_cpu_allocators(
+    dim: int, heads: int, ff: int, layers: int, batch: int, tokens: int
+) -> None:
+    """With a padding mask the encoder packs the kept tokens into a nested tensor; the trace
+    runs that path with every token kept and one sequence a token short of the longest: within
+    1 % of the real peak when a sequence is a few tokens short, and above it otherwise."""
+    model, x = padded_encoder(dim, heads, ff, layers, batch, tokens)
+    for padding in (1, 4, tokens // 2):
+        mask = torch.zeros(batch, tokens, dtype=torch.bool)
+        mask[1, tokens - padding :] = True
+        kwargs = {"src_key_padding_mask": mask}
+        a = mw.analyze(model, input_data={"src": x, **kwargs}, device="cpu")
+        assert a.error is None, a.error
+        truth = allocator_peak(model, (x,), kwargs)
+        if padding < 8:
+            assert a.peak_bytes == pytest.approx(truth, rel=0.01), padding
+        assert a.peak_bytes >= truth * 0.999, padding
+    ops = {op for _, _, op in a.memory.timeline}
+    assert "aten.masked_select" in ops and "aten.bmm" in ops
