@@ -642,7 +642,8 @@ def _pipeline(
     stream = None
     result = None
     traced, comms = module, []
-    if options.parallel is not None and inputs.empty:
+    parallel = options.parallel is not None or meta.wrapping is not None
+    if parallel and inputs.empty:
         notes.append("parallel= needs inputs: without a forward pass nothing per rank is traced.")
     if not inputs.empty:
         if view is not None:
@@ -665,13 +666,14 @@ def _pipeline(
         def checkpointed(m: torch.nn.Module) -> list[torch.nn.Module]:
             return _checkpointed(m, options.activation_checkpointing)
 
-        if options.parallel is None:
+        if not parallel:
             result = trace(
                 module, inputs.args, inputs.kwargs, checkpointed=checkpointed(module), **common
             )
-        else:
+        else:  # parallel=, or a model the user wrapped (FSDP2 / tensor parallelism) as it is
+            world = heavy.wrapped().world_for(options.parallel, meta.wrapping)
             rank = heavy.parallel().trace_rank(
-                options.parallel, module, inputs.args, inputs.kwargs, checkpointed, **common
+                world, module, inputs.args, inputs.kwargs, checkpointed, **common
             )
             result, traced, comms = rank.trace, rank.module, rank.comms
     analysis = _assemble(meta, nodes, input_tensors, kept, notes, diff, result, traced)

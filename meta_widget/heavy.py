@@ -21,6 +21,7 @@ __all__ = [
     "torch",
     "transformers",
     "widget",
+    "wrapped",
 ]
 
 
@@ -41,6 +42,13 @@ def analysis() -> ModuleType:
 def parallel() -> ModuleType:
     """``meta_widget.parallel`` (it imports FSDP2 and tensor parallelism, ~1 s)."""
     from . import parallel as module
+
+    return module
+
+
+def wrapped() -> ModuleType:
+    """``meta_widget.wrapped`` (a model the user wrapped with FSDP2 / tensor parallelism)."""
+    from . import wrapped as module
 
     return module
 

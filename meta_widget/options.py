@@ -349,8 +349,7 @@ def check_buildable(model: Any) -> None:
     if is_class and not issubclass(model, torch.nn.Module):
         return  # not a module class: the sources say what they accept
     if isinstance(model, torch.nn.Module):
-        _check_not_distributed(model)
-        return
+        return  # (one wrapped by FSDP2 / tensor parallelism is traced as it is: wrapped.py)
     if not callable(model):
         return
     required = _required_parameters(model)
@@ -362,21 +361,6 @@ def check_buildable(model: Any) -> None:
     raise OptionTypeError(
         f"the {what} {name} needs arguments to build the model ({', '.join(required)}): pass "
         f"an instance, or a function that builds it: mw.analyze(lambda: {name}({sample}))."
-    )
-
-
-def _check_not_distributed(model: Any) -> None:
-    """Refuse a module already wrapped by ``fully_shard`` / ``parallelize_module`` (its
-    parameters are DTensors): it cannot be copied to meta; ``parallel=`` wraps a copy instead."""
-    wrapped = next((n for n, p in model.named_parameters() if type(p).__name__ == "DTensor"), None)
-    if wrapped is None:
-        return
-    raise OptionTypeError(
-        f"{type(model).__name__} is already sharded (its parameter {wrapped!r} is a DTensor, "
-        "from fully_shard or parallelize_module), and meta_widget cannot copy it to meta. Pass "
-        "the unwrapped model, or a function that builds it, with parallel=: e.g. "
-        'mw.analyze(lambda: MyModel(...), input_size=..., mode="training", '
-        'parallel={"fsdp": 8}) traces one rank of FSDP2 as PyTorch runs it.'
     )
 
 

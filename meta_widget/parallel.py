@@ -25,7 +25,7 @@ import copy
 import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,16 @@ from .passes import Trace, trace
 from .recorder import Recorder
 from .undo import Undo
 
-__all__ = ["ParallelError", "RankTrace", "World", "fsdp_blocks", "tp_plan", "trace_rank"]
+__all__ = [
+    "ParallelError",
+    "RankTrace",
+    "World",
+    "fake_like",
+    "fsdp_blocks",
+    "on_fake",
+    "tp_plan",
+    "trace_rank",
+]
 
 #: transformers' tensor-parallel style names -> the ``torch.distributed`` style they stand for
 TP_STYLES: dict[str, Callable[[], ParallelStyle]] = {
@@ -78,6 +87,9 @@ class World:
     hands the recorder what a parallel trace adds (collectives, storage resizes, per-rank
     FLOPs). On exit the process group is destroyed; nothing of it stays.
     """
+
+    #: the device the fake tensors stand for (the device of the mesh)
+    device = "cpu"
 
     def __init__(self, plan: ParallelPlan) -> None:
         self.plan = plan
@@ -122,11 +134,9 @@ class World:
         assert self.mesh is not None, "prepare() runs inside `with World(plan)`"
         copied = copy.deepcopy(module)
         with self.fake:
-            _on_fake_cpu(copied)
+            on_fake(copied)
             memo: dict[int, torch.Tensor] = {}
-            args, kwargs = tree_map_only(
-                torch.Tensor, lambda t: _fake_like(t, memo), (args, kwargs)
-            )
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: fake_like(t, memo), (args, kwargs))
         # wrapped outside the mode: the device mesh computes with real (small) tensors, and
         # every op on a fake parameter runs under the parameter's own fake mode anyway
         self._wrap(copied)
@@ -169,18 +179,36 @@ class RankTrace:
     comms: list[CommRecord]
 
 
+class RankWorld(Protocol):
+    """Where one rank's trace runs: :class:`World` (``parallel=``) or the user's own wrapping
+    (``meta_widget.wrapped.AsWrapped``)."""
+
+    device: str
+
+    def __enter__(self) -> RankWorld: ...
+    def __exit__(self, *exc: Any) -> None: ...
+    def tracing(self) -> FakeTensorMode: ...
+    def prepare(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]: ...
+    def attach(self, recorder: Recorder, undo: Undo) -> None: ...
+    @property
+    def comms(self) -> list[CommRecord]: ...
+
+
 def trace_rank(
-    plan: ParallelPlan,
+    world: RankWorld,
     module: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     checkpointed: Callable[[nn.Module], Sequence[nn.Module]],
     **options: Any,
 ) -> RankTrace:
-    """``passes.trace`` of rank 0 of ``plan``'s world: ``module`` (meta) copied, wrapped and run
-    on fake tensors under a fake process group, destroyed afterwards. ``checkpointed(wrapped)``
-    picks the modules run under activation checkpointing; ``options`` go to ``passes.trace``."""
-    with World(plan) as world:
+    """``passes.trace`` of one rank of ``world``: ``module`` (meta) copied, wrapped and run on
+    fake tensors under a fake process group (a :class:`World`'s is destroyed afterwards).
+    ``checkpointed(wrapped)`` picks the modules run under activation checkpointing; ``options``
+    go to ``passes.trace``."""
+    with world:
         wrapped, args, kwargs = world.prepare(module, args, kwargs)
         with world.tracing():
             result = trace(
@@ -189,7 +217,7 @@ def trace_rank(
                 kwargs,
                 checkpointed=checkpointed(wrapped),
                 attach=world.attach,
-                default_device="cpu",  # device-less tensors: fake CPU tensors, as the others
+                default_device=world.device,  # device-less tensors: fake tensors, as the others
                 **options,
             )
         return RankTrace(result, wrapped, world.comms)
@@ -267,28 +295,28 @@ def _transformers_plan(module: nn.Module) -> dict[str, str]:
 # meta -> fake CPU tensors
 
 
-def _fake_like(t: torch.Tensor, memo: dict[int, torch.Tensor]) -> torch.Tensor:
-    """A fake CPU tensor like ``t`` (called under the world's ``FakeTensorMode``)."""
+def fake_like(t: torch.Tensor, memo: dict[int, torch.Tensor], device: str = "cpu") -> torch.Tensor:
+    """A fake tensor like ``t`` on ``device`` (called under the world's ``FakeTensorMode``)."""
     found = memo.get(id(t))
     if found is None:
-        found = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+        found = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
         if isinstance(t, nn.Parameter):
             found = nn.Parameter(found, requires_grad=t.requires_grad)
         memo[id(t)] = found
     return found
 
 
-def _on_fake_cpu(copied: nn.Module) -> None:
+def on_fake(copied: nn.Module, device: str = "cpu") -> None:
     """Replace the parameters, buffers and tensor attributes of ``copied`` (meta_widget's own
-    copy) by fake CPU tensors, tied tensors staying tied (under the world's mode)."""
+    copy) by fake tensors on ``device``, tied tensors staying tied (under the world's mode)."""
     memo: dict[int, torch.Tensor] = {}
     for m in copied.modules():
         for name, p in m._parameters.items():
             if p is not None:
-                m._parameters[name] = _fake_like(p, memo)  # type: ignore[assignment]
+                m._parameters[name] = fake_like(p, memo, device)  # type: ignore[assignment]
         for name, b in m._buffers.items():
             if b is not None:
-                m._buffers[name] = _fake_like(b, memo)
+                m._buffers[name] = fake_like(b, memo, device)
         for name, v in list(vars(m).items()):
             if isinstance(v, torch.Tensor) and name not in ("_parameters", "_buffers"):
-                setattr(m, name, _fake_like(v, memo))
+                setattr(m, name, fake_like(v, memo, device))

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ class MetaModel:
     notes: list[str] = field(default_factory=list)
     #: rebuilds a fresh meta module (used by what-ifs and ``materialize``); None when not possible
     rebuild: Callable[[], torch.nn.Module] | None = None
+    #: a module the user wrapped with FSDP2 / tensor parallelism: that wrapping, made again on
+    #: ``module`` (a plain stand-in) when it is traced (``meta_widget.wrapped.Wrapping``)
+    wrapping: Any = None
 
 
 _SOURCES: list[tuple[str, Callable[[Any], bool], Callable[[Any], MetaModel]]] = []
@@ -174,7 +178,7 @@ _CONTAINERS = {dict, list, tuple, set, frozenset}
 _ATOMIC = {type(None), int, float, bool, complex, str, bytes, range, type(...)}
 
 
-def _stand_in(t: torch.Tensor, storages: dict[int, Any]) -> torch.Tensor:
+def stand_in(t: torch.Tensor, storages: dict[int, Any]) -> torch.Tensor:
     """A meta tensor like ``t``: same shape, stride, offset and dtype, on a meta storage shared
     with every other stand-in of the same real storage (views and ties stay views and ties)."""
     plain = type(t) in (torch.Tensor, torch.nn.Parameter)  # nn.Buffer makes plain tensors
@@ -209,7 +213,7 @@ def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
     storages: dict[int, Any] = {}
     for _path, t in reachable_tensors(module):
         if not t.is_meta:
-            memo[id(t)] = _stand_in(t, storages)
+            memo[id(t)] = stand_in(t, storages)
     originals = set(memo)  # the user's real tensors: alive (the module holds them), ids stable
     try:
         copied = copy.deepcopy(module, memo)
@@ -238,6 +242,21 @@ def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copied
 
 
+def _is_wrapped_module(obj: Any) -> bool:
+    """A module wrapped by FSDP2 or tensor parallelism (neither exists unless DTensor is loaded)."""
+    return (
+        isinstance(obj, torch.nn.Module)
+        and "torch.distributed.tensor" in sys.modules
+        and heavy.wrapped().is_wrapped(obj)
+    )
+
+
+@register_source("wrapped module", _is_wrapped_module)
+def _from_wrapped_module(module: torch.nn.Module) -> MetaModel:
+    """A plain meta stand-in of the user's wrapped module, and the wrapping to trace it with."""
+    return heavy.wrapped().unwrapped_meta(module)  # type: ignore[no-any-return]
+
+
 @register_source("module", _is_module)
 def _from_module(module: torch.nn.Module) -> MetaModel:
     if all_on_meta(module):
@@ -254,7 +273,12 @@ def _from_meta_model(meta: MetaModel) -> MetaModel:
     """An analysis's own meta model, traced again by ``Analysis.rerun``: its source and notes
     are kept; not owned, so the trace restores every change it makes to the module."""
     return MetaModel(
-        meta.module, meta.source, owned=False, notes=list(meta.notes), rebuild=meta.rebuild
+        meta.module,
+        meta.source,
+        owned=False,
+        notes=list(meta.notes),
+        rebuild=meta.rebuild,
+        wrapping=meta.wrapping,
     )
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -79,20 +79,22 @@ def real_rank_peak(
     tp: int = 1,
     tp_plan: dict[str, Any] | None = None,
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None,
+    rank: int = 0,
+    wrap: Callable[[nn.Module, DeviceMesh], None] | None = None,
 ) -> dict[str, int]:
     """MemTracker's peak snapshot (bytes by its categories and ``"Total"``) of one real AdamW
-    step of rank 0 of ``fsdp * tp`` CPU ranks; the process group is destroyed afterwards."""
-    dist.init_process_group("fake", rank=0, world_size=fsdp * tp, store=FakeStore())
+    step of ``rank`` of ``fsdp * tp`` CPU ranks; the process group is destroyed afterwards.
+    ``wrap(model, mesh)`` wraps the model instead of the default wrapping above (the mesh's
+    dimensions are named ``"dp"`` and ``"tp"``)."""
+    dist.init_process_group("fake", rank=rank, world_size=fsdp * tp, store=FakeStore())
     try:
         torch.manual_seed(0)
         model = make().train()
         mesh = init_device_mesh("cpu", (fsdp, tp), mesh_dim_names=("dp", "tp"))
-        if tp > 1:
-            parallelize_module(model, mesh["tp"], tp_plan)
-        if fsdp > 1:
-            for block in (blocks or _layers)(model):
-                fully_shard(block, mesh=mesh["dp"])
-            fully_shard(model, mesh=mesh["dp"])
+        if wrap is not None:
+            wrap(model, mesh)
+        else:
+            default_wrap(model, mesh, tp_plan, blocks)
         params = [p for p in model.parameters() if p.requires_grad]
         tracker = MemTracker()
         tracker.track_external(model, x)
@@ -109,6 +111,23 @@ def real_rank_peak(
         return {str(k).rsplit(".", 1)[-1]: int(v) for k, v in peak.items()}
     finally:
         dist.destroy_process_group()
+
+
+def default_wrap(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    tp_plan: dict[str, Any] | None = None,
+    blocks: Callable[[nn.Module], list[nn.Module]] | None = None,
+    **fsdp: Any,
+) -> None:
+    """Tensor parallelism over the mesh's ``"tp"`` dimension (if > 1) with ``tp_plan``, then
+    ``fully_shard(**fsdp)`` over ``"dp"`` (if > 1) on each block, then on the root."""
+    if mesh["tp"].size() > 1:
+        parallelize_module(model, mesh["tp"], tp_plan)
+    if mesh["dp"].size() > 1:
+        for block in (blocks or _layers)(model):
+            fully_shard(block, mesh=mesh["dp"], **fsdp)
+        fully_shard(model, mesh=mesh["dp"], **fsdp)
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:

@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 from parallel_truth import DeepMLP, llama_tp_plan, real_rank_peak, tiny_llama_config
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
@@ -216,15 +215,3 @@ def test_max_fit_finds_the_largest_batch_per_rank_that_a_real_rank_fits() -> Non
     assert real_rank_peak(DeepMLP, torch.randn(fit.size, 256), fsdp=4)["Total"] <= budget
     assert real_rank_peak(DeepMLP, torch.randn(fit.size + 1, 256), fsdp=4)["Total"] > budget
 
-
-def test_a_model_already_sharded_is_refused_with_the_way_to_trace_it() -> None:
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
-    try:
-        model = DeepMLP()
-        for block in model.layers:
-            fully_shard(block)
-        fully_shard(model)
-        with pytest.raises(mw.OptionTypeError, match=r"already sharded.*parallel="):
-            mw.analyze(model, input_size=(8, 256), mode="training")
-    finally:
-        dist.destroy_process_group()
