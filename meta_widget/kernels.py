@@ -46,6 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from .choices import Device
+from .onednn import LSTM, mkldnn_rnn_layer_flops, onednn_lstm
 from .storage import on_meta
 
 aten = torch.ops.aten
@@ -108,6 +109,7 @@ _FUSED_ATTENTION = {
 #: fused-attention ones made safe for grouped-query shapes
 EXTRA_FLOPS = {
     aten._addmm_activation: _addmm_activation_flops,
+    aten.mkldnn_rnn_layer: mkldnn_rnn_layer_flops,
     aten._scaled_dot_product_flash_attention_for_cpu: _heads_of_query(_cpu_flash_flops, 0),
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _heads_of_query(
         _cpu_flash_backward_flops, 1
@@ -144,6 +146,8 @@ class AttentionKernels(TorchFunctionMode):
             return self._multi_head_attention(*args, **kwargs)
         if func in _DROPOUTS and self.device == "cuda":
             return _cuda_dropout(func, *args, **kwargs)
+        if func is LSTM and self.device == "cpu":
+            return onednn_lstm(func, *args, **kwargs)
         return func(*args, **kwargs)
 
     def _multi_head_attention(self, *args: Any, **kwargs: Any) -> Any:
