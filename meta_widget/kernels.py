@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from .choices import Device
-from .onednn import LSTM, mkldnn_rnn_layer_flops, onednn_lstm
+from .rnn import GRU, LSTM, cpu_gru, mkldnn_rnn_layer_flops, onednn_lstm
 from .storage import on_meta
 
 aten = torch.ops.aten
@@ -148,6 +148,8 @@ class AttentionKernels(TorchFunctionMode):
             return _cuda_dropout(func, *args, **kwargs)
         if func is LSTM and self.device == "cpu":
             return onednn_lstm(func, *args, **kwargs)
+        if func is GRU and self.device == "cpu":
+            return cpu_gru(func, *args, **kwargs)
         return func(*args, **kwargs)
 
     def _multi_head_attention(self, *args: Any, **kwargs: Any) -> Any:
