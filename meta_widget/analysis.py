@@ -461,7 +461,9 @@ def analyze(
     model
         An ``nn.Module`` on any device (analyzed through meta stand-ins; never moved, changed or
         left with hooks), a class or zero-argument function that builds one (built on meta), or
-        a transformers config (built with its model class on meta).
+        a transformers config (built with its model class on meta). One already wrapped by
+        FSDP2's ``fully_shard`` and/or ``parallelize_module`` under a fake process group is
+        traced as it stands, as rank ``dist.get_rank()`` (``meta_widget.wrapped``).
     input_size
         A shape or a list of shapes, batch dimension included (torchinfo's convention).
     input_data
@@ -528,7 +530,8 @@ def analyze(
         ``{"tp": 2}`` (``parallelize_module`` with the config's tensor-parallel plan) or both,
         ``{"fsdp": 4, "tp": 2}``; optional ``"blocks"`` (what ``fully_shard`` wraps) and
         ``"tp_plan"`` (``{path: "colwise" | "rowwise"}``). Memory, FLOPs and ``comms`` are then
-        those of rank 0; the batch given is the batch of one rank.
+        those of rank 0; the batch given is the batch of one rank. Not for a model already
+        wrapped (its own wrapping is traced; ``ParallelError``).
     listeners
         Functions called with each :class:`CallRecord` as it completes.
     fast

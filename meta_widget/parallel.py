@@ -16,7 +16,9 @@ allocates is exactly what it would allocate on a CPU rank. What a CUDA rank does
 (separate streams, whose frees the caching allocator delays) is not modelled.
 
 :class:`World` owns the process group for the length of one trace and destroys it after; it
-refuses to run where a default process group already exists (it would be clobbered).
+refuses to run where a default process group already exists (it would be clobbered). A model
+the user wrapped under their own fake process group is traced on that group, as wrapped, by
+``meta_widget.wrapped.AsWrapped`` (the same :func:`trace_rank`, another :class:`RankWorld`).
 """
 
 from __future__ import annotations

@@ -19,17 +19,18 @@ user's wrapping would run it on that rank, on the user's own process group. No d
 copied (a stand-in has the shape of a shard, never its bytes) and the user's module, its
 parameters, FSDP2 state, hooks and the process group are only read.
 
-The process group must be the fake one (backend ``"fake"``: its collectives move no data).
-Under a real one (``nccl``, ``gloo``) the trace's collectives would reach the network and wait
-for ranks that never join, so meta_widget refuses it (:class:`~meta_widget.parallel.ParallelError`)
-and says what to do instead.
+To trace, the process group must be the fake one (backend ``"fake"``: its collectives move no
+data). Under a real one (``nccl``, ``gloo``) the trace's collectives would reach the network and
+wait for ranks that never join, so meta_widget refuses to trace
+(:class:`~meta_widget.parallel.ParallelError`, saying what to do instead); a structural analysis
+(no inputs) runs no collective and is made.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -51,7 +52,7 @@ from .comms import CommRecord, CommWatcher
 from .options import ParallelPlan
 from .parallel import ParallelError, World, fake_like, on_fake
 from .recorder import Recorder
-from .sources import MetaModel, reachable_tensors, stand_in
+from .sources import MetaModel, SourceError, reachable_tensors, stand_in
 from .undo import Undo
 
 __all__ = [
@@ -127,14 +128,14 @@ class DTensorSpec:
 class Wrapping:
     """The user's wrapping, read by :func:`read_wrapping`: ``calls`` in an order that wraps
     every module after the modules inside it; ``dtensors`` the tensor-parallel parameters by
-    path; ``groups`` process-group names -> (mesh dimension, size), for ``a.comms``."""
+    path; ``backends`` process-group names -> (mesh dimension, size, backend)."""
 
     rank: int
     world_size: int
     device: str
     calls: tuple[ShardCall, ...]
     dtensors: dict[str, DTensorSpec]
-    groups: dict[str, tuple[str, int]]
+    backends: dict[str, tuple[str, int, str]]
 
     def note(self) -> str:
         """One line for the analysis notes: what was traced."""
@@ -191,7 +192,7 @@ def read_wrapping(module: nn.Module) -> Wrapping:
             "there is nothing per rank to trace. Analyze it without the wrapping."
         )
     calls = [_with_mesh(c, meshes[0][0]) for c in calls]
-    groups = _check_groups(module, meshes)
+    groups = _groups(module, meshes)
     device = meshes[0][0].device_type
     return Wrapping(dist.get_rank(), dist.get_world_size(), device, tuple(calls), dtensors, groups)
 
@@ -205,7 +206,7 @@ def _read_call(
 ) -> ShardCall:
     """One ``fully_shard`` call from its FSDP2 state; its parameters' pre-FSDP2 DTensors (tensor
     parallelism) go into ``dtensors`` and their paths into ``managed``."""
-    groups = list(state._fsdp_param_groups)
+    groups = _param_groups(state)
     label = where or "the root module"
     if len(groups) > 1:
         _not_reproduced(label, "parameters on several meshes (shard_placement_fn)")
@@ -236,8 +237,8 @@ def _read_call(
             )
         settings = {k: getattr(group, k) for k in GROUP_SETTINGS if hasattr(group, k)}
         for fp in group.fsdp_params:
-            info_ = fp._module_info
-            name = _join(paths[id(info_.module)], info_.param_name)
+            owner = fp._module_info
+            name = _join(paths[id(owner.module)], owner.param_name)
             managed.add(name)
             if fp.fsdp_placement != Shard(0):
                 placements[name] = fp.fsdp_placement
@@ -261,6 +262,15 @@ def _read_call(
     )
 
 
+def _param_groups(state: Any) -> list[Any]:
+    """An FSDP2 state's parameter groups (a list in torch 2.13, one or None in older ones)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = state._fsdp_param_group
+    return [group] if group is not None else []
+
+
 def _prefetch(states: list[Any], paths: dict[int, str]) -> tuple[str, ...]:
     return tuple(paths[id(s._modules[0])] for s in states)
 
@@ -270,7 +280,7 @@ def _with_mesh(call: ShardCall, mesh: DeviceMesh) -> ShardCall:
     shards nothing, and ``fully_shard`` without one would make a mesh of its own."""
     if call.mesh is not None:
         return call
-    return ShardCall(**{**call.__dict__, "mesh": mesh})
+    return replace(call, mesh=mesh)
 
 
 def _join(prefix: str, name: str) -> str:
@@ -285,35 +295,43 @@ def _not_reproduced(where: str, what: str) -> None:
     )
 
 
-def _check_groups(
-    module: nn.Module, meshes: list[tuple[DeviceMesh, str]]
-) -> dict[str, tuple[str, int]]:
-    """The process groups the wrapping runs on, checked to be alive and fake."""
-    name = type(module).__name__
+def _groups(module: nn.Module, meshes: list[tuple[DeviceMesh, str]]) -> dict[str, Any]:
+    """The process groups the wrapping runs on: name -> (mesh dimension, size, backend)."""
     if not (dist.is_available() and dist.is_initialized()):
         raise ParallelError(
-            f"{name} is wrapped (FSDP2 / tensor parallelism) but no process group exists any "
-            "more (destroy_process_group ran): its wrapping cannot run. Analyze it before "
-            "destroying the group, or analyze the unwrapped model with parallel=..."
+            f"{type(module).__name__} is wrapped (FSDP2 / tensor parallelism) but no process "
+            "group exists any more (destroy_process_group ran): its wrapping cannot run. "
+            "Analyze it before destroying the group, or the unwrapped model with parallel=..."
         )
-    groups: dict[str, tuple[str, int]] = {}
+    groups: dict[str, Any] = {}
     for mesh, kind in meshes:
         names = mesh.mesh_dim_names or (kind,) * mesh.ndim
         for dim in range(mesh.ndim):
             group = mesh.get_group(dim)
             backend = str(dist.get_backend(group))
-            if backend != "fake":
-                raise ParallelError(
-                    f"{name} is wrapped under a real process group (backend {backend!r}, world "
-                    f"size {dist.get_world_size()}): tracing it would run its collectives on "
-                    "the network, waiting for ranks that never join, so meta_widget will not. "
-                    "Analyze it in a process under the fake process group (dist.init_process_"
-                    'group("fake", store=FakeStore(), rank=r, world_size=n) from '
-                    "torch.testing._internal.distributed.fake_pg), or analyze the unwrapped "
-                    'model with parallel={"fsdp": N, "tp": M} in a process without a group.'
-                )
-            groups[str(group.group_name)] = (str(names[dim]), int(mesh.size(dim)))
+            groups[str(group.group_name)] = (str(names[dim]), int(mesh.size(dim)), backend)
     return groups
+
+
+def _check_fake(wrapping: Wrapping) -> None:
+    """Refuse to trace where a collective would run for real, or where the group is gone."""
+    real = sorted({b for _, _, b in wrapping.backends.values() if b != "fake"})
+    if real:
+        raise ParallelError(
+            f"the model is wrapped under a real process group (backend {real[0]!r}, world size "
+            f"{wrapping.world_size}): tracing it would run its collectives on the network, "
+            "waiting for ranks that never join, so meta_widget will not. Analyze it in a "
+            'process under the fake process group (dist.init_process_group("fake", '
+            "store=FakeStore(), rank=r, world_size=n), FakeStore from "
+            "torch.testing._internal.distributed.fake_pg), or analyze the unwrapped model "
+            'with parallel={"fsdp": N, "tp": M} in a process without a group.'
+        )
+    if not dist.is_initialized() or dist.get_backend() != "fake":
+        raise ParallelError(
+            "the fake process group the model was wrapped under is gone (destroy_process_"
+            "group ran since, or another group replaced it): analyze the model while the "
+            "group it was wrapped under exists."
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,9 +357,22 @@ def unwrapped_meta(module: nn.Module) -> MetaModel:
     for _, t in reachable_tensors(list(states.values())):
         if id(t) not in memo and not t.is_meta:
             memo[id(t)] = stand_in(t, storages)
+    originals = set(memo)
     for m in module.modules():
         shells[id(m)].__dict__.update(copy.deepcopy(states[id(m)], memo))
-    meta = MetaModel(shells[id(module)], "wrapped module", owned=True, wrapping=wrapping)
+    root = shells[id(module)]
+    # as sources.meta_copy: a real tensor the search for tensors could not see was copied
+    real = next(
+        (p for p, t in reachable_tensors(root) if not (t.is_meta or id(t) in originals)), None
+    )
+    if real is not None:
+        raise SourceError(
+            f"meta_widget would have copied the data of a real tensor of "
+            f"{type(module).__name__} (at {real}): it is held where the search for tensors "
+            "cannot look. Build the model on meta (with torch.device('meta'): ...) before "
+            "wrapping it, or analyze the unwrapped model with parallel=..."
+        )
+    meta = MetaModel(root, "wrapped module", owned=True, wrapping=wrapping)
     meta.notes.append(wrapping.note())
     return meta
 
@@ -394,13 +425,9 @@ class AsWrapped:
         self._rng: Any = None
 
     def __enter__(self) -> AsWrapped:
-        if not dist.is_initialized() or dist.get_backend() != "fake":
-            raise ParallelError(
-                "the fake process group the model was wrapped under is gone (destroy_process_"
-                "group ran since, or another group replaced it): analyze the model while the "
-                "group it was wrapped under exists."
-            )
-        self.watcher = CommWatcher(self.wrapping.groups)
+        _check_fake(self.wrapping)
+        groups = {name: (dim, size) for name, (dim, size, _) in self.wrapping.backends.items()}
+        self.watcher = CommWatcher(groups)
         # DTensor's random ops make a global RNG tracker the first time: the user's to keep
         self._rng = dtensor_random._rng_tracker
         return self
@@ -468,7 +495,7 @@ class AsWrapped:
             )
             first = targets[0]
             assert isinstance(first, FSDPModule)
-            for group in first._get_fsdp_state()._fsdp_param_groups:
+            for group in _param_groups(first._get_fsdp_state()):
                 for key, value in call.settings.items():
                     setattr(group, key, value)
         for call in self.wrapping.calls:

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Replicate
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -128,6 +128,31 @@ def default_wrap(
         for block in (blocks or _layers)(model):
             fully_shard(block, mesh=mesh["dp"], **fsdp)
         fully_shard(model, mesh=mesh["dp"], **fsdp)
+
+
+def wrapped_on_meta(
+    make: Callable[[], nn.Module], mesh: DeviceMesh, wrap: Callable[[nn.Module, DeviceMesh], None]
+) -> nn.Module:
+    """The planning flow of FSDP2's docs: built on meta, wrapped, never materialized."""
+    with torch.device("meta"):
+        model = make()
+    wrap(model, mesh)
+    return model
+
+
+def with_settings(model: nn.Module, mesh: DeviceMesh) -> None:
+    """FSDP2's options away from the defaults: blocks kept unsharded after forward, bf16
+    all-gathers, and the last block's parameters sharded on dim 1."""
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    dp = mesh["dp"]
+    for block in model.layers[:3]:  # type: ignore[index]
+        fully_shard(block, mesh=dp, reshard_after_forward=False, mp_policy=bf16)
+    fully_shard(model.layers[3], mesh=dp, mp_policy=bf16, shard_placement_fn=_dim1)  # type: ignore[index]
+    fully_shard(model, mesh=dp, mp_policy=bf16)
+
+
+def _dim1(p: nn.Parameter) -> Shard:
+    return Shard(p.ndim - 1)
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:

@@ -214,4 +214,3 @@ def test_max_fit_finds_the_largest_batch_per_rank_that_a_real_rank_fits() -> Non
     assert fit.analysis.comm_records  # each size traced as a rank of 4
     assert real_rank_peak(DeepMLP, torch.randn(fit.size, 256), fsdp=4)["Total"] <= budget
     assert real_rank_peak(DeepMLP, torch.randn(fit.size + 1, 256), fsdp=4)["Total"] > budget
-

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -20,19 +20,25 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.tensor._random as dtensor_random
-from parallel_truth import DeepMLP, default_wrap, llama_tp_plan, real_rank_peak, tiny_llama_config
+from parallel_truth import (
+    DeepMLP,
+    default_wrap,
+    llama_tp_plan,
+    real_rank_peak,
+    tiny_llama_config,
+    with_settings,
+    wrapped_on_meta,
+)
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
 
 FSDP_TOLERANCE = 0.02
 TP_TOLERANCE = 0.05
-
-Wrap = Callable[[nn.Module, DeviceMesh], None]
 
 
 @pytest.fixture(autouse=True)
@@ -50,14 +56,6 @@ def users_group(fsdp: int, tp: int = 1, rank: int = 0) -> Iterator[DeviceMesh]:
         yield init_device_mesh("cpu", (fsdp, tp), mesh_dim_names=("dp", "tp"))
     finally:
         dist.destroy_process_group()
-
-
-def wrapped_on_meta(make: Callable[[], nn.Module], mesh: DeviceMesh, wrap: Wrap) -> nn.Module:
-    """The planning flow of FSDP2's docs: built on meta, wrapped, never materialized."""
-    with torch.device("meta"):
-        model = make()
-    wrap(model, mesh)
-    return model
 
 
 def analyze(model: Any, x: torch.Tensor, **kw: Any) -> mw.Analysis:
@@ -106,21 +104,6 @@ def test_a_users_fsdp2_wrapping_on_meta_is_a_real_ranks_peak(name: str, rank: in
     assert f"rank {rank} of 4" in " ".join(a.notes)
 
 
-def with_settings(model: nn.Module, mesh: DeviceMesh) -> None:
-    """FSDP2's options away from the defaults: blocks kept unsharded after forward, bf16
-    all-gathers, and the last block's parameters sharded on dim 1."""
-    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
-    dp = mesh["dp"]
-    for block in model.layers[:3]:  # type: ignore[index]
-        fully_shard(block, mesh=dp, reshard_after_forward=False, mp_policy=bf16)
-    fully_shard(model.layers[3], mesh=dp, mp_policy=bf16, shard_placement_fn=_dim1)  # type: ignore[index]
-    fully_shard(model, mesh=dp, mp_policy=bf16)
-
-
-def _dim1(p: nn.Parameter) -> Shard:
-    return Shard(p.ndim - 1)
-
-
 def test_the_users_fsdp2_settings_are_the_ones_traced() -> None:
     x = torch.randn(*MLP_INPUT)
     truth = real_rank_peak(DeepMLP, x, fsdp=4, rank=1, wrap=with_settings)
@@ -150,6 +133,20 @@ def test_a_users_tensor_parallel_wrapping_is_a_real_ranks_peak(fsdp: int, tp: in
     assert a.peak_bytes == pytest.approx(truth["Total"], rel=TP_TOLERANCE)
     assert a.peak_bytes == pytest.approx(planned.peak_bytes, rel=TP_TOLERANCE)
     assert set(a.comms.group) == ({"dp", "tp"} if fsdp > 1 else {"tp"})
+
+
+def test_a_wrapped_analysis_reruns_and_traces_inference_on_the_users_group() -> None:
+    x = torch.randn(*MLP_INPUT)
+    with users_group(4, rank=1) as mesh:
+        model = wrapped_on_meta(DeepMLP, mesh, default_wrap)
+        training = analyze(model, x)
+        inference = training.rerun(mode="inference")
+        again = inference.rerun(mode="training")
+    assert inference.error is None and again.error is None
+    assert again.peak_bytes == training.peak_bytes
+    assert inference.peak_bytes < training.peak_bytes
+    kinds = set(zip(inference.comms.phase, inference.comms.collective, strict=True))
+    assert kinds == {("forward", "all_gather")}  # no backward: no reduce-scatter
 
 
 # -- the user's objects ------------------------------------------------------------------------
@@ -268,6 +265,9 @@ def test_a_real_process_group_is_refused_with_what_to_do() -> None:
         before = snapshot(model)
         with pytest.raises(mw.ParallelError, match=r"real process group.*'gloo'.*fake"):
             mw.analyze(model, input_size=(8, 256), mode="training")
+        # without inputs nothing runs: the structure of the whole model is shown
+        structure = mw.analyze(model)
+        assert structure.total_params == sum(p.numel() for p in DeepMLP().parameters())
         assert snapshot(model) == before
     finally:
         dist.destroy_process_group()
