@@ -6,12 +6,11 @@
  * It holds the view state (expanded rows, filter, sort, selection, dtype) and re-renders at
  * most once per animation frame, so a stream of `calls` messages stays cheap.
  */
+import { MemoryChart } from "./barchart";
+import { foldBars, largestBars, memoryBars } from "./bars";
 import {
   DTYPE_CHOICES,
-  MemoryChart,
-  foldBars,
   TimelineChart,
-  memoryBars,
   paramBytesAt,
   renderCategoryBar,
   recordedFloatBytes,
@@ -85,7 +84,8 @@ interface Scales {
   flops: number;
 }
 
-const MAX_BARS = 300;
+/** The most bars drawn (the largest): the chart grows with them and has no scrollbar of its own. */
+const MAX_BARS = 40;
 const DEFAULT_DEPTH = 2;
 
 export class App {
@@ -786,39 +786,23 @@ export class App {
       this.memoryChart ??= new MemoryChart(this.memoryEl, (m) => this.selectModule(m));
       const tree = this.tree;
       const labels = tree ? groupLabels(tree) : new Map<string, string>();
-      // the same module of every folded layer is one bar (layers.0–79.mlp, summed)
-      let bars = foldBars(memoryBars(a, frontier(a, this.depth), this.aggs, this.paramBytes), (m) =>
-        tree ? foldedPath(tree, m, labels) || a.title : String(m),
-      );
-      let note = `Modules at depth ${this.depth} (and shallower leaves), repeated layers folded into one bar (summed): parameters (${this.dtype === "recorded" ? "as recorded" : this.dtype}) and output mem (the new storage their outputs hold), stacked. The peak by category above counts what is live at the peak. Click a bar to select the module.`;
-      if (bars.modules.length > MAX_BARS) {
-        const keep = bars.modules
-          .map((_, i) => i)
-          .sort((x, y) => (bars.params[y] ?? 0) + (bars.activations[y] ?? 0) - (bars.params[x] ?? 0) - (bars.activations[x] ?? 0))
-          .slice(0, MAX_BARS)
-          .sort((x, y) => x - y);
-        const pick = <T,>(xs: T[]): T[] => keep.map((i) => xs[i] as T);
-        bars = { modules: pick(bars.modules), labels: pick(bars.labels), params: pick(bars.params), activations: pick(bars.activations) };
-        note += ` Showing the ${MAX_BARS} largest.`;
-      }
-      this.memoryNote.textContent = note;
       const p = this.precision();
+      // the same module of every folded layer is one bar (layers.0–79.mlp, summed)
+      const folded = foldBars(
+        memoryBars(a, frontier(a, this.depth), this.aggs, this.paramBytes, p?.actScale ?? 1),
+        (m) => (tree ? foldedPath(tree, m, labels) || a.title : String(m)),
+      );
+      const bars = largestBars(folded, MAX_BARS);
+      const training = a.memory.modules.gradientBytes.length > 0;
+      let note = `Modules at depth ${this.depth} (and shallower leaves), repeated layers folded into one bar (summed): parameters (${this.dtype === "recorded" ? "as recorded" : this.dtype})${training ? ", their gradients and optimizer state at the end of the step" : ""} and output mem (the new storage their outputs hold), stacked. Each parameter counts at its first owner (tied weights once), so the bars add up to the totals. The peak by category above counts what is live at the peak. Click a bar to select the module.`;
+      if (bars !== folded) note += ` Showing the ${MAX_BARS} largest of ${folded.modules.length}; a smaller depth shows all.`;
+      this.memoryNote.textContent = note;
       renderCategoryBar(
         this.categoryEl,
         p ? { ...a.memory, categories: p.categories } : a.memory,
         p ? p.total : a.totals.peak_bytes,
       );
       if (p) this.categoryEl.prepend(h("div", "mw-precision-note", p.note));
-      const legend = h("span", "mw-legend");
-      for (const [cls, label] of [
-        ["mw-bar-params", "parameters"],
-        ["mw-bar-acts", "output mem"],
-      ]) {
-        const item = h("span");
-        item.append(h("span", `mw-swatch ${cls}`), document.createTextNode(label as string));
-        legend.append(item);
-      }
-      this.memoryNote.append(legend);
       bars.activations = bars.activations.map((b) => this.outputBytes(b));
       this.memoryChart.setData(bars, this.chartWidth());
       const sel = this.selectedNode();

@@ -2,14 +2,12 @@ import { describe, expect, it } from "vitest";
 import {
   BYTE_INCRS,
   floatDtypeBytes,
-  memoryBars,
   paramBytesAt,
   recordedFloatBytes,
   timelinePeak,
 } from "./charts";
 import { decodePayload, type Analysis, type ModuleInfo } from "./protocol";
 import { tiny } from "./testdata";
-import { aggregate } from "./tree";
 
 const a = decodePayload(tiny().payload) as Analysis;
 const root = a.modules[0] as ModuleInfo;
@@ -42,16 +40,6 @@ describe("dtype what-if for parameter memory", () => {
 });
 
 describe("chart data", () => {
-  it("stacks parameters and activations per module", () => {
-    const bars = memoryBars(a, [1, 3, 12], aggregate(a), (m) => m.paramBytes);
-    expect(bars).toEqual({
-      modules: [1, 3, 12],
-      labels: ["embed", "layers.0", "head"],
-      params: [3200, 288, 360],
-      activations: [128, 128, 160],
-    });
-  });
-
   it("finds the first peak of the timeline", () => {
     expect(timelinePeak([1, 5, 3, 5])).toBe(1);
     expect(timelinePeak([])).toBe(-1);

@@ -1,11 +1,9 @@
 /**
- * Charts: (1) memory per module at the chosen depth, parameters and activations stacked, in
- * horizontal bars (module names stay readable); clicking a bar selects that module; the
- * selected module's bar is outlined. (2) the memory timeline: live bytes over the forward pass,
- * one point per allocation or free, the peak marked with its module name.
+ * Charts: the memory timeline: live bytes over the forward pass, one point per allocation or
+ * free, the peak marked with its module name; the peak by category. (The memory-by-module bars
+ * are in `bars.ts` and `barchart.ts`.)
  *
- * Drawn with uPlot (about 50 KB, canvas, fast on timelines of 100k+ points). Stacking is done
- * by drawing the "parameters + activations" bar behind the "parameters" bar, both from zero.
+ * Drawn with uPlot (about 50 KB, canvas, fast on timelines of 100k+ points).
  *
  * Also here: the dtype what-if for parameter memory (pure, unit tested).
  */
@@ -14,7 +12,6 @@ import { formatBytes } from "./format";
 import { MEMORY_CATEGORIES, peakOwner, type Analysis, type Memory, type ModuleInfo } from "./protocol";
 import { moduleRuns, type ModuleRun } from "./modulebands";
 import { STATIC_BAND, type StackBand } from "./stack";
-import type { Aggregate } from "./tree";
 
 // ---------------------------------------------------------------------------------------------
 // dtype what-if
@@ -102,61 +99,6 @@ export function paramBytesAt(m: ModuleInfo, dtype: DtypeChoice, recordedBpe: num
 // ---------------------------------------------------------------------------------------------
 // Chart data (pure)
 // ---------------------------------------------------------------------------------------------
-
-export interface MemoryBars {
-  modules: number[];
-  labels: string[];
-  params: number[];
-  activations: number[];
-}
-
-/**
- * Bars of modules that are the same module of every member of a folded group (`layers.3.mlp`
- * for each of 80 layers) merged into one, summed, labelled by `key` (`layers.0–79.mlp`) with
- * the count; the first module stands for the bar (a click selects it).
- */
-export function foldBars(bars: MemoryBars, key: (module: number) => string): MemoryBars {
-  const out: MemoryBars = { modules: [], labels: [], params: [], activations: [] };
-  const at = new Map<string, number>();
-  const count: number[] = [];
-  bars.modules.forEach((m, i) => {
-    const k = key(m);
-    const j = at.get(k);
-    if (j === undefined) {
-      at.set(k, out.modules.length);
-      out.modules.push(m);
-      out.labels.push(k);
-      out.params.push(bars.params[i] ?? 0);
-      out.activations.push(bars.activations[i] ?? 0);
-      count.push(1);
-    } else {
-      out.params[j] = (out.params[j] ?? 0) + (bars.params[i] ?? 0);
-      out.activations[j] = (out.activations[j] ?? 0) + (bars.activations[i] ?? 0);
-      count[j] = (count[j] ?? 0) + 1;
-    }
-  });
-  out.labels = out.labels.map((l, j) => ((count[j] ?? 1) > 1 ? `${l} (${count[j]} ×)` : l));
-  return out;
-}
-
-/** One bar per module of `rows`, in that order. */
-export function memoryBars(
-  a: Analysis,
-  rows: readonly number[],
-  aggs: readonly Aggregate[],
-  paramBytes: (m: ModuleInfo) => number,
-): MemoryBars {
-  const out: MemoryBars = { modules: [], labels: [], params: [], activations: [] };
-  for (const i of rows) {
-    const m = a.modules[i];
-    if (!m) continue;
-    out.modules.push(i);
-    out.labels.push(m.path || a.title);
-    out.params.push(paramBytes(m));
-    out.activations.push(aggs[i]?.activationBytes ?? 0);
-  }
-  return out;
-}
 
 export interface PhaseSpan {
   phase: string;
@@ -284,12 +226,12 @@ export function timelinePeak(bytes: readonly number[]): number {
 // Views
 // ---------------------------------------------------------------------------------------------
 
-function cssVar(el: Element, name: string, fallback: string): string {
+export function cssVar(el: Element, name: string, fallback: string): string {
   const v = getComputedStyle(el).getPropertyValue(name).trim();
   return v || fallback;
 }
 
-interface Palette {
+export interface Palette {
   fg: string;
   fg2: string;
   grid: string;
@@ -301,7 +243,7 @@ interface Palette {
   font: string;
 }
 
-function palette(el: Element): Palette {
+export function palette(el: Element): Palette {
   const font = cssVar(el, "--mw-font", "sans-serif");
   return {
     fg: cssVar(el, "--mw-fg", "#1f2328"),
@@ -316,11 +258,6 @@ function palette(el: Element): Palette {
   };
 }
 
-function truncate(s: string, max: number): string {
-  return s.length <= max ? s : `…${s.slice(s.length - max + 1)}`;
-}
-
-export const BAR_HEIGHT = 22;
 
 /** Translucent phase bands: readable on light and dark backgrounds alike. */
 const PHASE_FILL: Record<string, string> = {
@@ -335,192 +272,6 @@ export const BYTE_INCRS: number[] = (() => {
   for (let k = 0; k < 6; k++) for (let m = 1; m < 1024; m *= 2) out.push(m * 1024 ** k);
   return out;
 })();
-
-/** The memory bar chart. `onPick(module)` fires when a bar is clicked. */
-export class MemoryChart {
-  readonly el: HTMLElement;
-  private plot: uPlot | null = null;
-  private bars: MemoryBars | null = null;
-  private selected = -1;
-  private tip: HTMLElement;
-  private host: HTMLElement;
-
-  constructor(
-    parent: HTMLElement,
-    private onPick: (module: number) => void,
-  ) {
-    this.el = document.createElement("div");
-    this.el.className = "mw-chart mw-chart-bars";
-    this.host = document.createElement("div");
-    this.host.className = "mw-chart-host";
-    this.tip = document.createElement("div");
-    this.tip.className = "mw-chart-tip";
-    this.el.append(this.host, this.tip);
-    parent.append(this.el);
-  }
-
-  /** Screen positions of the bars' centers (used by browser tests to click a real bar). */
-  barCenters(): { module: number; x: number; y: number }[] {
-    const u = this.plot;
-    const b = this.bars;
-    if (!u || !b) return [];
-    const r = u.over.getBoundingClientRect();
-    return b.modules.map((module, i) => {
-      const total = (b.params[i] as number) + (b.activations[i] as number);
-      const xs = u.valToPos(total / 2, "y");
-      return { module, x: r.left + Math.max(2, xs), y: r.top + u.valToPos(i, "x") };
-    });
-  }
-
-  setData(bars: MemoryBars, width: number): void {
-    this.bars = bars;
-    this.plot?.destroy();
-    this.plot = null;
-    this.host.textContent = "";
-    if (bars.modules.length === 0) {
-      const empty = document.createElement("div");
-      empty.className = "mw-empty";
-      empty.textContent = "No modules at this depth.";
-      this.host.append(empty);
-      return;
-    }
-    const p = palette(this.el);
-    const n = bars.modules.length;
-    const longest = Math.min(48, Math.max(...bars.labels.map((l) => l.length)));
-    const labelWidth = Math.min(Math.max(80, longest * 6.6 + 16), Math.max(120, width * 0.45));
-    const totals = bars.params.map((v, i) => v + (bars.activations[i] as number));
-    const xs = bars.modules.map((_, i) => i);
-    const self = this;
-    const opts: uPlot.Options = {
-      width: Math.max(320, width),
-      height: n * BAR_HEIGHT + 50,
-      legend: { show: false },
-      cursor: { x: false, y: false, drag: { x: false, y: false }, points: { show: false } },
-      scales: {
-        x: { time: false, ori: 1, dir: -1, range: () => [-0.5, n - 0.5] },
-        // room on the right for each bar's value
-        y: { ori: 0, dir: 1, range: (_u, _min, max) => [0, max > 0 ? max * 1.22 : 1] },
-      },
-      axes: [
-        {
-          side: 3,
-          stroke: p.fg,
-          grid: { show: false },
-          ticks: { show: false },
-          font: p.font,
-          size: labelWidth,
-          gap: 6,
-          splits: () => xs,
-          values: (_u, splits) =>
-            splits.map((v) => truncate(bars.labels[v] ?? "", Math.floor((labelWidth - 16) / 6.6))),
-        },
-        {
-          side: 2,
-          stroke: p.fg2,
-          grid: { stroke: p.grid, width: 1 },
-          ticks: { stroke: p.grid },
-          font: p.font,
-          size: 36,
-          space: 90,
-          incrs: BYTE_INCRS,
-          values: (_u, splits) => splits.map((v) => formatBytes(v)),
-        },
-      ],
-      series: [
-        {},
-        {
-          label: "output mem",
-          fill: p.acts,
-          stroke: p.acts,
-          width: 0,
-          paths: uPlot.paths.bars!({ size: [0.7, 18], align: 0 }),
-          points: { show: false },
-        },
-        {
-          label: "parameters",
-          fill: p.params,
-          stroke: p.params,
-          width: 0,
-          paths: uPlot.paths.bars!({ size: [0.7, 18], align: 0 }),
-          points: { show: false },
-        },
-      ],
-      hooks: {
-        draw: [
-          (u) => {
-            // each bar's total beside it
-            const ctx = u.ctx;
-            const dpr = uPlot.pxRatio;
-            ctx.save();
-            ctx.fillStyle = p.fg2;
-            ctx.font = `${10 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
-            ctx.textBaseline = "middle";
-            ctx.textAlign = "left";
-            totals.forEach((t, i) => {
-              if (t <= 0) return;
-              ctx.fillText(formatBytes(t), u.valToPos(t, "y", true) + 4 * dpr, u.valToPos(i, "x", true));
-            });
-            ctx.restore();
-          },
-          (u) => {
-            if (self.selected < 0) return;
-            const i = bars.modules.indexOf(self.selected);
-            if (i < 0) return;
-            const ctx = u.ctx;
-            const dpr = uPlot.pxRatio;
-            const cy = u.valToPos(i, "x", true);
-            const h = BAR_HEIGHT * dpr;
-            ctx.save();
-            ctx.strokeStyle = p.select;
-            ctx.lineWidth = 2 * dpr;
-            ctx.setLineDash([4 * dpr, 3 * dpr]);
-            ctx.strokeRect(u.bbox.left + dpr, cy - h / 2 + dpr, u.bbox.width - 2 * dpr, h - 2 * dpr);
-            ctx.restore();
-          },
-        ],
-        setCursor: [
-          (u) => {
-            const i = u.cursor.idx;
-            if (i === null || i === undefined || u.cursor.left === undefined || u.cursor.left < 0) {
-              self.tip.textContent = "";
-              return;
-            }
-            const pb = bars.params[i] ?? 0;
-            const ab = bars.activations[i] ?? 0;
-            self.tip.textContent = `${bars.labels[i]} · parameters ${formatBytes(pb)} · output mem ${formatBytes(ab)} · total ${formatBytes(pb + ab)}`;
-          },
-        ],
-      },
-    };
-    this.plot = new uPlot(opts, [xs, totals, bars.params], this.host);
-    this.plot.over.addEventListener("click", (e: MouseEvent) => {
-      const u = this.plot;
-      if (!u) return;
-      // the category scale "x" runs vertically (ori 1): map the click's y to the nearest bar
-      const rect = u.over.getBoundingClientRect();
-      const i = Math.round(u.posToVal(e.clientY - rect.top, "x"));
-      const module = bars.modules[i];
-      if (module !== undefined) this.onPick(module);
-    });
-    this.plot.over.style.cursor = "pointer";
-  }
-
-  select(module: number): void {
-    if (module === this.selected) return;
-    this.selected = module;
-    this.plot?.redraw(false, false);
-  }
-
-  resize(width: number): void {
-    if (this.plot) this.plot.setSize({ width: Math.max(320, width), height: this.plot.height });
-  }
-
-  destroy(): void {
-    this.plot?.destroy();
-    this.plot = null;
-    this.el.remove();
-  }
-}
 
 /**
  * Stacked areas of `bands` (bottom first), stepped as the live-bytes line is: each point's

@@ -216,6 +216,24 @@ export interface Memory {
    * temporaries get). Empty when not sent.
    */
   whatIf: Record<string, Record<string, number>>;
+  /** What each module's subtree owns (`memory.modules`; see `ModuleMemory`). */
+  modules: ModuleMemory;
+}
+
+/**
+ * What each module's subtree owns, every parameter credited to its first owner (Python's
+ * `meta_widget.module_memory`), so that the memory chart's bars add up to the totals.
+ */
+export interface ModuleMemory {
+  /**
+   * Row -> the part of its `paramBytes` / `floatParams` that a module outside its subtree owns
+   * (GPT-2's `lm_head`: its weight is `transformer.wte`'s). Rows absent own all of theirs.
+   */
+  tied: Map<number, { bytes: number; floatParams: number }>;
+  /** Training: gradient bytes per module row (subtree); empty when not sent (inference). */
+  gradientBytes: number[];
+  /** Training: optimizer-state bytes per module row (subtree); empty when not sent. */
+  optimizerStateBytes: number[];
 }
 
 export interface ShapeMismatch {
@@ -479,7 +497,19 @@ function decodeMemory(raw: unknown): Memory {
     whatIf: isObj(m.what_if)
       ? Object.fromEntries(Object.entries(m.what_if).filter(([, v]) => isObj(v)).map(([k, v]) => [k, nums(v)]))
       : {},
+    modules: decodeModuleMemory(m.modules),
   };
+}
+
+function decodeModuleMemory(raw: unknown): ModuleMemory {
+  const m = isObj(raw) ? raw : {};
+  const tied = new Map<number, { bytes: number; floatParams: number }>();
+  for (const t of arr<unknown>(m.tied)) {
+    const [row, bytes, floatParams] = arr<unknown>(t).map((x) => num(x));
+    if (row !== undefined) tied.set(row, { bytes: bytes ?? 0, floatParams: floatParams ?? 0 });
+  }
+  const column = (v: unknown): number[] => arr<unknown>(v).map((x) => num(x));
+  return { tied, gradientBytes: column(m.gradient_bytes), optimizerStateBytes: column(m.optimizer_state_bytes) };
 }
 
 function decodeCheckpoint(raw: unknown): CheckpointDiff | null {

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from . import heavy
 from .choices import Phase
+from .memory_bars import BAR_PARTS, memory_bars
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -17,38 +18,59 @@ _MIB = 1024**2
 
 
 def memory_figure(analysis: Analysis, depth: int = 1) -> go.Figure:
-    """Stacked horizontal bars: parameter and activation bytes of each module at ``depth``.
+    """Stacked horizontal bars per module at ``depth`` (``meta_widget.memory_bars``): parameters,
+    in training gradients and optimizer state, and output mem; repeated layers folded into one
+    bar; each part's bytes inside it where it fits and each bar's total beside it.
 
-    Modules shallower than ``depth`` without children are shown too, so every byte appears once.
+    Modules shallower than ``depth`` without children are shown too, so every byte appears once
+    (tied weights at their first owner).
     """
     go = heavy.plotly_go()
 
-    nodes = [
-        n for n in analysis.modules if n.depth == depth or (n.depth < depth and not n.children)
-    ]
-    if not nodes:
-        nodes = [analysis.root]
-    labels = [f"{n.path or analysis.title} · {n.type}" for n in nodes]
+    bars = memory_bars(analysis, depth)
+    labels = [b.label for b in bars]
     fig = go.Figure()
-    for name, values in (
-        ("parameters", [n.param_bytes for n in nodes]),
-        ("activations", [n.activation_bytes for n in nodes]),
-    ):
+    for name, attr in BAR_PARTS:
+        values = [getattr(b, attr) for b in bars]
+        if not any(values):
+            continue
         fig.add_bar(
             name=name,
             y=labels,
             x=[v / _MIB for v in values],
             orientation="h",
+            text=[format_bytes(v) if v else "" for v in values],
+            textposition="inside",
+            insidetextanchor="middle",
             hovertext=[format_bytes(v) for v in values],
             hoverinfo="y+text+name",
         )
+    totals = [b.total for b in bars]
+    fig.add_scatter(
+        y=labels,
+        x=[t / _MIB for t in totals],
+        mode="text",
+        text=[
+            f" {format_bytes(t)}"
+            + (
+                f" (+{format_bytes(b.tied_bytes)} tied: counted at its first owner)"
+                if b.tied_bytes
+                else ""
+            )
+            for t, b in zip(totals, bars, strict=True)
+        ],
+        textposition="middle right",
+        showlegend=False,
+        hoverinfo="skip",
+    )
     fig.update_layout(
         barmode="stack",
+        uniformtext={"mode": "hide", "minsize": 9},
         title=f"{analysis.title}: memory by module (depth {depth})",
-        xaxis_title="MiB",
+        xaxis={"title": "MiB", "range": [0, max(totals, default=0) / _MIB * 1.25 or 1]},
         yaxis={"autorange": "reversed"},
-        height=max(300, 22 * len(nodes) + 120),
-        legend={"orientation": "h"},
+        height=max(300, 30 * len(bars) + 150),
+        legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"},
     )
     return fig
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .choices import Phase
+from .module_memory import ModuleMemory, module_memory
 from .storage import local
 from .units import DTYPE_BYTES
 
@@ -69,6 +70,8 @@ class MemoryReport:
     #: category -> bytes of it live after each timeline event (see the module docstring); the
     #: categories add up to the timeline's live bytes at every event
     timeline_categories: dict[str, list[int]] = field(default_factory=dict)
+    #: the parameters, gradients and optimizer state each module owns (``module_memory``)
+    by_module: ModuleMemory | None = None
 
     @property
     def baseline_bytes(self) -> int:
@@ -231,6 +234,7 @@ def memory_report(
     }
     report.peak_bytes = base
     report.categories = {c: static.get(c, 0) for c in CATEGORIES}
+    report.by_module = module_memory(module, trace)
     if not events or trace is None:
         return report
     i = max(range(len(events)), key=lambda k: events[k].live_bytes)

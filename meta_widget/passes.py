@@ -65,9 +65,10 @@ class Trace:
     assumptions: list[Assumption] = field(default_factory=list)
     #: event index where each phase begins
     phase_starts: dict[str, int] = field(default_factory=dict)
-    #: storage keys of the gradients and optimizer state alive at the end of a training step
-    grad_keys: set[int] = field(default_factory=set)
-    state_keys: set[int] = field(default_factory=set)
+    #: storage keys of the gradients and optimizer state alive at the end of a training step,
+    #: each -> the name of its parameter in ``named_parameters()`` (its first owner: tied once)
+    grad_keys: dict[int, str] = field(default_factory=dict)
+    state_keys: dict[int, str] = field(default_factory=dict)
     #: optimizer state kept off the meta device (e.g. AdamW's step counters, on the CPU)
     state_other_bytes: int = 0
     #: what the op cache did (``meta_widget.opcache``); None when the fast path was off
@@ -162,6 +163,7 @@ def trace(
     run.micro_batches = micro_batches
     start = time.perf_counter()
     params = [p for p in module.parameters() if p.requires_grad]
+    run.param_names = {id(p): name for name, p in module.named_parameters()}
 
     def step(saved: _SavedTensorsHooks) -> None:
         run.step(module, args, kwargs, training, optimizer, loss, params, on_phase, saved)
@@ -253,8 +255,9 @@ class _Run:
         self.autocast = autocast
         self.micro_batches = 1
         self.phase_starts: dict[str, int] = {Phase.FORWARD: 0}
-        self.grad_keys: set[int] = set()
-        self.state_keys: set[int] = set()
+        self.grad_keys: dict[int, str] = {}
+        self.state_keys: dict[int, str] = {}
+        self.param_names: dict[int, str] = {}  # id of each parameter -> its name
         self.state_other = 0
         self.exception: BaseException | None = None
         self.output: Any = None  # outlives the recorder: the timeline ends with the outputs
@@ -315,7 +318,11 @@ class _Run:
         value.backward()
         del value
         self.recorder.callstack.sum_backward()
-        self.grad_keys = {storage_key(local(p.grad)) for p in params if p.grad is not None}
+        self.grad_keys = {
+            storage_key(local(p.grad)): self.param_names.get(id(p), "")
+            for p in params
+            if p.grad is not None
+        }
 
     def _optimizer_step(
         self,
@@ -326,12 +333,12 @@ class _Run:
         self._phase(Phase.OPTIMIZER, on_phase)
         self.opt = OPTIMIZERS[optimizer](params)
         self.opt.step()
-        for state in self.opt.state.values():
+        for p, state in self.opt.state.items():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
                     v = local(v)
                     if on_meta(v):
-                        self.state_keys.add(storage_key(v))
+                        self.state_keys[storage_key(v)] = self.param_names.get(id(p), "")
                     else:
                         self.state_other += v.numel() * v.element_size()
 

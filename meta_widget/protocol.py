@@ -59,7 +59,16 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                  "phases": {phase: first timeline index}, "peak_phase": str | null,
                  "gradient_bytes", "optimizer_state_bytes", "optimizer_host_bytes",
                  "what_if": {"fp32" | "bf16" | "fp16" | "int8" | "int4":   # the switch
-                             {category: bytes, "total", "activation_scale"}}},
+                             {category: bytes, "total", "activation_scale"}},
+                 "modules": {                     # what each module's subtree owns (each
+                                                  # parameter at its first owner, see
+                                                  # meta_widget.module_memory)
+                     "tied": [[row, bytes, float_params]],  # of modules.param_bytes/float_params
+                                                  # owned outside the subtree (GPT-2's lm_head:
+                                                  # its weight is transformer.wte's); rows left
+                                                  # out own all of theirs
+                     "gradient_bytes": [int],     # training: per module row; left out when
+                     "optimizer_state_bytes": [int]}},   # all 0 (inference)
       "totals": {"params", "trainable_params", "flops", "param_bytes", "buffer_bytes",
                  "input_bytes", "activation_bytes", "peak_bytes"},
       "peak": {"bytes": int, "call": int, "module": str, "op": str} | null,
@@ -316,6 +325,7 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
         "optimizer_state_bytes": mem.optimizer_state_bytes,
         "optimizer_host_bytes": mem.optimizer_host_bytes,
         "what_if": encode_what_if(mem),
+        "modules": encode_module_memory(a),
     }
     payload["totals"] = {
         "params": a.total_params,
@@ -345,6 +355,27 @@ def encode_analysis(a: Analysis) -> dict[str, Any]:
     if a.checkpoint_diff is not None:
         payload["checkpoint"] = a.checkpoint_diff.to_dict()
     return payload
+
+
+def encode_module_memory(a: Analysis) -> dict[str, list[Any]]:
+    """``payload["memory"]["modules"]``: subtree sums of ``a.memory.by_module`` (see the module
+    docstring), parameters as the bytes the tree counts that the subtree does not own (sparse)."""
+    owned = a.memory.by_module
+    if owned is None or len(owned.param_bytes) != len(a.modules):
+        return {"tied": []}  # structural, or a traced module whose rows are not the tree's
+    sums = owned.subtree([n.parent for n in a.modules])
+    out: dict[str, list[Any]] = {
+        "tied": [
+            [n.index, n.param_bytes - pb, n.float_params - fp]
+            for n, pb, fp in zip(a.modules, sums.param_bytes, sums.float_params, strict=True)
+            if n.param_bytes != pb or n.float_params != fp
+        ]
+    }
+    for name in ("gradient_bytes", "optimizer_state_bytes"):
+        column = getattr(sums, name)
+        if any(column):
+            out[name] = column
+    return out
 
 
 #: the widget's precision switch: each choice and the ``what_if`` arguments it stands for

@@ -1,0 +1,146 @@
+"""Per-module parameters, gradients and optimizer state (``meta_widget.module_memory``) against a
+real CPU training step, and the memory chart's bars built from them (``a.figure("memory")``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from models import gpt2_config, llama_config, real
+from torch import nn
+
+import meta_widget as mw
+from meta_widget.memory_bars import memory_bars
+from meta_widget.units import format_bytes
+
+#: what a user writes, as the analysis' optimizers do
+OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+    "adamw": lambda ps: torch.optim.AdamW(ps, foreach=False),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=False),
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.01, foreach=False),
+}
+CONFIGS = {"gpt2": gpt2_config, "llama": llama_config}
+IDS = torch.randint(0, 100, (2, 8))
+
+
+def real_step_by_module(config: Any, optimizer: str) -> dict[str, tuple[int, int, int]]:
+    """Module path -> (parameter, gradient, optimizer-state bytes) it owns after a real CPU step.
+
+    Owner: the first module in ``named_modules()`` whose own ``_parameters`` hold the tensor
+    (walked here by hand). State: every tensor the optimizer keeps per parameter except the
+    step counter (a host tensor, reported apart by the analysis)."""
+    model = real(config).train()
+    out = model(IDS)
+    out.logits.sum().backward()
+    opt = OPTIMIZERS[optimizer]([p for p in model.parameters() if p.requires_grad])
+    opt.step()
+    seen: set[int] = set()
+    owned: dict[str, tuple[int, int, int]] = {}
+    for path, m in model.named_modules():
+        pb = gb = sb = 0
+        for p in m._parameters.values():
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            pb += p.numel() * p.element_size()
+            gb += p.grad.untyped_storage().nbytes() if p.grad is not None else 0
+            state = opt.state.get(p, {})
+            sb += sum(v.untyped_storage().nbytes() for k, v in state.items() if k != "step")
+        owned[path] = (pb, gb, sb)
+    return owned
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("model", list(CONFIGS))
+def test_each_module_owns_what_a_real_step_gives_it(model: str, optimizer: str) -> None:
+    config = CONFIGS[model]()
+    a = mw.analyze(config, input_data=IDS, mode="training", optimizer=optimizer)
+    assert a.error is None
+    by = a.memory.by_module
+    assert by is not None
+    got = {
+        n.path: (
+            by.param_bytes[n.index],
+            by.gradient_bytes[n.index],
+            by.optimizer_state_bytes[n.index],
+        )
+        for n in a.modules
+    }
+    assert got == real_step_by_module(config, optimizer)
+    # over all modules each byte once: the totals of the step, as they stand when it ends
+    mem = a.memory
+    assert sum(by.param_bytes) == mem.param_bytes
+    assert sum(by.gradient_bytes) == mem.gradient_bytes == mem.timeline_categories["gradients"][-1]
+    assert sum(by.optimizer_state_bytes) == mem.optimizer_state_bytes
+    assert mem.optimizer_state_bytes == mem.timeline_categories["optimizer state"][-1]
+    assert mem.gradient_bytes == mem.param_bytes  # every parameter trains (fp32 gradients)
+    per_param = {"adamw": 2, "sgd-momentum": 1, "sgd": 0}[optimizer]
+    assert mem.optimizer_state_bytes == per_param * mem.param_bytes
+
+
+def test_tied_weights_are_counted_once_at_their_first_owner() -> None:
+    a = mw.analyze(gpt2_config(), input_data=IDS, mode="training", optimizer="adamw")
+    by = a.memory.by_module
+    assert by is not None
+    row = {n.path: n.index for n in a.modules}
+    wte, head = row["transformer.wte"], row["lm_head"]
+    weight = a.modules[wte].param_bytes
+    assert a.modules[head].param_bytes == weight  # the tree: lm_head's subtree holds it
+    assert (by.param_bytes[head], by.gradient_bytes[head], by.optimizer_state_bytes[head]) == (
+        0,
+        0,
+        0,
+    )
+    assert (by.param_bytes[wte], by.gradient_bytes[wte]) == (weight, weight)
+    assert by.optimizer_state_bytes[wte] == 2 * weight
+    # the bars at depth 1 add up to the totals; the tree's subtree counts would count it twice
+    bars = memory_bars(a, depth=1)
+    assert [b.path for b in bars] == ["transformer", "lm_head"]
+    assert sum(b.param_bytes for b in bars) == a.memory.param_bytes
+    assert sum(a.modules[b.modules[0]].param_bytes for b in bars) == a.memory.param_bytes + weight
+    assert sum(b.gradient_bytes for b in bars) == a.memory.gradient_bytes
+    assert sum(b.optimizer_state_bytes for b in bars) == a.memory.optimizer_state_bytes
+    assert bars[1].tied_bytes == weight
+
+
+def test_the_payload_carries_subtree_sums_and_the_tied_bytes() -> None:
+    a = mw.analyze(gpt2_config(), input_data=IDS, mode="training", optimizer="adamw")
+    mods = a.to_payload()["memory"]["modules"]
+    row = {n.path: n.index for n in a.modules}
+    weight = a.modules[row["transformer.wte"]].param_bytes
+    assert mods["tied"] == [[row["lm_head"], weight, weight // 4]]
+    assert mods["gradient_bytes"][0] == a.memory.gradient_bytes  # the root: everything
+    assert mods["optimizer_state_bytes"][row["transformer"]] == a.memory.optimizer_state_bytes
+    assert mods["gradient_bytes"][row["lm_head"]] == 0
+    layer = row["transformer.h.0"]
+    assert mods["gradient_bytes"][layer] == a.modules[layer].param_bytes
+    # inference: no gradients, no state, nothing sent for them
+    b = mw.analyze(gpt2_config(), input_data=IDS)
+    assert set(b.to_payload()["memory"]["modules"]) == {"tied"}
+
+
+def test_the_memory_figure_folds_layers_and_stacks_the_step() -> None:
+    a = mw.analyze(llama_config(), input_data=IDS, mode="training", optimizer="adamw")
+    bars = memory_bars(a, depth=3)
+    layers = next(b for b in bars if b.count > 1)
+    assert layers.label == "model.layers.0–1 · 2 × LlamaDecoderLayer"
+    members = [n for n in a.modules if n.path in ("model.layers.0", "model.layers.1")]
+    assert layers.modules == [n.index for n in members]
+    assert layers.param_bytes == sum(n.param_bytes for n in members)
+    assert layers.output_bytes == sum(n.activation_bytes for n in members)
+    assert layers.optimizer_state_bytes == 2 * layers.gradient_bytes == 2 * layers.param_bytes
+    fig = a.figure("memory", depth=3)
+    parts = {t.name: t for t in fig.data if t.type == "bar"}
+    assert list(parts) == ["parameters", "gradients", "optimizer state", "output mem"]
+    i = list(parts["parameters"].y).index(layers.label)
+    assert parts["gradients"].text[i] == format_bytes(layers.gradient_bytes)
+    beside = next(t for t in fig.data if t.type == "scatter")
+    assert beside.text[i].strip() == format_bytes(layers.total)
+    # inference: parameters and output mem only
+    b = mw.analyze(llama_config(), input_data=IDS)
+    assert [t.name for t in b.figure("memory").data if t.type == "bar"] == [
+        "parameters",
+        "output mem",
+    ]
