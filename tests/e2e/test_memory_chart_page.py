@@ -108,14 +108,20 @@ def test_inference_bars_have_no_step_parts(
 def test_one_scrollbox_at_a_time(page: Any, runs: dict[str, tuple[mw.Analysis, Path]]) -> None:
     _, path = runs["training"]
     open_memory(page, path, "5")  # everything open: the tree is taller than its box
-    scrolling = page.evaluate(
-        """() => [...document.querySelectorAll('.mw-root *')].filter(e => {
-              const s = getComputedStyle(e);
-              const y = /(auto|scroll)/.test(s.overflowY) && e.scrollHeight > e.clientHeight + 1;
-              const x = /(auto|scroll)/.test(s.overflowX) && e.scrollWidth > e.clientWidth + 1;
-              return y || x;
-            }).map(e => e.className)"""
-    )
-    assert scrolling == ["mw-table"]
     # a chart taller than the box it used to scroll in (360 px): grown with the page instead
     assert page.eval_on_selector(".mw-chart-bars .mw-chart-host", "e => e.clientHeight") > 360
+    for tab in ("memory", "details", "timeline"):
+        page.click(f".mw-tab[data-tab='{tab}']")
+        page.evaluate(
+            "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+        )
+        scrolling = page.evaluate(
+            """() => [...document.querySelectorAll('.mw-root *')].filter(e => {
+                  const s = getComputedStyle(e);
+                  const scrolls = (o) => /(auto|scroll)/.test(o);
+                  const y = scrolls(s.overflowY) && e.scrollHeight > e.clientHeight + 1;
+                  const x = scrolls(s.overflowX) && e.scrollWidth > e.clientWidth + 1;
+                  return y || x;
+                }).map(e => e.className)"""
+        )
+        assert scrolling == ["mw-table"], tab
