@@ -25,6 +25,7 @@ import { peakOwner, type Analysis, type CallInfo, type Message, type ModuleInfo,
 import { RERUN_WAIT_MS, initialSession, reduce, type Session, type SessionEvent } from "./session";
 import { stackTimeline } from "./stack";
 import { Switches } from "./switches";
+import { watchTheme } from "./theme";
 import {
   aggregate,
   buildTree,
@@ -116,6 +117,7 @@ export class App {
   private chartsDirty = true;
   private resizeObs: ResizeObserver | null = null;
   private lastWidth = 0;
+  private unwatchTheme: () => void = () => {};
 
   // DOM
   private header = new Header();
@@ -252,6 +254,11 @@ export class App {
       });
       this.resizeObs.observe(this.root);
     }
+    // canvas charts take their colors when drawn: draw again when the host's theme changes
+    this.unwatchTheme = watchTheme(this.root, () => {
+      this.chartsDirty = true;
+      this.schedule();
+    });
     this.setTab("details");
     this.render();
   }
@@ -320,6 +327,7 @@ export class App {
     if (this.rerunTimer !== null) clearTimeout(this.rerunTimer);
     cancelAnimationFrame(this.frame);
     this.resizeObs?.disconnect();
+    this.unwatchTheme();
     this.search.removeEventListener("input", this.onSearch);
     this.depthSel.removeEventListener("change", this.onDepth);
     this.view.destroy();

@@ -185,6 +185,8 @@ def jupyter_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             *("--port-retries=0", "--IdentityProvider.token=", "--ServerApp.password="),
             *("--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={root}"),
             *("--no-browser", "--allow-root", "--LabApp.expose_app_in_browser=True"),
+            # Notebook 7 (a server extension of this same server: /tree, /notebooks/...)
+            "--JupyterNotebookApp.expose_app_in_browser=True",
             f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}",
             "--KernelSpecManager.ensure_native_kernel=False",
         ],
