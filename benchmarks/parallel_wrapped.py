@@ -4,10 +4,11 @@
 
 Accuracy: the model built on ``meta``, wrapped by the user's own code (``parallel_truth``:
 ``default_wrap``, blocks then root; ``with_settings``: ``reshard_after_forward=False``, bf16
-all-gathers, dim-1 shards on the last block) under a fake process group, never materialized,
-and analyzed with ``mw.analyze(model, input_data=x, mode="training", device="cpu")`` as rank
-``r``. ``measured``: the same wrapping of the same model built for real, one AdamW step of rank
-``r`` measured by ``MemTracker`` (``parallel_truth.real_rank_peak``). ``parallel=``: the unwrapped
+all-gathers, dim-1 shards on the last block; ``hsdp``: a 2-D mesh, replicated then sharded)
+under a fake process group, never materialized, and analyzed with
+``mw.analyze(model, input_data=x, mode="training", device="cpu")`` as rank ``r``.
+``measured``: the same wrapping of the same model built for real, one AdamW step of rank ``r``
+measured by ``MemTracker`` (``parallel_truth.real_rank_peak``). ``parallel=``: the unwrapped
 model analyzed with ``parallel={"fsdp": ..., "tp": ...}`` (rank 0; meta_widget's own wrapping,
 the same as ``default_wrap``).
 
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from parallel_truth import (  # noqa: E402
     DeepMLP,
     default_wrap,
+    hsdp,
     llama_tp_plan,
     real_rank_peak,
     tiny_llama_config,
@@ -84,20 +86,23 @@ def accuracy() -> None:
     mlp_x = torch.randn(64, 256)
     llama_x = torch.randint(0, 32000, (2, 128))
     tp = partial(default_wrap, tp_plan=llama_tp_plan())
-    cases: list[tuple[str, Any, Any, torch.Tensor, int, int, int, Wrap, bool]] = [
-        ("MLP", DeepMLP, DeepMLP, mlp_x, 4, 1, 2, default_wrap, True),
-        ("MLP, own settings", DeepMLP, DeepMLP, mlp_x, 4, 1, 1, with_settings, False),
-        ("tiny Llama", llama, tiny_llama_config(), llama_x, 4, 1, 3, default_wrap, True),
-        ("tiny Llama", llama, tiny_llama_config(), llama_x, 1, 2, 1, tp, True),
-        ("tiny Llama", llama, tiny_llama_config(), llama_x, 2, 2, 1, tp, True),
+    llama_config = tiny_llama_config()
+    # (model, layout, build, the unwrapped model for parallel= (None: no such layout), input,
+    #  mesh (dp, tp), rank, the user's wrapping)
+    cases: list[tuple[str, str, Any, Any, torch.Tensor, tuple[int, int], int, Wrap]] = [
+        ("MLP", "FSDP 4", DeepMLP, DeepMLP, mlp_x, (4, 1), 2, default_wrap),
+        ("MLP, own settings", "FSDP 4", DeepMLP, None, mlp_x, (4, 1), 1, with_settings),
+        ("MLP", "HSDP 2 × 2", DeepMLP, None, mlp_x, (2, 2), 3, hsdp),
+        ("tiny Llama", "FSDP 4", llama, llama_config, llama_x, (4, 1), 3, default_wrap),
+        ("tiny Llama", "TP 2", llama, llama_config, llama_x, (1, 2), 1, tp),
+        ("tiny Llama", "FSDP 2 × TP 2", llama, llama_config, llama_x, (2, 2), 1, tp),
     ]
     print("| model | layout | rank | traced, MiB | measured, MiB | ratio | parallel=, MiB |")
     print("|---|---|---|---|---|---|---|")
-    for name, make, source, x, fsdp, tp_size, rank, wrap, same in cases:
+    for name, layout, make, source, x, (fsdp, tp_size), rank, wrap in cases:
         mine = traced(make, x, fsdp, tp_size, rank, wrap)
         truth = real_rank_peak(make, x, fsdp=fsdp, tp=tp_size, rank=rank, wrap=wrap)["Total"]
-        plan = f"{planned(source, x, fsdp, tp_size) / MIB:.2f}" if same else "—"
-        layout = " × ".join(f"{k} {v}" for k, v in (("FSDP", fsdp), ("TP", tp_size)) if v > 1)
+        plan = f"{planned(source, x, fsdp, tp_size) / MIB:.2f}" if source is not None else "—"
         print(
             f"| {name} | {layout} | {rank} | {mine / MIB:.2f} | {truth / MIB:.2f} | "
             f"{mine / truth:.3f} | {plan} |"

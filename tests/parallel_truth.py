@@ -151,6 +151,13 @@ def with_settings(model: nn.Module, mesh: DeviceMesh) -> None:
     fully_shard(model, mesh=dp, mp_policy=bf16)
 
 
+def hsdp(model: nn.Module, mesh: DeviceMesh) -> None:
+    """HSDP: replicated over the mesh's first dimension, sharded over its second."""
+    for block in model.layers:  # type: ignore[union-attr]
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def _dim1(p: nn.Parameter) -> Shard:
     return Shard(p.ndim - 1)
 

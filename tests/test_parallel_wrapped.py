@@ -23,6 +23,7 @@ import torch.distributed.tensor._random as dtensor_random
 from parallel_truth import (
     DeepMLP,
     default_wrap,
+    hsdp,
     llama_tp_plan,
     real_rank_peak,
     tiny_llama_config,
@@ -115,6 +116,29 @@ def test_the_users_fsdp2_settings_are_the_ones_traced() -> None:
     gathers = a.comms[(a.comms.phase == "forward") & (a.comms.collective == "all_gather")]
     full = sum(p.numel() for p in DeepMLP().layers[0].parameters())
     assert list(gathers.bytes) == [full * 2] * 4  # gathered in bf16
+
+
+def test_a_users_hsdp_wrapping_and_max_fit_per_rank_match_a_real_rank() -> None:
+    x = torch.randn(*MLP_INPUT)
+    truth = real_rank_peak(DeepMLP, x, fsdp=2, tp=2, rank=3, wrap=hsdp)
+    budget = 24_000_000
+    with users_group(2, 2, rank=3) as mesh:
+        model = wrapped_on_meta(DeepMLP, mesh, hsdp)
+        a = analyze(model, x)
+        fit = mw.max_fit(
+            model, input_size=(1, 256), budget=budget, vary="batch", mode="training", device="cpu"
+        )
+    assert a.peak_bytes == pytest.approx(truth["Total"], rel=FSDP_TOLERANCE)
+    totals = a.comms_per_step()
+    assert set(zip(totals.collective, totals.group, strict=True)) == {
+        ("all_gather", "tp"),  # the mesh's second dimension ("tp" by name) shards
+        ("reduce_scatter", "tp"),
+        ("all_reduce", "dp"),  # and the first replicates: gradients all-reduced
+    }
+    assert fit.analysis.comm_records  # each size traced as the user's rank 3
+    at = partial(real_rank_peak, DeepMLP, fsdp=2, tp=2, rank=3, wrap=hsdp)
+    assert at(torch.randn(fit.size, 256))["Total"] <= budget
+    assert at(torch.randn(fit.size + 1, 256))["Total"] > budget
 
 
 # -- tensor parallelism ------------------------------------------------------------------------
