@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .known import remember
 from .options import InputError, check_bytes, input_dtypes, input_shapes
 
 
@@ -60,6 +61,7 @@ def to_meta_value(value: Any) -> Any:
         if value.is_meta:
             return value
         t = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        remember(t, value)  # a small mask's values: a few kernels allocate by them
         return t.requires_grad_(value.requires_grad) if value.is_floating_point() else t
     if isinstance(value, dict):
         return type(value)({k: to_meta_value(v) for k, v in value.items()})
