@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from .choices import Phase
@@ -191,14 +192,9 @@ def category_timeline(trace: Trace, training: bool, static: dict[str, int]) -> d
             d[a.event] += a.nbytes
         if 0 <= a.freed < n:
             d[a.freed] -= a.nbytes
-    out: dict[str, list[int]] = {}
-    for name, d in deltas.items():
-        live, series = static.get(name, 0), []
-        for x in d:
-            live += x
-            series.append(live)
-        out[name] = series
-    return out
+    return {
+        name: list(accumulate(d, initial=static.get(name, 0)))[1:] for name, d in deltas.items()
+    }
 
 
 def memory_report(
