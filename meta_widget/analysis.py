@@ -690,6 +690,7 @@ def _pipeline(
             stream.finish(analysis)
         else:
             view.show(analysis)
+        view.update_live_display()  # widget=True: its output gets the static view too
     return analysis
 
 
@@ -816,7 +817,7 @@ def _resolve_widget(widget: Any, options: Options) -> Any:
     module = heavy.widget()
     if widget is True:
         view = module.MetaWidget()
-        heavy.display(view)
+        view.live_display = heavy.display(view, updatable=True)
     elif isinstance(widget, module.MetaWidget):
         view = widget
     else:

@@ -81,11 +81,19 @@ def plotly_subplots() -> ModuleType:
     return plotly.subplots
 
 
-def display(obj: Any) -> None:
-    """Show ``obj`` in the running notebook (IPython's ``display``)."""
+def display(obj: Any, *, updatable: bool = False) -> Any:
+    """Show ``obj`` in the running notebook (IPython's ``display``).
+
+    With ``updatable``, returns IPython's ``DisplayHandle`` for that output (``handle.update``
+    replaces it in place), or None where there is none: outside IPython, or in a front end that
+    patches ``display`` with its own handle (marimo, whose update replaces the cell's whole
+    output and which shows the widget anyway).
+    """
+    from IPython.display import DisplayHandle
     from IPython.display import display as show
 
-    show(obj)
+    handle = show(obj, display_id=True if updatable else None)
+    return handle if isinstance(handle, DisplayHandle) else None
 
 
 def explore_view() -> ModuleType:

@@ -101,7 +101,9 @@ Messages, kernel -> front end (custom messages, while tracing)
   over (every forward call was sent) and this phase runs now; it records no new calls.
 - ``{"type": "done", "elapsed_s": float}``: the final payload is now in the ``payload`` trait.
 - ``{"type": "error", "error": {...the error object...}}``
-- ``{"type": "ready"}``: the answer to ``hello``: a kernel-side widget is behind the view.
+- ``{"type": "ready"}``: the answer to ``hello``: a kernel-side widget is behind the view. When
+  that widget's last stream has finished, its ``done`` follows, so that a view mounted after the
+  stream (another display, or the output redrawn by ``widget=True``'s update) says how it ended.
 
 Messages, front end -> kernel
 -----------------------------

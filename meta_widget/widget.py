@@ -64,6 +64,14 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
     #: the Analysis shown, when the kernel has it (the mode/optimizer/device switches re-run it
     #: and put the new one here)
     analysis: Analysis | None = None
+    #: the output that showed this widget before its analysis existed (``analyze(...,
+    #: widget=True)``): IPython's display handle, updated once when the analysis is there, so
+    #: that this output too carries the static view (see ``_repr_mimebundle_``)
+    live_display: Any = None
+    #: the ``done`` message of the last finished stream, sent again to a view that mounts later
+    #: (the view re-created by that update, or another display of this widget): its progress
+    #: line then says how many calls were recorded in how long, as the streamed view did
+    last_done: dict[str, Any] | None = None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         """The widget, and beside it the summary as text and a static HTML view of the analysis
@@ -89,6 +97,8 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
             # a view mounted: say this kernel-side widget is alive (a view restored from a
             # saved notebook without its kernel gets no answer, and keeps its switches off)
             self.send({"type": "ready"})
+            if self.last_done is not None:
+                self.send(self.last_done)
 
     def rerun(self, **changes: Any) -> None:
         """Re-analyze with ``changes`` (mode, optimizer, device), streaming into this widget."""
@@ -122,6 +132,18 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
     def show(self, analysis: Analysis) -> None:
         """Show a finished analysis (sets the ``payload`` trait)."""
         self.payload = analysis.to_payload()
+
+    def update_live_display(self) -> None:
+        """Give the output that showed this widget before its analysis its static view too.
+
+        Once: ``handle.update`` makes the front end draw that output again (a new view of the
+        same model, from the ``payload`` trait and ``last_done``). After a re-run from the
+        switches the views already show the new analysis, and drawing them again would lose
+        what the user opened, so the static view stays that of the analysis the cell made.
+        """
+        handle, self.live_display = self.live_display, None
+        if handle is not None and self.analysis is not None:
+            handle.update(self)
 
     def stream(
         self, nodes: Sequence[ModuleNode], *, title: str, source: str, mode: str
@@ -169,6 +191,7 @@ class CallStream:
             nodes, self.dictionary, title=title, source=source, mode=mode, status="running"
         )
         self.dictionary.take_new()  # the header carries the dictionary so far
+        widget.last_done = None  # a view mounting while this runs must not see it finished
         widget.send({"type": "start", "expected_calls": estimate_calls(nodes), "payload": header})
 
     def add(self, record: CallRecord) -> None:
@@ -195,7 +218,9 @@ class CallStream:
         if analysis.error is not None:
             self.widget.send({"type": "error", "error": encode_error(analysis.error)})
         self.widget.payload = analysis.to_payload()
-        self.widget.send({"type": "done", "elapsed_s": time.perf_counter() - self.start})
+        done = {"type": "done", "elapsed_s": time.perf_counter() - self.start}
+        self.widget.send(done)
+        self.widget.last_done = done
 
 
 def standalone_html(payload: dict[str, Any]) -> str:
