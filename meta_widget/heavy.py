@@ -22,6 +22,7 @@ __all__ = [
     "transformers",
     "widget",
     "wrapped",
+    "wrapping",
 ]
 
 
@@ -47,8 +48,15 @@ def parallel() -> ModuleType:
 
 
 def wrapped() -> ModuleType:
-    """``meta_widget.wrapped`` (a model the user wrapped with FSDP2 / tensor parallelism)."""
+    """``meta_widget.wrapped`` (tracing a model the user wrapped, as it stands)."""
     from . import wrapped as module
+
+    return module
+
+
+def wrapping() -> ModuleType:
+    """``meta_widget.wrapping`` (reading a user's FSDP2 / tensor-parallel wrapping)."""
+    from . import wrapping as module
 
     return module
 

@@ -220,6 +220,13 @@ def materialize(
 def _fresh_meta(model: Any) -> torch.nn.Module:
 
     if isinstance(model, MetaModel):
+        if model.wrapping is not None:
+            raise MaterializeError(
+                f"{type(model.module).__name__} was analyzed as you wrapped it (FSDP2 / tensor "
+                "parallelism), and meta_widget does not materialize a wrapped model: do it on "
+                "the model itself (model.to_empty(device=...), then its initialization), as "
+                "FSDP2's docs do."
+            )
         if model.owned and model.rebuild is not None:
             return model.rebuild()
         return meta_copy(model.module)

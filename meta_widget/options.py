@@ -349,7 +349,7 @@ def check_buildable(model: Any) -> None:
     if is_class and not issubclass(model, torch.nn.Module):
         return  # not a module class: the sources say what they accept
     if isinstance(model, torch.nn.Module):
-        return  # (one wrapped by FSDP2 / tensor parallelism is traced as it is: wrapped.py)
+        return  # (one wrapped by FSDP2 / tensor parallelism is traced as it is: wrapping.py)
     if not callable(model):
         return
     required = _required_parameters(model)

@@ -35,7 +35,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -57,6 +57,7 @@ __all__ = [
     "RankTrace",
     "World",
     "fake_like",
+    "forget_meshes",
     "fsdp_blocks",
     "on_fake",
     "tp_plan",
@@ -121,6 +122,7 @@ class World:
 
     def __exit__(self, *exc: Any) -> None:
         dist.destroy_process_group()
+        forget_meshes()
 
     def tracing(self) -> FakeTensorMode:
         """The mode the trace runs under (fake tensors standing for CPU tensors)."""
@@ -223,6 +225,24 @@ def trace_rank(
                 **options,
             )
         return RankTrace(result, wrapped, world.comms)
+
+
+def forget_meshes() -> None:
+    """Empty DTensor's cache of sharding decisions after a world is destroyed.
+
+    The cache is keyed by device meshes compared by value (shape, ranks, dimension names: not
+    the process groups nor this process's rank), and its answers hold the meshes themselves. A
+    later process group of the same shape — the user's, wrapping their own model — would get
+    DTensors on this world's dead meshes (their groups gone: "Could not resolve the process
+    group"). Emptying it costs only recomputing the decisions.
+    """
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:  # the C++ dispatch fast path's cache
+        native()
+    propagator = getattr(DTensor._op_dispatcher, "sharding_propagator", None)
+    cached = getattr(propagator, "propagate_op_sharding", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()
 
 
 # ---------------------------------------------------------------------------------------------

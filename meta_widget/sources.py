@@ -44,7 +44,7 @@ class MetaModel:
     #: rebuilds a fresh meta module (used by what-ifs and ``materialize``); None when not possible
     rebuild: Callable[[], torch.nn.Module] | None = None
     #: a module the user wrapped with FSDP2 / tensor parallelism: that wrapping, made again on
-    #: ``module`` (a plain stand-in) when it is traced (``meta_widget.wrapped.Wrapping``)
+    #: ``module`` (a plain stand-in) when it is traced (``meta_widget.wrapping.Wrapping``)
     wrapping: Any = None
 
 
@@ -247,14 +247,14 @@ def _is_wrapped_module(obj: Any) -> bool:
     return (
         isinstance(obj, torch.nn.Module)
         and "torch.distributed.tensor" in sys.modules
-        and heavy.wrapped().is_wrapped(obj)
+        and heavy.wrapping().is_wrapped(obj)
     )
 
 
 @register_source("wrapped module", _is_wrapped_module)
 def _from_wrapped_module(module: torch.nn.Module) -> MetaModel:
     """A plain meta stand-in of the user's wrapped module, and the wrapping to trace it with."""
-    return heavy.wrapped().unwrapped_meta(module)  # type: ignore[no-any-return]
+    return heavy.wrapping().unwrapped_meta(module)  # type: ignore[no-any-return]
 
 
 @register_source("module", _is_module)

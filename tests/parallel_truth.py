@@ -24,6 +24,8 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from meta_widget.parallel import forget_meshes
+
 CPU = torch.device("cpu")
 
 
@@ -111,6 +113,7 @@ def real_rank_peak(
         return {str(k).rsplit(".", 1)[-1]: int(v) for k, v in peak.items()}
     finally:
         dist.destroy_process_group()
+        forget_meshes()  # DTensor's cache would hand this world's meshes to the next one
 
 
 def default_wrap(

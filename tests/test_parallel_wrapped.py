@@ -34,9 +34,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
+from meta_widget.parallel import forget_meshes
 
 FSDP_TOLERANCE = 0.02
 TP_TOLERANCE = 0.05
@@ -57,6 +59,7 @@ def users_group(fsdp: int, tp: int = 1, rank: int = 0) -> Iterator[DeviceMesh]:
         yield init_device_mesh("cpu", (fsdp, tp), mesh_dim_names=("dp", "tp"))
     finally:
         dist.destroy_process_group()
+        forget_meshes()  # as a new process would (see meta_widget.parallel.forget_meshes)
 
 
 def analyze(model: Any, x: torch.Tensor, **kw: Any) -> mw.Analysis:
@@ -168,9 +171,33 @@ def test_a_wrapped_analysis_reruns_and_traces_inference_on_the_users_group() -> 
         again = inference.rerun(mode="training")
     assert inference.error is None and again.error is None
     assert again.peak_bytes == training.peak_bytes
+    with pytest.raises(mw.MaterializeError, match="to_empty"):
+        training.materialize()
     assert inference.peak_bytes < training.peak_bytes
     kinds = set(zip(inference.comms.phase, inference.comms.collective, strict=True))
     assert kinds == {("forward", "all_gather")}  # no backward: no reduce-scatter
+
+
+def test_parallel_leaves_no_dead_mesh_for_the_users_own_group_of_the_same_shape() -> None:
+    plan = {"layers.*.0": "colwise", "layers.*.2": "rowwise"}
+    mw.analyze(
+        DeepMLP,
+        input_size=(8, 256),
+        mode="training",
+        parallel={"fsdp": 2, "tp": 2, "tp_plan": plan},
+    )
+    dist.init_process_group("fake", rank=3, world_size=4, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        with torch.device("meta"):
+            model = DeepMLP()
+        parallelize_module(model, mesh["tp"], {"layers.*.0": ColwiseParallel()})
+        weight = model.layers[0][0].weight
+        assert weight.device_mesh._dim_group_names == mesh["tp"]._dim_group_names
+        weight.device_mesh.get_group(0)  # the user's group, alive
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
 
 
 # -- the user's objects ------------------------------------------------------------------------
