@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import _missing
 from test_jupyterlab import (
     GPT2,
     SLOW_MS,
@@ -83,6 +84,10 @@ def wait_kernel_idle(page: Any) -> None:
 
 
 def test_widget_in_notebook7(page: Any, jupyter_lab: dict[str, Any], artifacts: Path) -> None:
+    try:
+        import notebook  # noqa: F401  (the server extension that serves /tree and /notebooks)
+    except ImportError:
+        _missing("notebook is not installed: pip install -e '.[test]'")
     lab = jupyter_lab
     delete_sessions(lab)
     nb_path = lab["root"] / "nb7.ipynb"
