@@ -5,6 +5,7 @@
 import type { AnyModel, Render } from "@anywidget/types";
 import { decodeCompare, renderComparison } from "./compare";
 import { decodeFit, renderFit } from "./fit";
+import { watchTheme } from "./theme";
 
 interface Traits {
   kind: string;
@@ -27,11 +28,22 @@ export function draw(el: HTMLElement, kind: string, payload: unknown): () => voi
   return () => undefined;
 }
 
+/** `draw`, with the drawn root following the host's light or dark theme (see `theme.ts`). */
+function drawThemed(el: HTMLElement, kind: string, payload: unknown): () => void {
+  const undraw = draw(el, kind, payload);
+  const root = el.querySelector<HTMLElement>(".mw-root");
+  const unwatch = root ? watchTheme(root, () => undefined) : () => undefined;
+  return () => {
+    unwatch();
+    undraw();
+  };
+}
+
 const render: Render<Traits> = ({ model, el }) => {
-  let cleanup = draw(el, model.get("kind"), model.get("payload"));
+  let cleanup = drawThemed(el, model.get("kind"), model.get("payload"));
   const update = (): void => {
     cleanup();
-    cleanup = draw(el, model.get("kind"), model.get("payload"));
+    cleanup = drawThemed(el, model.get("kind"), model.get("payload"));
   };
   model.on("change:payload", update);
   model.on("change:kind", update);

@@ -1,6 +1,7 @@
 """A marimo app showing analyses the three ways the README gives (served by ``test_marimo.py``):
 an ``Analysis`` as a cell's last expression, ``mo.ui.anywidget(a.widget())``, and
-``widget=True`` (the widget shown before the trace, the calls streamed in)."""
+``widget=True`` (the widget shown before the trace, the calls streamed in); and a comparison
+(``mw.compare``), whose view is a widget of its own."""
 
 import marimo
 
@@ -40,6 +41,14 @@ def _(mo, mw, nn):
     b = mw.analyze(mlp, input_size=(32, 64))
     w = mo.ui.anywidget(b.widget())
     w  # noqa: B018
+    return
+
+
+@app.cell
+def _(mw, nn):
+    small = mw.analyze(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4)), input_size=(2, 8))
+    wide = mw.analyze(nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 4)), input_size=(2, 8))
+    mw.compare(small, wide)
     return
 
 

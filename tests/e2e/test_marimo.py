@@ -2,10 +2,11 @@
 
 The app shows three analyses the ways the README gives: an ``Analysis`` as a cell's last
 expression (marimo turns its widget view into ``<marimo-anywidget>``), ``mo.ui.anywidget(...)``,
-and ``widget=True`` (displayed from inside the cell, calls streamed in). Each must render its tree
-and totals, the switches must reach the kernel (a click on "training" re-runs it there), and the
-view must follow marimo's dark theme although marimo draws it inside a shadow root, where the
-page's CSS cannot reach (``js/theme.ts``). Screenshots land in ``test-artifacts/``.
+and ``widget=True`` (displayed from inside the cell, calls streamed in); and ``mw.compare``'s
+view. Each must render its tree and totals, the switches must reach the kernel (a click on
+"training" re-runs it there), and the views must follow marimo's dark theme although marimo
+draws them inside a shadow root, where the page's CSS cannot reach (``js/theme.ts``).
+Screenshots land in ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -105,8 +106,11 @@ def test_widget_in_marimo(page: Any, marimo_url: str, artifacts: Path) -> None:
     page.set_viewport_size({"width": 1400, "height": 1300})
     page.emulate_media(color_scheme="light")
     page.goto(marimo_url)
-    views = page.locator(".mw-root")  # Playwright's CSS locators pierce open shadow roots
+    # Playwright's CSS locators pierce open shadow roots
+    views = page.locator(".mw-root:not(.mw-cmp)")
     expect(views).to_have_count(3, timeout=SLOW_MS)
+    comparison = page.locator(".mw-root.mw-cmp")
+    expect(comparison).to_contain_text("Sequential", timeout=SLOW_MS)
     gpt2, mlp, stream = views.nth(0), views.nth(1), views.nth(2)
     # marimo renders the widget, not the static text/html beside it
     assert page.locator(".meta-widget-fallback").count() == 0
@@ -146,9 +150,11 @@ def test_widget_in_marimo(page: Any, marimo_url: str, artifacts: Path) -> None:
     page.screenshot(path=str(artifacts / "marimo-light.png"), full_page=True)
     page.emulate_media(color_scheme="dark")
     expect(gpt2).to_have_class("mw-root mw-dark-vars", timeout=SLOW_MS)
+    expect(comparison).to_have_class("mw-root mw-cmp mw-dark-vars", timeout=SLOW_MS)
     wait_chart_labels(page, dark=True)
     bg = gpt2.evaluate("r => getComputedStyle(r).backgroundColor")
     fg = gpt2.locator(".mw-mname").first.evaluate("e => getComputedStyle(e).color")
     assert luminance(bg) < 0.3 < luminance(fg), (bg, fg)
     page.screenshot(path=str(artifacts / "marimo-dark.png"), full_page=True)
+    comparison.screenshot(path=str(artifacts / "marimo-compare-dark.png"))
     assert not [e for e in page.errors if "meta_widget" in e or "mw-" in e], page.errors
