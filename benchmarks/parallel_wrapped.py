@@ -1,6 +1,7 @@
 """Your own FSDP2 / tensor-parallel wrapping, traced as it stands: accuracy and memory.
 
-    python benchmarks/parallel_wrapped.py
+    python benchmarks/parallel_wrapped.py          # accuracy and memory (a few minutes)
+    python benchmarks/parallel_wrapped.py --big    # + Llama 70B wrapped by you, FSDP 64
 
 Accuracy: the model built on ``meta``, wrapped by the user's own code (``parallel_truth``:
 ``default_wrap``, blocks then root; ``with_settings``: ``reshard_after_forward=False``, bf16
@@ -19,6 +20,7 @@ the growth of the process's peak RSS and the seconds the analysis took.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -164,6 +166,64 @@ def real_shards() -> None:
     )
 
 
+_BIG = textwrap.dedent(
+    """
+    import json, resource, runpy, sys, time
+    import torch, torch.distributed as dist, transformers
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    import meta_widget as mw
+
+    n, wrapped = int(sys.argv[1]), sys.argv[2] == "wrapped"
+    config = runpy.run_path(sys.argv[3])["config"]
+    start = time.perf_counter()
+    if wrapped:  # the planning flow: built on meta, wrapped under the user's own fake group
+        dist.init_process_group("fake", rank=0, world_size=n, store=FakeStore())
+        mesh = init_device_mesh("cpu", (n,))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        a = mw.analyze(model, input_size=(1, 4096), mode="training")
+    else:
+        a = mw.analyze(config, input_size=(1, 4096), mode="training", parallel={"fsdp": n})
+    assert a.error is None, a.error
+    print(json.dumps([
+        time.perf_counter() - start,
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        a.peak_bytes,
+        int(a.comms.bytes.sum()),
+    ]))
+    """
+)
+
+
+def big() -> None:
+    """Llama-3-70B's shape (``examples/llama_70b.py``), 64 ranks: your wrapping vs parallel=."""
+    print()
+    print(
+        "| Llama 70B, FSDP 64, rank 0 | seconds | peak RSS, MiB | peak per GPU, GiB | comms, GiB |"
+    )
+    print("|---|---|---|---|---|")
+    config = str(ROOT / "examples" / "llama_70b.py")
+    for how in ("wrapped", "parallel="):
+        out = subprocess.run(
+            [sys.executable, "-c", _BIG, "64", how.rstrip("="), config],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        seconds, rss, peak, comms = json.loads(out.stdout.strip().splitlines()[-1])
+        print(
+            f"| {how} | {seconds:.0f} | {rss / MIB:.0f} | {peak / 2**30:.2f} | "
+            f"{comms / 2**30:.1f} |"
+        )
+
+
 if __name__ == "__main__":
     accuracy()
     real_shards()
+    if "--big" in sys.argv:
+        big()
