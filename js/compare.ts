@@ -36,7 +36,7 @@ export function decodeCompare(raw: unknown): ComparePayload | null {
 const TOTALS: [string, string, (n: number) => string][] = [
   ["total_params", "parameters", formatCount],
   ["total_flops", "FLOPs", formatFlops],
-  ["activation_bytes", "activation bytes", formatBytes],
+  ["activation_bytes", "allocated by forward", formatBytes],
   ["param_bytes", "parameter bytes", formatBytes],
   ["peak_bytes", "peak", formatBytes],
 ];
@@ -44,7 +44,7 @@ const TOTALS: [string, string, (n: number) => string][] = [
 const COLUMNS: [keyof CompareRow, string, (n: number) => string][] = [
   ["params", "params", formatCount],
   ["flops", "FLOPs", formatFlops],
-  ["activation_bytes", "activations", formatBytes],
+  ["activation_bytes", "output mem", formatBytes],
 ];
 
 /** `a → b (+d)`, or just `a` when equal. */
