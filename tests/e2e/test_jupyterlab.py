@@ -371,6 +371,63 @@ def test_saved_notebook_without_kernel(
         shutil.move(str(hidden), str(lab["kernel_dir"]))
 
 
+class RestoredStateDropped(AssertionError):
+    """Saving dropped the widget state restored from the notebook."""
+
+
+def wait_rewritten(path: Path, since: float) -> Any:
+    """Poll until ``path`` is written again after ``since`` (its mtime), then read it."""
+    import time
+
+    deadline = time.monotonic() + SLOW_MS / 1000
+    while path.stat().st_mtime <= since:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path.name} was not saved again")
+        time.sleep(0.2)
+    return nbformat.read(str(path), as_version=4)
+
+
+@pytest.mark.xfail(
+    raises=RestoredStateDropped,
+    strict=True,
+    reason="JupyterLab 4 + jupyterlab_widgets 5: saving a reopened notebook drops the widget state "
+    "it restored (jupyter-widgets/ipywidgets#3888, #3270); its outputs keep their text/html "
+    "fallback, which JupyterLab does not show in place of a missing model",
+)
+def test_reopen_run_a_cell_and_save_keeps_the_restored_widgets(
+    page: Any, jupyter_lab: dict[str, Any], artifacts: Path
+) -> None:
+    lab = jupyter_lab
+    saved = lab["root"] / "saved.ipynb"
+    if not saved.exists():
+        pytest.fail("test_stream_save_and_reopen did not leave its saved notebook")
+    again = lab["root"] / "resaved.ipynb"
+    shutil.copy(saved, again)
+    delete_sessions(lab)
+    page.set_viewport_size({"width": 1400, "height": 1400})
+    open_notebook(page, lab, again.name)
+    wait_idle(page)
+    wait_rendered(page, artifacts / "lab-resaved-failed.png")
+    # one run (the imports cell), then a save
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").first.click()
+    command(page, "notebook:run-cell")
+    wait_idle(page)
+    before = again.stat().st_mtime
+    command(page, "docmanager:save")
+    notebook = wait_rewritten(again, before)
+    state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    views = [
+        o["data"][WIDGET_VIEW]["model_id"]
+        for c in notebook.cells
+        for o in c.get("outputs", [])
+        if WIDGET_VIEW in o.get("data", {})
+    ]
+    assert views, "the saved outputs lost their widget views"
+    missing = [v for v in views if v not in state]
+    if missing:
+        raise RestoredStateDropped(f"saved without the models of {missing}")
+
+
 TUTORIAL = ROOT / "notebooks" / "01-meta-tensors-101.ipynb"
 
 
