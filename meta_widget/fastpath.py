@@ -2,19 +2,23 @@
 
 In inference (``eval()``, no autograd), ``nn.MultiheadAttention`` and
 ``nn.TransformerEncoderLayer`` leave their Python code for one fused kernel
-(``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``), which allocates less than
-the unfused layer. That path requires a real device (``cpu``/``cuda``) and no active function
-mode, so a meta trace never takes it and would overstate the peak (1.26× on a 4-layer encoder,
-2.7× on a bare attention layer). While tracing inference for ``device="cpu"`` or ``"cuda"``,
-:func:`patch_fast_paths` gives each such module an instance ``forward`` that, when PyTorch's own
-conditions for the fast path hold, runs the kernel's steps as ATen ops (each recorded like any
-other): for attention, the packed ``in_proj`` projection, ``scaled_dot_product_attention`` on the
-heads (the device's kernel, see :mod:`meta_widget.kernels`), the copy back to ``(B, T, D)`` and
-``out_proj``; for the encoder layer, that attention, the residual added in place, layer norms, and
-the feed-forward as ``addmm`` fused with its activation (``_addmm_activation``). Where the kernel
-would take another branch (a mask, head sizes not a multiple of 8, ``need_weights=True``), or
-PyTorch would not take the fast path (a user's forward hook on an encoder layer), the module's own
-``forward`` runs, as before. The undo step puts back what was there.
+(``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``), which allocates
+differently from the unfused layer. That path requires a real device (``cpu``/``cuda``) and no
+active function mode, so a meta trace never takes it. While tracing inference for
+``device="cpu"`` or ``"cuda"``, :func:`patch_fast_paths` gives each such module an instance
+``forward`` that, when PyTorch's own conditions for the fast path hold, runs the kernel's steps as
+ATen ops (each recorded like any other). The attention kernel has two branches, and the device
+decides: CUDA takes the SDPA branch (the packed ``in_proj`` projection, kept until
+``out_proj``; ``scaled_dot_product_attention`` on the heads, see :mod:`meta_widget.kernels`);
+the CPU always takes the math branch (PyTorch registers no CPU backend choice for it: the
+projection without its bias, a ``(3, B, H, T, Dh)`` heads buffer, the scores with the softmax in
+place, or into a new buffer under a padding mask, the context over the query heads, the heads
+made contiguous). The encoder layer adds the residual in place, layer norms, and the feed-forward
+as ``addmm`` fused with its activation (``_addmm_activation``). ``nn.TransformerEncoder`` with a
+padding mask packs the kept tokens into a nested tensor first (:mod:`meta_widget.nested`).
+Where the kernel would take another branch (``need_weights=True``, an attention mask), or PyTorch
+would not take the fast path (a user's forward hook on an encoder layer), the module's own
+``forward`` runs. The undo step puts back what was there.
 """
 
 from __future__ import annotations
