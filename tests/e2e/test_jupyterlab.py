@@ -174,6 +174,24 @@ def wait_saved(path: Path, n_payloads: int) -> Any:
         time.sleep(0.2)
 
 
+def widget_views(notebook: Any) -> list[str]:
+    """The model id of every widget view among ``notebook``'s outputs."""
+    return [
+        o["data"][WIDGET_VIEW]["model_id"]
+        for c in notebook.cells
+        for o in c.get("outputs", [])
+        if WIDGET_VIEW in o.get("data", {})
+    ]
+
+
+def saved_notebook(lab: dict[str, Any]) -> Path:
+    """The notebook ``test_stream_save_and_reopen`` saved, which the later tests reopen."""
+    saved: Path = lab["root"] / "saved.ipynb"
+    if not saved.exists():
+        pytest.fail("test_stream_save_and_reopen did not leave its saved notebook")
+    return saved
+
+
 def widget_rows(page: Any, nth: int) -> list[tuple[str, str]]:
     """(name, type) of the rows the nth widget shows, in row order."""
     rows = page.evaluate(
@@ -269,12 +287,7 @@ def test_stream_save_and_reopen(page: Any, jupyter_lab: dict[str, Any], artifact
     assert len(payloads) == 1, [m["model_name"] for m in state.values()]
     assert all(p["status"] == "done" for p in payloads)
     assert all(len(p["calls"]["module"]) == n_calls for p in payloads)
-    views = [
-        o["data"][WIDGET_VIEW]["model_id"]
-        for c in saved.cells
-        for o in c.get("outputs", [])
-        if WIDGET_VIEW in o.get("data", {})
-    ]
+    views = widget_views(saved)
     assert len(views) == 2 and len(set(views)) == 1 and all(v in state for v in views)
     # the output of `a` carries the static view too, for front ends without the widget, and so
     # does the output of widget=True (updated in place when its analysis ended)
@@ -342,9 +355,7 @@ def test_saved_notebook_without_kernel(
     page: Any, jupyter_lab: dict[str, Any], artifacts: Path
 ) -> None:
     lab = jupyter_lab
-    saved = lab["root"] / "saved.ipynb"
-    if not saved.exists():
-        pytest.fail("test_stream_save_and_reopen did not leave its saved notebook")
+    saved = saved_notebook(lab)
     delete_sessions(lab)
     page.set_viewport_size({"width": 1400, "height": 1400})
     # the only kernelspec removed: no kernel can start; the notebook opens with "No Kernel"
@@ -398,9 +409,7 @@ def test_reopen_run_a_cell_and_save_keeps_the_restored_widgets(
     page: Any, jupyter_lab: dict[str, Any], artifacts: Path
 ) -> None:
     lab = jupyter_lab
-    saved = lab["root"] / "saved.ipynb"
-    if not saved.exists():
-        pytest.fail("test_stream_save_and_reopen did not leave its saved notebook")
+    saved = saved_notebook(lab)
     again = lab["root"] / "resaved.ipynb"
     shutil.copy(saved, again)
     delete_sessions(lab)
@@ -416,12 +425,7 @@ def test_reopen_run_a_cell_and_save_keeps_the_restored_widgets(
     command(page, "docmanager:save")
     notebook = wait_rewritten(again, before)
     state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    views = [
-        o["data"][WIDGET_VIEW]["model_id"]
-        for c in notebook.cells
-        for o in c.get("outputs", [])
-        if WIDGET_VIEW in o.get("data", {})
-    ]
+    views = widget_views(notebook)
     assert views, "the saved outputs lost their widget views"
     missing = [v for v in views if v not in state]
     if missing:
