@@ -21,6 +21,7 @@ from .choices import Phase
 from .flatten import TensorInfo, describe_inputs, named_tensors
 from .records import CallRecord
 from .storage import StorageTracker, inner_tensors, on_meta, storage_key
+from .walk import ModuleWalk
 
 __all__ = ["CallStack", "Listener"]
 
@@ -37,7 +38,7 @@ _no_function_modes = torch._C.DisableTorchFunction
 
 
 class CallStack:
-    """The calls of ``module``'s submodules, as the hooks see them start and end.
+    """The calls of the walked modules, as the hooks see them start and end.
 
     ``calls`` holds every call in start order; ``stack`` the ones running (innermost last).
     ``tainted`` (the assumptions' set of storages with assumed shapes) marks outputs derived
@@ -46,7 +47,7 @@ class CallStack:
 
     def __init__(
         self,
-        module: torch.nn.Module,
+        modules: ModuleWalk,
         storage: StorageTracker,
         tainted: set[int],
         listeners: Sequence[Listener] = (),
@@ -63,12 +64,11 @@ class CallStack:
         self.thread = threading.get_ident()
         self._storage = storage
         self._tainted = tainted
-        self._rows = {id(m): i for i, m in enumerate(module.modules())}
-        self._types = {id(m): type(m).__name__ for m in module.modules()}
-        paths: dict[int, list[str]] = {}
-        for name, m in module.named_modules(remove_duplicate=False):
-            paths.setdefault(id(m), []).append(name)
-        self._paths = paths
+        self._rows = {id(m): i for i, m in enumerate(modules.modules)}
+        self._types = {id(m): type(m).__name__ for m in modules.modules}
+        self._paths = modules.paths
+        #: ``id`` of the modules whose end :meth:`post` sees, not :meth:`post_global`
+        self.own_hooks: set[int] = set()
         # activation checkpointing: forward calls by module row, and recomputations seen so far
         self._forward_calls: dict[int, list[int]] = {}
         self._recomputed: dict[int, int] = {}
@@ -106,11 +106,22 @@ class CallStack:
         stack.append(rec)
         self._ids.append(id(mod))
 
-    def post(
-        self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-    ) -> None:
-        """A forward hook (``always_call``): a call of ``mod`` ends, with ``output`` or an error."""
+    def post(self, mod: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """A forward hook (``always_call``): a call of ``mod`` ends, with ``output`` or an error.
+
+        Registered on each module that has forward hooks of its own (it runs after them, as the
+        module's own last hook); :meth:`post_global` serves the other modules.
+        """
         if threading.get_ident() != self.thread:
+            return
+        with _no_function_modes():
+            self._post(mod, output)
+
+    def post_global(self, mod: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """The global forward hook (``always_call``): :meth:`post` for every module without
+        hooks of its own (``own_hooks``), one registration instead of three hook tables per
+        module (~800 bytes each, kept by the module once grown)."""
+        if threading.get_ident() != self.thread or id(mod) in self.own_hooks:
             return
         with _no_function_modes():
             self._post(mod, output)

@@ -18,10 +18,14 @@ from typing import Any
 import torch
 from torch.utils import _device
 
+from .kernels import AttentionKernels
 from .sites import find_site, source_name
 from .undo import FunctionModes
 
 __all__ = ["DeviceLessFactories"]
+
+#: the functions whose tensors land on the default device (PyTorch's own set)
+_CONSTRUCTORS = _device._device_constructors()
 
 
 class DeviceLessFactories(_device.DeviceContext):
@@ -32,8 +36,11 @@ class DeviceLessFactories(_device.DeviceContext):
     file.py:LINE"`` to the number of tensors made there without a device.
     """
 
-    def __init__(self, device: str = "meta") -> None:
+    def __init__(self, device: str = "meta", kernels: AttentionKernels | None = None) -> None:
         super().__init__(device)
+        #: the attention (and dropout, RNN) kernels of the target device, routed in this mode
+        #: while it is on: a second mode would cost every torch call of the model 5 us more
+        self.kernels = kernels
         self.made: dict[str, int] = {}
         self._saved_device = _device.CURRENT_DEVICE
         self._saved_modes = FunctionModes()
@@ -46,9 +53,11 @@ class DeviceLessFactories(_device.DeviceContext):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if kwargs.get("device") is None and func in _device._device_constructors():
+        if kwargs.get("device") is None and func in _CONSTRUCTORS:
             kwargs["device"] = self.device
             self._count(func)
+        elif self.kernels is not None:
+            return self.kernels.route(func, args, kwargs)
         return func(*args, **kwargs)
 
     def _count(self, func: Any) -> None:

@@ -23,7 +23,7 @@ would not take the fast path (a user's forward hook on an encoder layer), the mo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -216,11 +216,11 @@ _PATCHES: dict[type[nn.Module], Callable[[Any, Callable[..., Any], str], Callabl
 }
 
 
-def patch_fast_paths(module: nn.Module, device: str, undo: Any) -> None:
-    """Give every attention and encoder layer of ``module`` the fast-path ``forward`` of
+def patch_fast_paths(modules: Sequence[nn.Module], device: str, undo: Any) -> None:
+    """Give every attention and encoder layer among ``modules`` the fast-path ``forward`` of
     ``device`` (an instance attribute); ``undo`` first gets the step putting back what each
     had."""
-    for m in module.modules():
+    for m in modules:
         patch = _PATCHES.get(type(m))
         if patch is None:
             continue

@@ -139,7 +139,11 @@ class AttentionKernels(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        kwargs = kwargs or {}
+        return self.route(func, args, kwargs or {})
+
+    def route(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call ``func`` as ``device`` runs it (``DeviceLessFactories`` calls this too, to route
+        a trace's calls in the same mode: one Python mode per torch call instead of two)."""
         if func is _SDPA:
             return self._attention(*args, **kwargs)
         if func is _MHA:

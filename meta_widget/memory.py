@@ -31,6 +31,7 @@ from .choices import Phase
 from .module_memory import ModuleMemory, module_memory
 from .storage import local
 from .units import DTYPE_BYTES
+from .walk import walk
 
 if TYPE_CHECKING:
     import torch
@@ -187,7 +188,10 @@ def category_timeline(trace: Trace, training: bool, static: dict[str, int]) -> d
     n = len(trace.events)
     deltas: dict[str, list[int]] = {c: [0] * n for c in CATEGORIES}
     for a in trace.allocations:
-        d = deltas.setdefault(category(a, trace, training), [0] * n)
+        c = category(a, trace, training)
+        d = deltas.get(c)
+        if d is None:  # not setdefault: its default, a list of n, was built for every allocation
+            d = deltas[c] = [0] * n
         if 0 <= a.event < n:
             d[a.event] += a.nbytes
         if 0 <= a.freed < n:
@@ -205,9 +209,10 @@ def memory_report(
     training: bool = False,
 ) -> MemoryReport:
     """Build the :class:`MemoryReport` of ``module`` run on ``inputs`` (``trace`` may be None)."""
-    params = list(module.parameters())
+    tree = walk(module)
+    params = [p for _, p in tree.parameters]
     params_by_dtype = unique_bytes(params)
-    buffers_by_dtype = unique_bytes(list(module.buffers()))
+    buffers_by_dtype = unique_bytes([b for _, b in tree.buffers])
     events = trace.events if trace is not None else []
     report = MemoryReport(
         param_bytes=sum(params_by_dtype.values()),
@@ -230,7 +235,7 @@ def memory_report(
     }
     report.peak_bytes = base
     report.categories = {c: static.get(c, 0) for c in CATEGORIES}
-    report.by_module = module_memory(module, trace)
+    report.by_module = module_memory(tree, trace)
     if not events or trace is None:
         return report
     i = max(range(len(events)), key=lambda k: events[k].live_bytes)

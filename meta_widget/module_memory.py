@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
     from .passes import Trace
+    from .walk import ModuleWalk
 
 __all__ = ["ModuleMemory", "module_memory"]
 
@@ -61,14 +60,14 @@ class ModuleMemory:
         return out
 
 
-def module_memory(module: torch.nn.Module, trace: Trace | None = None) -> ModuleMemory:
-    """What each module of ``module`` owns (see the module docstring) after the training step
+def module_memory(tree: ModuleWalk, trace: Trace | None = None) -> ModuleMemory:
+    """What each module of ``tree`` owns (see the module docstring) after the training step
     recorded in ``trace`` (None, or an inference trace: no gradients, no optimizer state).
 
     The gradients and optimizer state are the storages alive when the step ends, as
     ``MemoryReport.gradient_bytes`` and ``optimizer_state_bytes`` count them.
     """
-    rows = {path: i for i, (path, _) in enumerate(module.named_modules())}
+    rows = {path: i for i, path in enumerate(tree.names)}
     n = len(rows)
     out = ModuleMemory([0] * n, [0] * n, [0] * n, [0] * n)
 
@@ -76,7 +75,7 @@ def module_memory(module: torch.nn.Module, trace: Trace | None = None) -> Module
         # a name no module path matches (a wrapper renamed it) goes to the root: nothing is lost
         return rows.get(name.rpartition(".")[0], 0)
 
-    for name, p in module.named_parameters():
+    for name, p in tree.parameters:
         i = owner(name)
         out.param_bytes[i] += p.numel() * p.element_size()
         if p.is_floating_point():

@@ -40,6 +40,7 @@ from .recorder import Recorder
 from .records import Allocation, CallRecord, Event
 from .storage import local, on_meta, storage_key
 from .undo import FunctionModes, Undo, interrupt_behind
+from .walk import ModuleWalk
 
 OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
     Optimizer.ADAMW: lambda ps: torch.optim.AdamW(ps, foreach=False),
@@ -162,8 +163,9 @@ def trace(
     )
     run.micro_batches = micro_batches
     start = time.perf_counter()
-    params = [p for p in module.parameters() if p.requires_grad]
-    run.param_names = {id(p): name for name, p in module.named_parameters()}
+    tree = recorder.walk
+    params = [p for _, p in tree.parameters if p.requires_grad]
+    run.param_names = {id(p): name for name, p in tree.parameters}
 
     def step(saved: _SavedTensorsHooks) -> None:
         run.step(module, args, kwargs, training, optimizer, loss, params, on_phase, saved)
@@ -174,8 +176,8 @@ def trace(
     # CPython leaves the entry of a nested ``try`` outside the enclosing handler.
     try:
         try:
-            _claim(module, undo)
-            _keep_state(module, params, undo)
+            _claim(tree, undo)
+            _keep_state(tree.modules, params, undo)
             run.exception = _setup_and_run(run, undo, training, checkpointed, device, step, attach)
         finally:
             undo.run()
@@ -221,11 +223,11 @@ def _setup_and_run(
         run.recorder.root.train(training)
         _patch_forwards(checkpointed if training else (), device, undo)
         if not training and device != "math":  # the fused inference kernels a device runs
-            patch_fast_paths(run.recorder.root, device, undo)
+            patch_fast_paths(run.recorder.walk.modules, device, undo)
         undo.add(FunctionModes().restore)
+        if device != "math":  # routed by the factories' mode: one mode, not two
+            run.factories.kernels = AttentionKernels(device)
         run.factories.enter(undo)  # device-less tensors of the model's code land on meta
-        if device != "math":
-            AttentionKernels(device).__enter__()
         _set_grad_enabled(training, undo)
         saved = _SavedTensorsHooks(undo)
         run.recorder.open(undo)
@@ -366,10 +368,10 @@ class ConcurrentTraceError(MetaWidgetError, RuntimeError):
 _claims: dict[int, int] = {}
 
 
-def _claim(module: torch.nn.Module, undo: Undo) -> None:
-    """Mark every module of ``module`` as being traced, or raise if a running trace has one."""
+def _claim(tree: ModuleWalk, undo: Undo) -> None:
+    """Mark every module of ``tree`` as being traced, or raise if a running trace has one."""
     token = id(undo)
-    ids = [id(m) for m in module.modules()]
+    ids = [id(m) for m in tree.modules]
 
     def release() -> None:
         for i in ids:
@@ -379,20 +381,23 @@ def _claim(module: torch.nn.Module, undo: Undo) -> None:
     undo.add(release)
     for i in ids:
         if _claims.setdefault(i, token) != token:
-            name = next((n for n, m in module.named_modules() if id(m) == i), "")
+            name = tree.paths[i][0]
             where = f" (its module {name!r})" if name else ""
+            root = type(tree.modules[0]).__name__
             raise ConcurrentTraceError(
-                f"{type(module).__name__}{where} is being analyzed already, by another thread "
+                f"{root}{where} is being analyzed already, by another thread "
                 "(or by a listener of the same analysis). One module cannot be traced twice at "
                 "once: its training flags and gradients would be shared. Analyze it again once "
                 "the other analysis returns, or give each thread its own model."
             )
 
 
-def _keep_state(module: torch.nn.Module, params: list[torch.nn.Parameter], undo: Undo) -> None:
+def _keep_state(
+    modules: list[torch.nn.Module], params: list[torch.nn.Parameter], undo: Undo
+) -> None:
     """Register restoring ``training`` flags and gradients: a user's meta module is left as it
     was (the forward, backward and optimizer step change both)."""
-    flags = [(m, m.training) for m in module.modules()]
+    flags = [(m, m.training) for m in modules]
     grads = [(p, p.grad) for p in params]
 
     def restore() -> None:

@@ -81,20 +81,13 @@ def _is_module(obj: Any) -> bool:
 
 def all_on_meta(module: torch.nn.Module) -> bool:
     """True when every parameter, buffer and direct tensor attribute of ``module`` is on meta."""
-    return all(t.is_meta for t in _tensors(module))
-
-
-def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    for m in module.modules():
-        found.extend(p for p in m._parameters.values() if p is not None)
-        found.extend(b for b in m._buffers.values() if b is not None)
-        found.extend(
-            v
-            for k, v in vars(m).items()
-            if isinstance(v, torch.Tensor) and k not in ("_parameters", "_buffers")
-        )
-    return found
+    tensor = torch.Tensor
+    for m in module.modules():  # plain loops: this runs before every analysis
+        for table in (m._parameters, m._buffers, vars(m)):
+            for t in table.values():
+                if isinstance(t, tensor) and not t.is_meta:
+                    return False
+    return True
 
 
 #: the most objects (containers, plain objects) the search for tensors visits in a module's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -136,6 +137,34 @@ def test_the_users_module_is_left_as_it_was(training: bool) -> None:
     b = mw.analyze(failing, input_size=(2, 4))
     assert b.error is not None
     assert _state(failing) == before
+
+
+def _hook_tables(model: nn.Module) -> list[tuple[int, ...]]:
+    return [
+        tuple(
+            sys.getsizeof(t)
+            for t in (
+                m._forward_pre_hooks,
+                m._forward_pre_hooks_with_kwargs,
+                m._forward_hooks,
+                m._forward_hooks_with_kwargs,
+                m._forward_hooks_always_called,
+            )
+        )
+        for m in model.modules()
+    ]
+
+
+def test_the_hook_tables_give_their_memory_back() -> None:
+    # CPython never shrinks a dict: emptied, a hook table kept ~1 KB per module (110 MiB on a
+    # 100,000-module model) after the analysis, held by the user's modules
+    with torch.device("meta"):
+        model = nn.Sequential(*(nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(3)))
+    mine = model[1].register_forward_hook(lambda *_: None)
+    before = _hook_tables(model)
+    assert mw.analyze(model, input_size=(2, 4)).error is None
+    assert _hook_tables(model) == before
+    assert list(model[1]._forward_hooks) == [mine.id]  # the user's own hook stays
 
 
 def test_a_meta_module_of_the_user_is_restored_too() -> None:

@@ -89,6 +89,7 @@ _WATCHED = (
     ("torch/utils/_device.py", ""),
     ("torch/utils/hooks.py", "RemovableHandle."),
     ("torch/nn/modules/module.py", "Module.register_forward"),
+    ("torch/nn/modules/module.py", "register_module_forward_hook"),
     ("torch/nn/modules/module.py", "Module.train"),
 )
 _watched: dict[CodeType, bool] = {}

