@@ -139,9 +139,13 @@ class Wrapping:
 
 def is_wrapped(module: nn.Module) -> bool:
     """True when ``module`` (or one inside it) is an FSDP2 module or has a DTensor parameter."""
-    return any(isinstance(m, FSDPModule) for m in module.modules()) or any(
-        isinstance(p, DTensor) for p in module.parameters()
-    )
+    for m in module.modules():  # one walk: this runs before every analysis once DTensor loads
+        if isinstance(m, FSDPModule):
+            return True
+        for p in m._parameters.values():
+            if isinstance(p, DTensor):
+                return True
+    return False
 
 
 def read_wrapping(module: nn.Module) -> Wrapping:

@@ -167,6 +167,20 @@ def test_the_hook_tables_give_their_memory_back() -> None:
     assert list(model[1]._forward_hooks) == [mine.id]  # the user's own hook stays
 
 
+def test_a_users_forward_hook_is_seen_before_the_call_ends() -> None:
+    # the recorder's end-of-call hook runs after the module's own hooks: the recorded output is
+    # what the hook returned (6 features made 9), as the model's next module receives it
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(9, 2))
+    model[0].register_forward_hook(lambda m, args, out: out[:, :3].repeat(1, 3))
+    a = mw.analyze(model, input_size=(5, 4))
+    assert a.error is None
+    (linear,) = a["0"].calls
+    assert [info.shape for _, info in linear.outputs] == [(5, 9)]
+    assert linear.activation_bytes == 5 * 9 * 4  # the hook's tensor
+    assert [info.shape for _, info in a["1"].calls[0].outputs] == [(5, 9)]
+
+
 def test_a_meta_module_of_the_user_is_restored_too() -> None:
     with torch.device("meta"):
         model = Failing("item")
