@@ -36,11 +36,11 @@ class DeviceLessFactories(_device.DeviceContext):
     file.py:LINE"`` to the number of tensors made there without a device.
     """
 
-    def __init__(self, device: str = "meta", kernels: AttentionKernels | None = None) -> None:
+    def __init__(self, device: str = "meta") -> None:
         super().__init__(device)
         #: the attention (and dropout, RNN) kernels of the target device, routed in this mode
-        #: while it is on: a second mode would cost every torch call of the model 5 us more
-        self.kernels = kernels
+        #: while it is on (set by the trace): a second mode would cost every torch call 5 us more
+        self.kernels: AttentionKernels | None = None
         self.made: dict[str, int] = {}
         self._saved_device = _device.CURRENT_DEVICE
         self._saved_modes = FunctionModes()
