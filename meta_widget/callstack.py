@@ -156,7 +156,7 @@ class CallStack:
             if isinstance(output, torch.Tensor)
             else list(named_tensors(output, caches=not self.stack))
         )
-        rec.outputs = [(name, TensorInfo.of(t)) for name, t in named]
+        rec.outputs = [TensorInfo.named(name, t) for name, t in named]
         keys = {storage_key(x) for _, t in named for x in inner_tensors(t) if on_meta(x)}
         rec.activation_bytes = self._storage.new_bytes(keys, rec.start_event)
         if self._tainted and not keys.isdisjoint(self._tainted):

@@ -22,10 +22,30 @@ class TensorInfo(NamedTuple):
         dtype = _DTYPE_NAMES.get(t.dtype)
         if dtype is None:
             dtype = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
-        return TensorInfo(tuple(t.shape), dtype, tuple(t.stride()), t.requires_grad)
+        return shared(TensorInfo(tuple(t.shape), dtype, tuple(t.stride()), t.requires_grad))
+
+    @staticmethod
+    def named(name: str, t: torch.Tensor) -> tuple[str, TensorInfo]:
+        """``(name, TensorInfo.of(t))``, shared like :func:`shared`."""
+        return shared((name, TensorInfo.of(t)))
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+#: equal summaries, kept once (see :func:`shared`); emptied when it holds ``_SHARED_LIMIT``
+_SHARED: dict[Any, Any] = {}
+_SHARED_LIMIT = 100_000
+
+
+def shared(value: Any) -> Any:
+    """The one kept instance of an immutable summary equal to ``value`` (``value`` if new).
+
+    A model's calls see few distinct shapes: the 25,000 calls of 5,000 blocks recorded 14,000
+    tensor summaries, each with a shape and a stride tuple and a ``(name, summary)`` pair, half
+    the objects an analysis kept (and the garbage collector then walked). Shared, they are a few.
+    """
+    if len(_SHARED) >= _SHARED_LIMIT:
+        _SHARED.clear()
+    return _SHARED.setdefault(value, value)
 
 
 def _cache_like(value: Any) -> bool:
@@ -69,7 +89,7 @@ def named_tensors(
 
 
 def describe(value: Any, prefix: str = "", caches: bool = True) -> list[tuple[str, TensorInfo]]:
-    return [(name, TensorInfo.of(t)) for name, t in named_tensors(value, prefix, 0, caches)]
+    return [TensorInfo.named(name, t) for name, t in named_tensors(value, prefix, 0, caches)]
 
 
 def describe_inputs(
@@ -79,7 +99,7 @@ def describe_inputs(
     only where it enters and leaves the model (``caches`` at the root call): flattening it in
     each of 80 layers would cost 80 x 160 entries and say nothing new."""
     if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):  # the common case
-        return [("args[0]", TensorInfo.of(args[0]))]
+        return [TensorInfo.named("args[0]", args[0])]
     found = describe(args, "args", caches) if args else []
     if kwargs:
         found.extend(describe(kwargs, "", caches))

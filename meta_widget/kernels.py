@@ -130,6 +130,8 @@ class AttentionKernels(TorchFunctionMode):
             raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
         super().__init__()
         self.device = device
+        #: the trace's :class:`~meta_widget.replay.AttentionTapes` (set while it runs), or None
+        self.tapes: Any = None
         self._mha: Callable[..., Any] | None = None
 
     def __torch_function__(
@@ -145,6 +147,8 @@ class AttentionKernels(TorchFunctionMode):
         """Call ``func`` as ``device`` runs it (``DeviceLessFactories`` calls this too, to route
         a trace's calls in the same mode: one Python mode per torch call instead of two)."""
         if func is _SDPA:
+            if self.tapes is not None:  # replayed when called before on the same metadata
+                return self.tapes.call(_SDPA, self._attention, args, kwargs)
             return self._attention(*args, **kwargs)
         if func is _MHA:
             return self._multi_head_attention(*args, **kwargs)
@@ -163,7 +167,7 @@ class AttentionKernels(TorchFunctionMode):
         if self._mha is None:
             namespace = dict(_MHA.__globals__)
             namespace["has_torch_function"] = lambda *_: False  # already handled: here
-            namespace["scaled_dot_product_attention"] = self._attention
+            namespace["scaled_dot_product_attention"] = lambda *a, **k: self.route(_SDPA, a, k)
             if self.device == "cuda":
                 namespace["dropout"] = functools.partial(_cuda_dropout, torch.nn.functional.dropout)
             self._mha = types.FunctionType(

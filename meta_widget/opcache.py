@@ -32,11 +32,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-__all__ = ["CacheStats", "OpCache", "static_bypass"]
+__all__ = ["CacheStats", "OpCache", "key_parts", "static_bypass"]
 
 #: not ``torch.ops.aten.empty_strided``: called inside a dispatch mode, an op overload costs
 #: 45 us, the torch function 9 us
@@ -67,26 +67,28 @@ OUTPUT = "output"
 
 @dataclass
 class CacheStats:
-    """What the op cache did in one trace: every aten op the recorder saw is one of
+    """What the fast path did in one trace: every aten op of the model is one of
 
     ``hits`` (outputs rebuilt from the cache, the kernel skipped), ``misses`` (run, and
-    recorded for next time) or ``bypassed`` (run, not cacheable; counted by reason, see
-    :mod:`meta_widget.opcache`).
+    recorded for next time), ``bypassed`` (run, not cacheable; counted by reason, see
+    :mod:`meta_widget.opcache`) or ``replayed`` (inside an attention call replayed whole from
+    the tape of an earlier call, see :mod:`meta_widget.replay`: neither run nor recorded).
     """
 
     hits: int = 0
     misses: int = 0
     bypassed: dict[str, int] = field(default_factory=dict)
+    replayed: int = 0
 
     @property
     def ops(self) -> int:
-        """Every aten op seen."""
-        return self.hits + self.misses + sum(self.bypassed.values())
+        """Every aten op of the trace (the replayed ones counted as they ran the first time)."""
+        return self.hits + self.misses + sum(self.bypassed.values()) + self.replayed
 
     @property
     def hit_rate(self) -> float:
-        """``hits / ops`` (0.0 when no op ran)."""
-        return self.hits / self.ops if self.ops else 0.0
+        """``(hits + replayed) / ops``: the share of ops whose kernel was skipped (0.0: none)."""
+        return (self.hits + self.replayed) / self.ops if self.ops else 0.0
 
     def bypass(self, reason: str) -> None:
         self.bypassed[reason] = self.bypassed.get(reason, 0) + 1
@@ -146,24 +148,44 @@ def _make(spec: _Spec, args: tuple[Any, ...]) -> Any:
 
 
 class OpCache:
-    """Cached outputs of aten ops by (op, argument metadata), for one trace.
+    """Cached outputs of aten ops by (op, kernel, FLOP formula, argument metadata).
 
     :meth:`key` gives an op call's key (None: bypassed, counted); :meth:`lookup` the cached
     outputs of a key (None: a miss, counted); :meth:`fill` records what a missed op returned.
+
+    The entries are shared by every trace of the process, as ``FakeTensorMode``'s dispatch
+    cache is (a class attribute): a key names everything its outputs follow from (the op, the
+    kernel the recorder runs for it, the formula that counts its FLOPs, the metadata and values
+    of its arguments), so an entry holds for any trace. A re-analysis (the widget's switches, a
+    sweep, the next cell) runs no meta kernel it has run before. ``stats`` is this trace's.
     """
+
+    #: entries of every trace, by key; emptied when it holds ``limit`` of them
+    entries: ClassVar[dict[Any, _Entry | str]] = {}
+    limit: ClassVar[int] = 50_000
 
     def __init__(self) -> None:
         self.stats = CacheStats()
-        self._entries: dict[Any, _Entry | str] = {}
+        if len(self.entries) >= self.limit:
+            self.entries.clear()
+        self._entries = self.entries
 
-    def key(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The key of one call of ``func``, or None (the bypass reason is counted)."""
-        parts: list[Any] = [func]
-        reason = _describe(args, parts)
+    def key(
+        self,
+        func: Any,
+        kernel: Any,
+        flops: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """The key of one call of ``func`` run by ``kernel`` and counted by ``flops`` (its
+        FLOP formula, or None), or None (the bypass reason is counted)."""
+        parts: list[Any] = [func, kernel, flops]
+        reason = key_parts(args, parts)
         if reason is None and kwargs:
             for name, value in kwargs.items():
                 parts.append(name)
-                reason = _describe((value,), parts)
+                reason = key_parts((value,), parts)
                 if reason is not None:
                     break
         if reason is not None:
@@ -195,7 +217,7 @@ class OpCache:
         self._entries[key] = OUTPUT if specs is None else _Entry(tuple(specs), container, flops)
 
 
-def _describe(values: tuple[Any, ...] | list[Any], parts: list[Any]) -> str | None:
+def key_parts(values: tuple[Any, ...] | list[Any], parts: list[Any]) -> str | None:
     """Append the key parts of ``values`` to ``parts``; the bypass reason if one has none."""
     for v in values:
         if isinstance(v, torch.Tensor):
@@ -208,7 +230,7 @@ def _describe(values: tuple[Any, ...] | list[Any], parts: list[Any]) -> str | No
             parts.append(None)
         elif isinstance(v, (tuple, list)):
             parts.append((type(v), len(v)))
-            reason = _describe(v, parts)
+            reason = key_parts(v, parts)
             if reason is not None:
                 return reason
         else:

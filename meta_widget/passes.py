@@ -38,6 +38,7 @@ from .kernels import WORKSPACES, AttentionKernels
 from .opcache import CacheStats
 from .recorder import Recorder
 from .records import Allocation, CallRecord, Event
+from .replay import AttentionTapes
 from .storage import local, on_meta, storage_key
 from .undo import FunctionModes, Undo, interrupt_behind
 from .walk import ModuleWalk
@@ -227,6 +228,8 @@ def _setup_and_run(
         undo.add(FunctionModes().restore)
         if device != "math":  # routed by the factories' mode: one mode, not two
             run.factories.kernels = AttentionKernels(device)
+            if not training and run.autocast is None and run.recorder.cache is not None:
+                run.factories.kernels.tapes = AttentionTapes(run.recorder)
         run.factories.enter(undo)  # device-less tensors of the model's code land on meta
         _set_grad_enabled(training, undo)
         saved = _SavedTensorsHooks(undo)

@@ -256,7 +256,7 @@ class Recorder:
         key = hit = None
         if cache is not None:
             if plan.uncached is None:
-                key = cache.key(func, args, kwargs)
+                key = cache.key(func, plan.run, plan.flops, args, kwargs)
                 if key is not None:
                     hit = cache.lookup(key)
             else:

@@ -91,14 +91,22 @@ class StorageTracker:
 
     def _allocate(self, st: Any, n: int, op: str, call: CallRecord | None, backward: bool) -> None:
         key = st._cdata
+        alloc = self.allocated(key, n, op, call, backward)
+        self._live[key] = (alloc, weakref.ref(st, partial(self._free, key)))
+
+    def allocated(
+        self, key: int, n: int, op: str, call: CallRecord | None, backward: bool = False
+    ) -> Allocation:
+        """Note an allocation of ``n`` bytes by ``op``. Its free is not watched: the caller notes
+        it with :meth:`freed` (a replayed tape does, ``meta_widget.replay``; ``key`` -1)."""
         index = call.index if call is not None else -1
         alloc = Allocation(key, n, len(self.events), index, self.phase)
         self.allocations.append(alloc)
-        self._live[key] = (alloc, weakref.ref(st, partial(self._free, key)))
         self.live_bytes += n
         if call is not None and not backward:
             call.alloc_bytes += n
         self.events.append(Event(n, self.live_bytes, index, op, self.phase))
+        return alloc
 
     def track_output(self, out: Any, op: str, call: CallRecord | None, backward: bool) -> None:
         """:meth:`track` each tensor an op returned (a tensor, or a tuple/list of them)."""
@@ -126,9 +134,10 @@ class StorageTracker:
         if not self.active:
             return
         owner = self._free_owner()
-        self._freed(entry[0], owner.index if owner is not None else -1)
+        self.freed(entry[0], owner.index if owner is not None else -1)
 
-    def _freed(self, alloc: Allocation, call: int) -> None:
+    def freed(self, alloc: Allocation, call: int) -> None:
+        """Note the free of ``alloc``, in call ``call`` (its index, -1 for none)."""
         alloc.freed = len(self.events)
         self.live_bytes -= alloc.nbytes
         self.events.append(Event(-alloc.nbytes, self.live_bytes, call, "free", self.phase))
@@ -141,7 +150,7 @@ class StorageTracker:
             return
         entry = self._live.pop(st._cdata, None)
         if entry is not None:
-            self._freed(entry[0], call.index if call is not None else -1)
+            self.freed(entry[0], call.index if call is not None else -1)
         n = st.nbytes()
         if n:
             self._allocate(st, n, op, call, backward)

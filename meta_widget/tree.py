@@ -103,7 +103,7 @@ def build_tree(module: torch.nn.Module) -> list[ModuleNode]:
                 float_params=sum(n for n, _, fl, _ in info if fl),
                 buffer_bytes=sum(buffers[k] for k in bs),
                 own_params=[
-                    (n, TensorInfo.of(p)) for n, p in m._parameters.items() if p is not None
+                    TensorInfo.named(n, p) for n, p in m._parameters.items() if p is not None
                 ],
             )
         )

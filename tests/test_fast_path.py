@@ -28,6 +28,7 @@ from models import (
     t5_config,
 )
 from torch import nn
+from torch.nn import functional as F
 
 import meta_widget as mw
 from meta_widget.options import OptionTypeError
@@ -316,7 +317,42 @@ class ReadsValues(nn.Module):
         return x
 
 
+class GroupedAttention(nn.Module):
+    """Grouped-query attention in fp32 (CUDA runs the math path: ~30 aten ops a call, replayed
+    when called again on the same metadata), with what a replay must tell apart: a causal mask
+    every other layer, a float mask, a bool mask, another sequence length, a contiguous and a
+    transposed key, dropout in training."""
+
+    def __init__(self, n: int = 8) -> None:
+        super().__init__()
+        self.qkv = nn.ModuleList(nn.Linear(16, 32) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        bias = torch.zeros(t, t)
+        keep = torch.ones(t, t, dtype=torch.bool).tril()
+        for i, proj in enumerate(self.qkv):
+            qkv = proj(x if i % 3 else x[:, : t - 1])
+            q = qkv[..., :16].unflatten(-1, (4, 4)).transpose(1, 2)
+            k, v = (qkv[..., s : s + 8].unflatten(-1, (2, 4)).transpose(1, 2) for s in (16, 24))
+            if i % 4 == 1:
+                k = k.contiguous()
+            mask = (None, bias, keep, None)[i % 4] if i % 3 else None
+            y = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=mask is None and i % 2 == 0,
+                dropout_p=0.1 if self.training else 0.0,
+                enable_gqa=True,
+            )
+            x = x + y.transpose(1, 2).flatten(2).sum() if i % 3 else x
+        return x
+
+
 BROKEN: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]] = {
+    "grouped-query attention": (GroupedAttention, {"input_size": (2, 6, 16)}),
     "sliding every other layer": (Stack, {"input_size": (2, 10, 16)}),
     "shared weights, different shapes": (SharedShapes, {"input_size": (4, 8)}),
     "views, in-place, out=, scalars": (Aliasing, {"input_size": (4, 8)}),
@@ -338,9 +374,18 @@ def test_models_built_to_break_the_cache_record_the_same(name: str, mode: str) -
     a = assert_same(build, mode=mode, **inputs)
     assert a.error is None, a.error
     stats = a.fast_path
-    assert stats is not None and stats.ops == stats.hits + stats.misses + sum(
+    assert stats is not None and stats.ops == stats.hits + stats.misses + stats.replayed + sum(
         stats.bypassed.values()
     )
+
+
+def test_attention_calls_on_the_same_metadata_are_replayed() -> None:
+    """Inference: later attention calls on a key seen before are replayed (the records the same,
+    as the test above shows); training runs each one (a backward needs its autograd graph)."""
+    stats = mw.analyze(GroupedAttention(), input_size=(2, 6, 16)).fast_path
+    assert stats is not None and stats.replayed >= 30, stats
+    stats = mw.analyze(GroupedAttention(), input_size=(2, 6, 16), mode="training").fast_path
+    assert stats is not None and stats.replayed == 0, stats
 
 
 def test_bypass_reasons_are_counted() -> None:
@@ -361,3 +406,17 @@ def test_the_switch_is_validated() -> None:
     a = mw.analyze(nn.Linear(2, 2), input_size=(1, 2), fast=False)
     assert a.fast_path is None
     assert a.rerun(fast=True).fast_path is not None
+
+
+def test_a_second_analysis_runs_no_kernel_the_first_ran() -> None:
+    """The op cache is the process's: a re-analysis (the widget's switches, a sweep) misses
+    nothing the first analysis ran, and records the same as a run without the cache."""
+    build, kwargs = CORPUS["gpt2"]
+    model = build()
+    first = mw.analyze(model, **kwargs)
+    again = mw.analyze(model, **kwargs)
+    assert again.fast_path is not None and again.fast_path.misses == 0, again.fast_path
+    assert again.fast_path.hits > 0
+    slow = snapshot(mw.analyze(model, fast=False, **kwargs))
+    assert snapshot(first) == slow
+    assert snapshot(again) == slow
