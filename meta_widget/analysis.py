@@ -57,6 +57,7 @@ from .summary import render_summary
 from .tree import ModuleNode, build_tree
 from .undo import Undo
 from .units import format_bytes, format_count, format_flops
+from .walk import walk
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -639,7 +640,8 @@ def _pipeline(
     )
     # a re-run's meta model keeps its notes: each note once
     notes = list(dict.fromkeys([*meta.notes, *inputs.notes, *options.input_notes, *given_notes]))
-    nodes = build_tree(module)
+    tree = walk(module)  # one walk for the tree and the trace
+    nodes = build_tree(module, tree)
     input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
     view = _resolve_widget(widget, options)
     stream = None
@@ -671,7 +673,12 @@ def _pipeline(
 
         if not parallel:
             result = trace(
-                module, inputs.args, inputs.kwargs, checkpointed=checkpointed(module), **common
+                module,
+                inputs.args,
+                inputs.kwargs,
+                checkpointed=checkpointed(module),
+                tree=tree,
+                **common,
             )
         else:  # parallel=, or a model the user wrapped (FSDP2 / tensor parallelism) as it is
             world = heavy.wrapped().world_for(options.parallel, meta.wrapping)

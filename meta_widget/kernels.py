@@ -55,6 +55,12 @@ _SDPA = torch._C._nn.scaled_dot_product_attention
 _MHA = torch.nn.functional.multi_head_attention_forward
 _DROPOUTS = (torch.nn.functional.dropout, torch.dropout)
 _HALF = (torch.float16, torch.bfloat16)
+#: functions a trace may replay from the tape of an earlier call (``meta_widget.replay``):
+#: attention (the math path is ~30 aten ops), linear and matmul (up to four: a transpose, views,
+#: the product)
+TAPED = frozenset(
+    {_SDPA, torch._C._nn.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__}
+)
 
 
 def _cpu_flash_flops(q: Any, k: Any, v: Any, *args: Any, out_val: Any = None, **kw: Any) -> int:
@@ -130,7 +136,7 @@ class AttentionKernels(TorchFunctionMode):
             raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
         super().__init__()
         self.device = device
-        #: the trace's :class:`~meta_widget.replay.AttentionTapes` (set while it runs), or None
+        #: the trace's :class:`~meta_widget.replay.Tapes` (set while it runs), or None
         self.tapes: Any = None
         self._mha: Callable[..., Any] | None = None
 
@@ -146,9 +152,9 @@ class AttentionKernels(TorchFunctionMode):
     def route(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call ``func`` as ``device`` runs it (``DeviceLessFactories`` calls this too, to route
         a trace's calls in the same mode: one Python mode per torch call instead of two)."""
+        if self.tapes is not None and func in TAPED:  # replayed if seen on this metadata
+            return self.tapes.call(func, self._attention if func is _SDPA else func, args, kwargs)
         if func is _SDPA:
-            if self.tapes is not None:  # replayed when called before on the same metadata
-                return self.tapes.call(_SDPA, self._attention, args, kwargs)
             return self._attention(*args, **kwargs)
         if func is _MHA:
             return self._multi_head_attention(*args, **kwargs)

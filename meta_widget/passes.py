@@ -38,7 +38,7 @@ from .kernels import WORKSPACES, AttentionKernels
 from .opcache import CacheStats
 from .recorder import Recorder
 from .records import Allocation, CallRecord, Event
-from .replay import AttentionTapes
+from .replay import Tapes
 from .storage import local, on_meta, storage_key
 from .undo import FunctionModes, Undo, interrupt_behind
 from .walk import ModuleWalk
@@ -115,6 +115,7 @@ def trace(
     fast: bool = True,
     attach: Callable[[Recorder, Undo], None] | None = None,
     default_device: str = "meta",
+    tree: ModuleWalk | None = None,
 ) -> Trace:
     """Run the pass once under a :class:`Recorder` and return what it saw.
 
@@ -131,7 +132,8 @@ def trace(
     ``attach(recorder, undo)`` is called once the recorder is open, to add to it (a parallel
     trace watches collectives and storage resizes); ``undo`` takes the steps undoing that.
     ``default_device``: where tensors the model makes without a device land (``factories``;
-    a parallel trace's fake tensors stand for CPU tensors: ``"cpu"``).
+    a parallel trace's fake tensors stand for CPU tensors: ``"cpu"``). ``tree``: ``module``'s
+    walk (``meta_widget.walk``), if the caller made it already.
 
     Every change made to global or user state is undone before returning, on every path, and
     an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
@@ -156,6 +158,7 @@ def trace(
         tag_grad_nodes=training,
         fast=fast,
         workspaces=WORKSPACES.get(device),
+        tree=tree,
     )
     run = _Run(
         recorder,
@@ -229,7 +232,7 @@ def _setup_and_run(
         if device != "math":  # routed by the factories' mode: one mode, not two
             run.factories.kernels = AttentionKernels(device)
             if not training and run.autocast is None and run.recorder.cache is not None:
-                run.factories.kernels.tapes = AttentionTapes(run.recorder)
+                run.factories.kernels.tapes = Tapes(run.recorder)
         run.factories.enter(undo)  # device-less tensors of the model's code land on meta
         _set_grad_enabled(training, undo)
         saved = _SavedTensorsHooks(undo)

@@ -41,7 +41,7 @@ from .opcache import DECOMPOSED, OpCache, static_bypass
 from .records import CallRecord
 from .storage import StorageTracker, local
 from .undo import DispatchModes, Undo
-from .walk import walk
+from .walk import ModuleWalk, walk
 
 __all__ = ["Listener", "OpPlan", "Recorder"]
 
@@ -119,10 +119,12 @@ class Recorder:
         tag_grad_nodes: bool = False,
         fast: bool = True,
         workspaces: Mapping[Any, Callable[..., int]] | None = None,
+        tree: ModuleWalk | None = None,
     ) -> None:
         self.root = module
-        #: the module tree as it is when the recorder is made (hooks go on these modules)
-        self.walk = walk(module)
+        #: the module tree as it is when the recorder is made (hooks go on these modules;
+        #: ``tree``, if the caller walked it already)
+        self.walk = tree if tree is not None else walk(module)
         self.workspaces = workspaces or {}
         # storage that existed before the trace (parameters, buffers, inputs) is never new
         self.storage = StorageTracker(

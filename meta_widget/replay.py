@@ -1,17 +1,18 @@
-"""Attention replay: an attention call seen before on the same metadata replays its tape.
+"""Function replay: a call of a taped function seen before on the same metadata replays its tape.
 
-Where the target device runs attention's math path (grouped-query attention in fp32, a mask the
-fused kernels refuse; ``meta_widget.kernels``), one ``scaled_dot_product_attention`` call is
-about 30 aten ops, each through the recorder; an 80-layer decoder makes the same call, on the
-same metadata, 80 times. The op cache skips each kernel; this skips the 30 ops.
+Some torch functions are several aten ops each, each through the recorder: attention's math
+path (what the target device runs for grouped-query attention in fp32, or a mask the fused
+kernels refuse; ``meta_widget.kernels``) is about 30, ``linear`` and ``matmul`` on batched
+inputs up to four (a transpose, views, the product). An 80-layer decoder makes the same calls,
+on the same metadata, 80 times; the op cache skips each kernel, replay skips the ops.
 
-The routed attention kernel is a function of its arguments' metadata: the first call of a key
-(the attention function, then every argument as the op cache keys them) runs and is recorded
-as usual, and its *tape* is what it added to the trace: its allocations and frees in order (by
-op, bytes, and which allocation each free releases), its FLOPs by op and how many aten ops it
-ran. A later call with an equal key makes only its outputs (fresh meta storage, as the kernel
-would) and replays the tape into the running call: the same events, allocations, FLOPs and
-op counts, so every record is what running it again would have made.
+These functions (``kernels.TAPED``) are functions of their arguments' metadata: the first call
+of a key (the function, then every argument as the op cache keys them) runs and is recorded as
+usual, and its *tape* is what it added to the trace: its allocations and frees in order (by op,
+bytes, and which allocation each free releases), its FLOPs by op and how many aten ops it ran.
+A later call with an equal key makes only its outputs (fresh meta storage, as the kernel would)
+and replays the tape into the running call: the same events, allocations, FLOPs and op counts,
+so every record is what running it again would have made.
 
 A call is taped only where a replay cannot differ from a run:
 
@@ -19,7 +20,7 @@ A call is taped only where a replay cannot differ from a run:
   no assumption at work (nothing tainted or known);
 - and only when what it recorded stayed inside it: no module call started, every event is the
   running call's, every storage it allocated is freed before it returns except its outputs,
-  which are fresh storage (offset 0, the whole storage) and not an argument.
+  which are fresh tensors (not views, offset 0, the whole storage) and not an argument.
 
 Anything else runs as is, every time (``fast=False`` turns replay off with the op cache).
 """
@@ -39,7 +40,7 @@ from .records import Allocation, CallRecord
 if TYPE_CHECKING:
     from .recorder import Recorder
 
-__all__ = ["AttentionTapes"]
+__all__ = ["Tapes"]
 
 _EMPTY_STRIDED = torch.empty_strided
 _META = torch.device("meta")
@@ -70,10 +71,10 @@ class _Tape:
     ops: int
 
 
-class AttentionTapes:
-    """Tapes of the routed attention calls of one trace, by key (see the module docstring).
+class Tapes:
+    """The tapes of one trace's calls of taped functions, by key (see the module docstring).
 
-    :meth:`call` runs an attention kernel, or replays an earlier call on the same metadata.
+    :meth:`call` runs a function's kernel, or replays an earlier call on the same metadata.
     """
 
     def __init__(self, recorder: Recorder) -> None:
@@ -171,6 +172,7 @@ class AttentionTapes:
                 type(o) is not torch.Tensor
                 or id(o) in inputs
                 or not o.is_meta
+                or o._is_view()
                 or o.layout is not _STRIDED
                 or o.storage_offset() != 0
             ):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .flatten import TensorInfo
+from .walk import ModuleWalk, walk
 
 if TYPE_CHECKING:
     import torch
@@ -71,19 +72,22 @@ class ModuleNode:
             yield from child.walk()
 
 
-def build_tree(module: torch.nn.Module) -> list[ModuleNode]:
+def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[ModuleNode]:
     """Nodes for ``module.named_modules()``, with subtree parameter counts (each tensor once).
 
     Subtrees are gathered bottom-up once per module object (``Module.parameters()`` per module
-    would walk each subtree again: half a second on a 70B model).
+    would walk each subtree again: half a second on a 70B model). ``tree``: ``module``'s walk,
+    if made already (the trace reuses it).
     """
+    if tree is None:
+        tree = walk(module)
     params: dict[int, tuple[int, int, bool, bool]] = {}  # id -> numel, bytes, float, grad
     buffers: dict[int, int] = {}
     subtree: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
     _gather(module, params, buffers, subtree)
     nodes: list[ModuleNode] = []
     row_by_path: dict[str, int] = {}
-    for i, (path, m) in enumerate(module.named_modules()):
+    for i, (path, m) in enumerate(zip(tree.names, tree.modules, strict=True)):
         row_by_path[path] = i
         ps, bs = subtree[id(m)]
         info = [params[k] for k in ps]
