@@ -55,11 +55,30 @@ _SDPA = torch._C._nn.scaled_dot_product_attention
 _MHA = torch.nn.functional.multi_head_attention_forward
 _DROPOUTS = (torch.nn.functional.dropout, torch.dropout)
 _HALF = (torch.float16, torch.bfloat16)
+_F = torch.nn.functional
 #: functions a trace may replay from the tape of an earlier call (``meta_widget.replay``):
 #: attention (the math path is ~30 aten ops), linear and matmul (up to four: a transpose, views,
-#: the product)
+#: the product), and the functions of the common layers, whose Python wrappers, dispatch and
+#: several outputs (a norm's mean and inverse deviation, dropout's mask) cost more than a replay
 TAPED = frozenset(
-    {_SDPA, torch._C._nn.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__}
+    {
+        _SDPA,
+        _F.linear,
+        torch.matmul,
+        torch.Tensor.matmul,
+        torch.Tensor.__matmul__,
+        _F.layer_norm,
+        _F.group_norm,
+        _F.rms_norm,
+        _F.embedding,
+        _F.relu,
+        _F.gelu,
+        _F.silu,
+        _F.dropout,
+        _F.softmax,
+        _F.conv1d,
+        _F.conv2d,
+    }
 )
 
 
@@ -153,7 +172,10 @@ class AttentionKernels(TorchFunctionMode):
         """Call ``func`` as ``device`` runs it (``DeviceLessFactories`` calls this too, to route
         a trace's calls in the same mode: one Python mode per torch call instead of two)."""
         if self.tapes is not None and func in TAPED:  # replayed if seen on this metadata
-            return self.tapes.call(func, self._attention if func is _SDPA else func, args, kwargs)
+            return self.tapes.call(func, lambda *a, **k: self._route(func, a, k), args, kwargs)
+        return self._route(func, args, kwargs)
+
+    def _route(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if func is _SDPA:
             return self._attention(*args, **kwargs)
         if func is _MHA:

@@ -224,7 +224,7 @@ def _setup_and_run(
     """Make the trace's changes (each undo step registered first) and run ``step``; return the
     exception the model raised, if any (interrupts go through)."""
     try:
-        run.recorder.root.train(training)
+        set_training(run.recorder.root, training)
         _patch_forwards(checkpointed if training else (), device, undo)
         if not training and device != "math":  # the fused inference kernels a device runs
             patch_fast_paths(run.recorder.walk.modules, device, undo)
@@ -398,6 +398,35 @@ def _claim(tree: ModuleWalk, undo: Undo) -> None:
             )
 
 
+_MODULE_TRAIN = torch.nn.Module.train
+_MODULE_SETATTR = torch.nn.Module.__setattr__
+
+
+def set_training(root: torch.nn.Module, mode: bool) -> None:
+    """``root.train(mode)``, as fast as a flag per module can be set: ``Module.__setattr__``
+    (Python, looking for parameters and buffers of the name first) is skipped where the class
+    keeps PyTorch's own, and a module whose class overrides ``train`` is asked to do its
+    subtree itself. A module inside itself is set once (``train`` would recurse without end)."""
+    todo, seen = [root], set()
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if type(m).train is not _MODULE_TRAIN:
+            m.train(mode)
+            continue
+        _set_flag(m, mode)
+        todo.extend(c for c in m._modules.values() if c is not None)
+
+
+def _set_flag(m: torch.nn.Module, mode: bool) -> None:
+    if type(m).__setattr__ is _MODULE_SETATTR:  # what it would end in, for a plain attribute
+        object.__setattr__(m, "training", mode)
+    else:
+        m.training = mode
+
+
 def _keep_state(
     modules: list[torch.nn.Module], params: list[torch.nn.Parameter], undo: Undo
 ) -> None:
@@ -408,7 +437,8 @@ def _keep_state(
 
     def restore() -> None:
         for m, flag in flags:
-            m.training = flag
+            if m.training is not flag:
+                _set_flag(m, flag)
         for p, g in grads:
             if p.grad is not g:
                 p.grad = g

@@ -191,6 +191,37 @@ def test_a_meta_module_of_the_user_is_restored_too() -> None:
     assert [m.training for m in model.modules()] == flags
 
 
+class FrozenNorm(nn.Module):
+    """A block whose ``train`` keeps its dropout in eval (as models freezing batch norm do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x))
+
+    def train(self, mode: bool = True) -> FrozenNorm:
+        super().train(mode)
+        self.drop.eval()
+        return self
+
+
+def test_a_modules_own_train_decides_for_its_subtree() -> None:
+    """The trace sets ``training`` as ``Module.train`` would, calling a class's own ``train``:
+    the dropout this block keeps in eval runs no dropout op in a training step."""
+    with torch.device("meta"):
+        model = nn.Sequential(FrozenNorm(), nn.Dropout(0.5), FrozenNorm())
+    model.eval()
+    flags = [m.training for m in model.modules()]
+    a = mw.analyze(model, input_size=(2, 4), mode="training")
+    assert a.error is None
+    dropped = [c.path for c in a.calls if c.type == "Dropout" and c.alloc_bytes]
+    assert dropped == ["1"], dropped  # the outer dropout only
+    assert [m.training for m in model.modules()] == flags
+
+
 @pytest.mark.parametrize(
     ("how", "kind"),
     [("item", "RuntimeError"), ("nonzero", None), ("cpu", "NotImplementedError"), ("shape", None)],
