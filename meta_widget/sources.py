@@ -23,6 +23,7 @@ import torch
 from . import heavy
 from .errors import MetaWidgetError
 from .undo import on_meta
+from .walk import modules
 
 
 class SourceError(MetaWidgetError, TypeError):
@@ -82,7 +83,7 @@ def _is_module(obj: Any) -> bool:
 def all_on_meta(module: torch.nn.Module) -> bool:
     """True when every parameter, buffer and direct tensor attribute of ``module`` is on meta."""
     tensor = torch.Tensor
-    for m in module.modules():  # plain loops: this runs before every analysis
+    for m in modules(module):  # plain loops: this runs before every analysis
         for table in (m._parameters, m._buffers, vars(m)):
             for t in table.values():
                 if isinstance(t, tensor) and not t.is_meta:

@@ -81,16 +81,12 @@ def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[
     """
     if tree is None:
         tree = walk(module)
-    params: dict[int, tuple[int, int, bool, bool]] = {}  # id -> numel, bytes, float, grad
-    buffers: dict[int, int] = {}
-    subtree: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
-    _gather(module, params, buffers, subtree)
+    totals = _subtree_totals(module, tree)
     nodes: list[ModuleNode] = []
     row_by_path: dict[str, int] = {}
     for i, (path, m) in enumerate(zip(tree.names, tree.modules, strict=True)):
         row_by_path[path] = i
-        ps, bs = subtree[id(m)]
-        info = [params[k] for k in ps]
+        n, trainable, nbytes, floats, buffer_bytes = totals[id(m)]
         parent_path, _, name = path.rpartition(".")
         parent = row_by_path[parent_path] if path else -1
         nodes.append(
@@ -101,11 +97,11 @@ def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[
                 type=type(m).__name__,
                 depth=path.count(".") + 1 if path else 0,
                 parent=parent,
-                params=sum(n for n, _, _, _ in info),
-                trainable_params=sum(n for n, _, _, grad in info if grad),
-                param_bytes=sum(b for _, b, _, _ in info),
-                float_params=sum(n for n, _, fl, _ in info if fl),
-                buffer_bytes=sum(buffers[k] for k in bs),
+                params=n,
+                trainable_params=trainable,
+                param_bytes=nbytes,
+                float_params=floats,
+                buffer_bytes=buffer_bytes,
                 own_params=[
                     TensorInfo.named(n, p) for n, p in m._parameters.items() if p is not None
                 ],
@@ -114,6 +110,70 @@ def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[
         if parent >= 0:
             nodes[parent].children.append(nodes[-1])
     return nodes
+
+
+#: a subtree's parameters, trainable parameters, parameter bytes, floating-point parameters and
+#: buffer bytes
+_Totals = tuple[int, int, int, int, int]
+
+
+def _subtree_totals(module: torch.nn.Module, tree: ModuleWalk) -> dict[int, _Totals]:
+    """The totals of each module's subtree, by ``id``, each tensor once.
+
+    Where no module has two parents and no tensor two owners (most models), a subtree's totals
+    are its own plus its children's, summed bottom-up. Otherwise (tied weights, a shared block)
+    the tensors of each subtree are gathered as sets first (:func:`_gather`).
+    """
+    owned = [t for m in tree.modules for t in (*m._parameters.values(), *m._buffers.values())]
+    owned = [t for t in owned if t is not None]
+    shared = len(owned) != len(tree.parameters) + len(tree.buffers) or any(
+        len(p) > 1 for p in tree.paths.values()
+    )
+    if shared:
+        return _totals_of_sets(module)
+    totals: dict[int, _Totals] = {}
+    for m in reversed(tree.modules):  # preorder reversed: children before their parent
+        n = trainable = nbytes = floats = buffer_bytes = 0
+        for p in m._parameters.values():
+            if p is not None:
+                k = p.numel()
+                n += k
+                nbytes += k * p.element_size()
+                if p.requires_grad:
+                    trainable += k
+                if p.is_floating_point():
+                    floats += k
+        for b in m._buffers.values():
+            if b is not None:
+                buffer_bytes += b.numel() * b.element_size()
+        for child in m._modules.values():
+            if child is not None:
+                t = totals[id(child)]
+                n += t[0]
+                trainable += t[1]
+                nbytes += t[2]
+                floats += t[3]
+                buffer_bytes += t[4]
+        totals[id(m)] = (n, trainable, nbytes, floats, buffer_bytes)
+    return totals
+
+
+def _totals_of_sets(module: torch.nn.Module) -> dict[int, _Totals]:
+    params: dict[int, tuple[int, int, bool, bool]] = {}  # id -> numel, bytes, float, grad
+    buffers: dict[int, int] = {}
+    subtree: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
+    _gather(module, params, buffers, subtree)
+    totals: dict[int, _Totals] = {}
+    for key, (ps, bs) in subtree.items():
+        info = [params[k] for k in ps]
+        totals[key] = (
+            sum(n for n, _, _, _ in info),
+            sum(n for n, _, _, grad in info if grad),
+            sum(b for _, b, _, _ in info),
+            sum(n for n, _, fl, _ in info if fl),
+            sum(buffers[k] for k in bs),
+        )
+    return totals
 
 
 def _gather(

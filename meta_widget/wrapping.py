@@ -37,6 +37,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from .parallel import ParallelError
 from .sources import MetaModel, SourceError, reachable_tensors, stand_in
+from .walk import modules
 
 __all__ = [
     "DTensorSpec",
@@ -139,7 +140,7 @@ class Wrapping:
 
 def is_wrapped(module: nn.Module) -> bool:
     """True when ``module`` (or one inside it) is an FSDP2 module or has a DTensor parameter."""
-    for m in module.modules():  # one walk: this runs before every analysis once DTensor loads
+    for m in modules(module):  # one walk: this runs before every analysis once DTensor loads
         if isinstance(m, FSDPModule):
             return True
         for p in m._parameters.values():

@@ -9,7 +9,7 @@ import transformers
 from models import bert_config, gpt2_config, llama_config, t5_config
 from torch import nn
 
-from meta_widget.walk import walk
+from meta_widget.walk import modules, walk
 
 
 def _shared() -> nn.Module:
@@ -47,6 +47,7 @@ def test_walk_equals_pytorchs_walks(model: nn.Module) -> None:
     assert found.paths == every
     assert found.parameters == list(model.named_parameters())
     assert [(n, id(b)) for n, b in found.buffers] == [(n, id(b)) for n, b in model.named_buffers()]
+    assert list(modules(model)) == list(model.modules())
 
 
 def test_shared_module_has_both_paths() -> None:
@@ -62,4 +63,5 @@ def test_a_module_inside_itself_is_not_entered_again() -> None:
     model.add_module("loop", model)
     found = walk(model)
     assert found.modules == [model, model[0]]
+    assert list(modules(model)) == [model, model[0]]
     assert found.paths[id(model)] == ["", "loop"]
