@@ -152,7 +152,7 @@ class Recorder:
         self.local_flops = False
         #: kernels this trace runs instead of some ops (a parallel trace's, ``comms.py``)
         self.kernels: dict[Any, Callable[..., Any]] = {}
-        self._mode = _OpMode(self)
+        self._mode: _OpMode | None = None  # made by open(), dropped by close()
         self._modes: DispatchModes | None = None  # saved by open(), restored by close()
         self._undo = Undo()
 
@@ -174,6 +174,7 @@ class Recorder:
         (dispatch modes are per thread already).
         """
         self.callstack.thread = threading.get_ident()
+        self._mode = _OpMode(self)
         self._modes = DispatchModes()
         undo.add(self.close)
         self.storage.active = True
@@ -187,11 +188,19 @@ class Recorder:
         self._mode.__enter__()
 
     def close(self) -> None:
-        """Remove what :meth:`open` installed, however far it got. Idempotent."""
+        """Remove what :meth:`open` installed, however far it got. Idempotent.
+
+        Then nothing refers back to the recorder (its dispatch mode, the storage tracker's
+        callbacks and a parallel trace's observer did): it is no reference cycle, and is freed,
+        with its walk of the modules and its events, as soon as its trace drops it, not at the
+        collector's next pass.
+        """
         self.storage.active = False
-        if self._modes is not None:
+        if self._modes is not None and self._mode is not None:
             self._modes.restore(self._mode)
         self._remove_hooks()
+        self._mode = self.observer = None
+        self.storage.detach()
 
     def __enter__(self) -> Recorder:
         undo = self._undo = Undo()

@@ -23,6 +23,10 @@ from .records import Allocation, CallRecord, Event
 __all__ = ["StorageTracker", "inner_tensors", "local", "on_meta", "storage_key"]
 
 
+def _nobody() -> CallRecord | None:
+    return None
+
+
 def storage_key(t: torch.Tensor) -> int:
     """The key of ``t``'s storage: equal for views of one storage, unique among live ones."""
     return t.untyped_storage()._cdata
@@ -71,6 +75,13 @@ class StorageTracker:
         self._existing = {storage_key(x) for t in existing for x in inner_tensors(t) if on_meta(x)}
         #: told the key of each storage that dies: a later storage may get the same key
         self.on_free: Callable[[int], None] | None = None
+
+    def detach(self) -> None:
+        """Drop the callbacks (the recorder's methods) once the trace is over and nothing is
+        noted any more: the frees still reported forget their storage, and that is all."""
+        self.active = False
+        self.on_free = None
+        self._free_owner = _nobody
 
     def track(self, t: torch.Tensor, op: str, call: CallRecord | None, backward: bool) -> None:
         """Note new storage of an op's output, allocated for ``call`` (a backward one: for its

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 from typing import Any
 
 import pytest
@@ -340,3 +342,22 @@ def test_summary_json_and_figures() -> None:
     assert len(payload["modules"]["name"]) == len(a.modules)
     assert len(payload["calls"]["module"]) == len(a.calls)
     assert a.figure("memory").data and a.figure("timeline").data
+
+
+def test_an_analysis_leaves_no_reference_cycle_behind() -> None:
+    """Dropping the analysis and the model frees the model at once: nothing of the trace (the
+    recorder holds the modules' walk) waits in a reference cycle for the collector."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    mw.analyze(model, input_size=(2, 4))
+    gc.collect()
+    gc.disable()
+    try:
+        a = mw.analyze(model, input_size=(2, 4))
+        assert a.error is None
+        ref = weakref.ref(model)
+        del a, model
+        assert ref() is None
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
