@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["Tapes"]
 
 _EMPTY_STRIDED = torch.empty_strided
+_autocast_on = torch._C._is_any_autocast_enabled
 _META = torch.device("meta")
 _STRIDED = torch.strided
 #: the dispatch keys of Python dispatch modes, excluded while replay makes outputs
@@ -117,6 +118,7 @@ class Tapes:
             rec.cache is None
             or rec.observer is not None
             or torch.is_grad_enabled()
+            or _autocast_on()  # casts inside the call follow it: not in the key
             or not rec.storage.active
             or rec.storage.phase != Phase.FORWARD
             or rec.callstack.phase != Phase.FORWARD
@@ -143,7 +145,7 @@ class Tapes:
         out = kernel(*args, **kwargs)
         tape = None
         if self._owner() is owner:  # still inside the same call, no assumption taken
-            tape = self._tape(out, args, owner, start, ops, stats.ops - ran)
+            tape = self._tape(out, args, kwargs, owner, start, ops, stats.ops - ran)
         self._tapes[key] = tape if tape is not None else _UNTAPED
         return out
 
@@ -151,6 +153,7 @@ class Tapes:
         self,
         out: Any,
         args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         owner: CallRecord,
         start: tuple[int, int, int],
         ops_before: dict[str, int],
@@ -164,7 +167,7 @@ class Tapes:
             return None  # a module ran inside it
         container = type(out) if isinstance(out, (tuple, list)) else None
         outs = list(out) if container is not None else [out]
-        inputs = {id(a) for a in args}
+        inputs = {id(a) for a in (*args, *kwargs.values())}  # an out= tensor among them
         made: dict[int, int] = {}  # storage key -> index of the output it holds
         specs = []
         for i, o in enumerate(outs):

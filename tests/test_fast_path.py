@@ -351,7 +351,27 @@ class GroupedAttention(nn.Module):
         return x
 
 
+class TapedInPlace(nn.Module):
+    """Taped functions whose outputs are not theirs to replay: an ``out=`` buffer, an in-place
+    activation; beside the same calls made plainly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buf = torch.empty(4, 4)
+        x = self.lin(x)
+        for _ in range(3):
+            torch.matmul(x.detach(), x.detach().t(), out=buf)  # out= takes no gradient
+            y = F.relu(torch.matmul(x, x.t()))
+            F.relu(y, inplace=True)
+            x = x + buf.sum() + F.linear(y, x)
+        return x
+
+
 BROKEN: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]] = {
+    "taped functions with out= and in place": (TapedInPlace, {"input_size": (4, 4)}),
     "grouped-query attention": (GroupedAttention, {"input_size": (2, 6, 16)}),
     "sliding every other layer": (Stack, {"input_size": (2, 10, 16)}),
     "shared weights, different shapes": (SharedShapes, {"input_size": (4, 8)}),
