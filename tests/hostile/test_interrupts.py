@@ -22,6 +22,7 @@ import gc
 import itertools
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -357,6 +358,9 @@ def _soak(runs: int, seed: int) -> tuple[int, int]:
     inside = dropped = 0
     unraisable: list[Any] = []
     hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    # a command started in the background by a non-interactive shell (nohup ... &) ignores
+    # SIGINT, and then interrupt_main() does nothing: Ctrl-C's own handler, for this test
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         for _ in range(runs):
             fired = threading.Event()
@@ -387,6 +391,7 @@ def _soak(runs: int, seed: int) -> tuple[int, int]:
             assert not left, f"a random interrupt left: {left}"
     finally:
         sys.unraisablehook = hook
+        signal.signal(signal.SIGINT, handler)
     return inside, dropped
 
 
