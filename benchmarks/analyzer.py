@@ -13,6 +13,9 @@ Table 2 (against the model itself): a whole 70B training step (forward, sum of t
 backward, AdamW step) bare on meta against ``analyze(mode="training")``; GPT-2 small from its
 config, end to end (build on meta + analyze) against a bare forward of the already-built model.
 
+``--only large --modules N``: the N-module model's bare forward against ``mw.analyze`` alone
+(part of the full run when ``--modules`` is given).
+
 Runs are interleaved (A B C D A B C D ...) so that a noisy machine hits every tool alike, and the
 minimum of each is kept (the least disturbed run). In fresh subprocesses: the peak RSS of "build +
 analyze" of the 70B model and of the N-module one, and the first analysis of a small MLP after
@@ -225,7 +228,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--blocks", type=int, default=5000)
     parser.add_argument("--modules", type=int, default=0, help="add a model of this many modules")
-    parser.add_argument("--only", choices=["peers", "model", "fresh"], default=None)
+    parser.add_argument("--only", choices=["peers", "model", "fresh", "large"], default=None)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, min of {args.runs} interleaved runs, seconds\n")
     if args.only in (None, "peers"):
@@ -240,6 +243,8 @@ def main() -> None:
                 f"({t['mw.analyze'] / bare:.2f}×) | {t['fast=False']:.3f} "
                 f"({t['fast=False'] / bare:.2f}×) | {hit:.0%} |"
             )
+    if args.only == "large" or (args.only is None and args.modules):
+        large(args.modules or 100_000, args.runs)
     if args.only in (None, "fresh"):
         imported, first, second = first_analysis()
         print(
@@ -258,6 +263,23 @@ def main() -> None:
                 f"Build + analyze of the {args.modules:,}-module model (fresh process): peak RSS "
                 f"{after:.0f} MiB ({before:.0f} MiB after imports)."
             )
+
+
+def large(n: int, runs: int) -> None:
+    """The N-module model, bare forward against ``mw.analyze`` only: its peers take minutes a
+    run at this size (``--only peers --modules N`` times them too)."""
+    model = blocks(n // 5)
+    x = torch.zeros(8, 64, device="meta")
+
+    def bare() -> None:
+        with torch.no_grad():
+            model(x)
+
+    t = interleaved({"bare": bare, "analyze": lambda: mw.analyze(model, input_data=x)}, runs)
+    print(
+        f"\n{n:,} modules ({n // 5:,} blocks), bare meta forward {t['bare']:.2f} s, mw.analyze "
+        f"{t['analyze']:.2f} s ({t['analyze'] / t['bare']:.3f}×)."
+    )
 
 
 def peers(args: argparse.Namespace) -> None:
