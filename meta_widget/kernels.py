@@ -172,7 +172,7 @@ class AttentionKernels(TorchFunctionMode):
         """Call ``func`` as ``device`` runs it (``DeviceLessFactories`` calls this too, to route
         a trace's calls in the same mode: one Python mode per torch call instead of two)."""
         if self.tapes is not None and func in TAPED:  # replayed if seen on this metadata
-            return self.tapes.call(func, lambda *a, **k: self._route(func, a, k), args, kwargs)
+            return self.tapes.call(func, self._route, args, kwargs)
         return self._route(func, args, kwargs)
 
     def _route(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import torch
 
-__all__ = ["CacheStats", "OpCache", "key_parts", "static_bypass"]
+__all__ = ["CacheStats", "OpCache", "call_key_parts", "key_parts", "static_bypass"]
 
 #: not ``torch.ops.aten.empty_strided``: called inside a dispatch mode, an op overload costs
 #: 45 us, the torch function 9 us
@@ -181,13 +181,7 @@ class OpCache:
         """The key of one call of ``func`` run by ``kernel`` and counted by ``flops`` (its
         FLOP formula, or None), or None (the bypass reason is counted)."""
         parts: list[Any] = [func, kernel, flops]
-        reason = key_parts(args, parts)
-        if reason is None and kwargs:
-            for name, value in kwargs.items():
-                parts.append(name)
-                reason = key_parts((value,), parts)
-                if reason is not None:
-                    break
+        reason = call_key_parts(args, kwargs, parts)
         if reason is not None:
             self.stats.bypass(reason)
             return None
@@ -215,6 +209,19 @@ class OpCache:
             container, outs = None, [out]
         specs = _specs(outs, args)
         self._entries[key] = OUTPUT if specs is None else _Entry(tuple(specs), container, flops)
+
+
+def call_key_parts(args: tuple[Any, ...], kwargs: dict[str, Any], parts: list[Any]) -> str | None:
+    """Append the key parts of a call's arguments to ``parts`` (the positional ones, then each
+    keyword one after its name); the bypass reason if one has none."""
+    reason = key_parts(args, parts)
+    if reason is None and kwargs:
+        for name, value in kwargs.items():
+            parts.append(name)
+            reason = key_parts((value,), parts)
+            if reason is not None:
+                break
+    return reason
 
 
 def key_parts(values: tuple[Any, ...] | list[Any], parts: list[Any]) -> str | None:

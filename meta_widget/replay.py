@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .choices import Phase
-from .opcache import key_parts
+from .opcache import call_key_parts
 from .records import Allocation, CallRecord
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class _Tape:
 class Tapes:
     """The tapes of one trace's calls of taped functions, by key (see the module docstring).
 
-    :meth:`call` runs a function's kernel, or replays an earlier call on the same metadata.
+    :meth:`call` runs a function, or replays an earlier call of it on the same metadata.
     """
 
     def __init__(self, recorder: Recorder) -> None:
@@ -84,28 +84,25 @@ class Tapes:
 
     def call(
         self,
-        name: Any,
-        kernel: Callable[..., Any],
+        func: Any,
+        run: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """``kernel(*args, **kwargs)``, or its replay; ``name`` stands for the kernel in keys."""
+        """``run(func, args, kwargs)`` (the function mode's routing of ``func``), or its
+        replay."""
         owner = self._owner()
         if owner is None:
-            return kernel(*args, **kwargs)
-        parts: list[Any] = [name]
-        if key_parts(args, parts) is not None:
-            return kernel(*args, **kwargs)
-        for k, v in kwargs.items():
-            parts.append(k)
-            if key_parts((v,), parts) is not None:
-                return kernel(*args, **kwargs)
+            return run(func, args, kwargs)
+        parts: list[Any] = [func]
+        if call_key_parts(args, kwargs, parts) is not None:
+            return run(func, args, kwargs)
         key = tuple(parts)
         tape = self._tapes.get(key)
         if tape is None:
-            return self._record(key, owner, kernel, args, kwargs)
+            return self._record(key, owner, func, run, args, kwargs)
         if type(tape) is str:
-            return kernel(*args, **kwargs)
+            return run(func, args, kwargs)
         assert isinstance(tape, _Tape)
         return self._replay(tape, owner)
 
@@ -134,7 +131,8 @@ class Tapes:
         self,
         key: Any,
         owner: CallRecord,
-        kernel: Callable[..., Any],
+        func: Any,
+        run: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
@@ -142,7 +140,7 @@ class Tapes:
         storage, stats = rec.storage, rec.cache.stats  # type: ignore[union-attr]
         start = (len(rec.callstack.calls), len(storage.events), len(storage.allocations))
         ops, ran = dict(owner.ops), stats.ops
-        out = kernel(*args, **kwargs)
+        out = run(func, args, kwargs)
         tape = None
         if self._owner() is owner:  # still inside the same call, no assumption taken
             tape = self._tape(out, args, kwargs, owner, start, ops, stats.ops - ran)
