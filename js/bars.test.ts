@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { barText, barTotal, foldBars, largestBars, memoryBars, shownParts, type MemoryBars } from "./bars";
-import { decodePayload, type Analysis } from "./protocol";
+import { type Analysis } from "./protocol";
+import { decodePayload } from "./decode";
 import { tiny } from "./testdata";
 import { aggregate, buildTree, foldedPath, frontier, groupLabels } from "./tree";
 import gpt2 from "./fixtures/gpt2-tiny.json";

@@ -6,7 +6,8 @@ import {
   recordedFloatBytes,
   timelinePeak,
 } from "./charts";
-import { decodePayload, type Analysis, type ModuleInfo } from "./protocol";
+import { type Analysis, type ModuleInfo } from "./protocol";
+import { decodePayload } from "./decode";
 import { tiny } from "./testdata";
 
 const a = decodePayload(tiny().payload) as Analysis;

@@ -9,7 +9,8 @@
  */
 import uPlot from "uplot";
 import { formatBytes } from "./format";
-import { MEMORY_CATEGORIES, peakOwner, type Analysis, type Memory, type ModuleInfo } from "./protocol";
+import { MEMORY_CATEGORIES, PRECISIONS, type Analysis, type Memory, type ModuleInfo, type PrecisionName } from "./protocol";
+import { peakOwner } from "./decode";
 import { moduleRuns, type ModuleRun } from "./modulebands";
 import { STATIC_BAND, type StackBand } from "./stack";
 
@@ -17,15 +18,9 @@ import { STATIC_BAND, type StackBand } from "./stack";
 // dtype what-if
 // ---------------------------------------------------------------------------------------------
 
-export type DtypeChoice = "recorded" | "fp32" | "bf16" | "fp16" | "int8" | "int4";
-export const DTYPE_CHOICES: readonly DtypeChoice[] = [
-  "recorded",
-  "fp32",
-  "bf16",
-  "fp16",
-  "int8",
-  "int4",
-];
+/** The precision switch: as recorded, or one of `PRECISIONS` (`choices.Precision`). */
+export type DtypeChoice = "recorded" | PrecisionName;
+export const DTYPE_CHOICES: readonly DtypeChoice[] = ["recorded", ...PRECISIONS];
 
 /** Bytes per element of each what-if dtype; int4 packs two values per byte. */
 export const DTYPE_BYTES: Record<Exclude<DtypeChoice, "recorded">, number> = {

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { commTotals, decodeComms, renderComms } from "./comms";
-import { decodePayload, type Analysis } from "./protocol";
+import { type Analysis } from "./protocol";
+import { decodePayload } from "./decode";
 import { tiny } from "./testdata";
 
 const wire = {

@@ -6,32 +6,7 @@
  */
 import { h } from "./details";
 import { formatBytes, formatCount, formatFlops } from "./format";
-
-export interface CompareRow {
-  module: string;
-  depth: number;
-  type: string;
-  count: number;
-  changed: boolean;
-  onlyIn: "a" | "b" | null;
-  params: [number, number];
-  flops: [number, number];
-  activation_bytes: [number, number];
-}
-
-export interface ComparePayload {
-  a: string;
-  b: string;
-  totals: Record<string, [number, number]>;
-  rows: CompareRow[];
-}
-
-export function decodeCompare(raw: unknown): ComparePayload | null {
-  if (!raw || typeof raw !== "object") return null;
-  const p = raw as Partial<ComparePayload>;
-  if (!Array.isArray(p.rows) || !p.totals) return null;
-  return p as ComparePayload;
-}
+import { COMPARE_NUMBERS, type CompareNumber, type ComparePayload, type CompareRow } from "./protocol";
 
 const TOTALS: [string, string, (n: number) => string][] = [
   ["total_params", "parameters", formatCount],
@@ -41,11 +16,13 @@ const TOTALS: [string, string, (n: number) => string][] = [
   ["peak_bytes", "peak", formatBytes],
 ];
 
-const COLUMNS: [keyof CompareRow, string, (n: number) => string][] = [
-  ["params", "params", formatCount],
-  ["flops", "FLOPs", formatFlops],
-  ["activation_bytes", "output mem", formatBytes],
-];
+/** The columns of the tree: one per number of `COMPARE_NUMBERS` (`comparison.NUMBERS`). */
+export const COMPARE_COLUMNS: Record<CompareNumber, [string, (n: number) => string]> = {
+  params: ["params", formatCount],
+  flops: ["FLOPs", formatFlops],
+  activation_bytes: ["output mem", formatBytes],
+};
+const COLUMNS = COMPARE_NUMBERS.map((key) => [key, ...COMPARE_COLUMNS[key]] as const);
 
 /** `a → b (+d)`, or just `a` when equal. */
 export function pair(values: [number, number], format: (n: number) => string): string {
@@ -101,7 +78,7 @@ function treeTable(rows: CompareRow[]): HTMLTableElement {
     if (r.count > 1) name.append(h("span", "mw-cmp-count", `×${r.count}`));
     if (r.onlyIn) name.append(h("span", "mw-cmp-only", `only in ${r.onlyIn}`));
     tr.append(name, h("td", "mw-cmp-type", r.type));
-    for (const [key, , format] of COLUMNS) tr.append(h("td", "mw-cmp-num", pair(r[key] as [number, number], format)));
+    for (const [key, , format] of COLUMNS) tr.append(h("td", "mw-cmp-num", pair(r[key], format)));
     table.append(tr);
   }
   return table;

@@ -1,7 +1,9 @@
 import { describe, expect, it } from "vitest";
-import { decodeCompare, pair, renderComparison, withAncestors, type CompareRow } from "./compare";
+import { pair, renderComparison, withAncestors } from "./compare";
+import { decodeCompare, decodeFit } from "./decode";
+import type { CompareRow } from "./protocol";
 import { draw } from "./explore";
-import { decodeFit, renderFit, verdict } from "./fit";
+import { renderFit, verdict } from "./fit";
 
 /** Written by the Python encoders (`python tests/test_explore_view.py`). */
 const files = import.meta.glob<{ default: { fit: unknown; compare: unknown } }>("./fixtures/explore.json", {

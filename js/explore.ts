@@ -3,8 +3,10 @@
  * (`"fit"` or `"compare"`) and `payload`. Re-renders when the payload changes.
  */
 import type { AnyModel, Render } from "@anywidget/types";
-import { decodeCompare, renderComparison } from "./compare";
-import { decodeFit, renderFit } from "./fit";
+import { renderComparison } from "./compare";
+import { decodeCompare, decodeFit } from "./decode";
+import { renderFit } from "./fit";
+import { EXPLORE_KINDS, type ExploreKind } from "./protocol";
 import { watchTheme } from "./theme";
 
 interface Traits {
@@ -14,18 +16,30 @@ interface Traits {
 
 /** Draw the view the traits describe; returns the cleanup of what it added. */
 export function draw(el: HTMLElement, kind: string, payload: unknown): () => void {
-  if (kind === "fit") {
-    const fit = decodeFit(payload);
-    if (fit) {
-      renderFit(el, fit);
-      return () => undefined;
-    }
-  } else if (kind === "compare") {
-    const comparison = decodeCompare(payload);
-    if (comparison) return renderComparison(el, comparison);
-  }
+  const known: Record<ExploreKind, (el: HTMLElement, payload: unknown) => (() => void) | null> = {
+    fit: drawFit,
+    compare: drawCompare,
+  };
+  const undraw = isKind(kind) ? known[kind](el, payload) : null;
+  if (undraw) return undraw;
   el.textContent = "meta_widget: nothing to show yet.";
   return () => undefined;
+}
+
+function isKind(kind: string): kind is ExploreKind {
+  return (EXPLORE_KINDS as readonly string[]).includes(kind);
+}
+
+function drawFit(el: HTMLElement, payload: unknown): (() => void) | null {
+  const fit = decodeFit(payload);
+  if (!fit) return null;
+  renderFit(el, fit);
+  return () => undefined;
+}
+
+function drawCompare(el: HTMLElement, payload: unknown): (() => void) | null {
+  const comparison = decodeCompare(payload);
+  return comparison ? renderComparison(el, comparison) : null;
 }
 
 /** `draw`, with the drawn root following the host's light or dark theme (see `theme.ts`). */

@@ -5,29 +5,7 @@
  */
 import { h } from "./details";
 import { formatBytes, formatExact } from "./format";
-
-export interface FitPayload {
-  title: string;
-  vary: string;
-  size: number;
-  peakBytes: number;
-  nextPeakBytes: number | null;
-  budget: number;
-  devices: number | null;
-  strategy: string | null;
-  mode: string;
-  peakOwner: string | null;
-  categories: Record<string, number>;
-  history: [number, number][];
-}
-
-/** The payload as sent by `meta_widget.explore_view.fit_payload`, or null when it is not one. */
-export function decodeFit(raw: unknown): FitPayload | null {
-  if (!raw || typeof raw !== "object") return null;
-  const p = raw as Partial<FitPayload>;
-  if (typeof p.size !== "number" || typeof p.budget !== "number" || !Array.isArray(p.history)) return null;
-  return p as FitPayload;
-}
+import type { FitPayload } from "./protocol";
 
 /** One sentence: `seq = 176,456 fits in 80.00 GiB (80.00 GiB); seq = 176,457 needs ...`. */
 export function verdict(p: FitPayload): string {

@@ -5,25 +5,24 @@
  * consistency checks.
  */
 import { describe, expect, it } from "vitest";
-import {
-  applyCalls,
-  decodeMessage,
-  decodePayload,
-  peakOwner,
-  type Analysis,
-  type StartMessage,
-} from "./protocol";
+import { type Analysis, type StartMessage } from "./protocol";
+import { applyCalls, decodeMessage, decodePayload, peakOwner } from "./decode";
 import { aggregate, buildTree, expandToDepth, flatten, nodeName, nodeType } from "./tree";
 
 const files = import.meta.glob<{ default: unknown }>("./fixtures/*.json", { eager: true });
-const get = (name: string): unknown => files[`./fixtures/${name}`]?.default;
+/** A committed sample: missing is a failure (run `python tests/make_fixtures.py`), not a skip. */
+const get = (name: string): unknown => {
+  const file = files[`./fixtures/${name}`];
+  if (file === undefined) throw new Error(`js/fixtures/${name} is missing: run python tests/make_fixtures.py`);
+  return file.default;
+};
 const payloads = Object.entries(files).filter(
   ([, m]) => typeof m.default === "object" && m.default !== null && "modules" in m.default,
 );
 
 const byPath = (a: Analysis, path: string): number => a.modules.findIndex((m) => m.path === path);
 
-describe.skipIf(get("gpt2-tiny.json") === undefined)("gpt2-tiny sample", () => {
+describe("gpt2-tiny sample", () => {
   // GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64), input (1, 8)
   const a = decodePayload(get("gpt2-tiny.json")) as Analysis;
   const aggs = aggregate(a);
@@ -65,7 +64,7 @@ describe.skipIf(get("gpt2-tiny.json") === undefined)("gpt2-tiny sample", () => {
     expect(g && nodeType(tree, g)).toBe("2 × GPT2Block");
   });
 
-  it.skipIf(get("gpt2-tiny.messages.json") === undefined)(
+  it(
     "replays its streamed messages to the same calls",
     () => {
       const msgs = get("gpt2-tiny.messages.json") as unknown[];
@@ -91,7 +90,7 @@ describe.skipIf(get("gpt2-tiny.json") === undefined)("gpt2-tiny sample", () => {
   );
 });
 
-describe.skipIf(get("gpt2-tiny.training.json") === undefined)("gpt2-tiny training sample", () => {
+describe("gpt2-tiny training sample", () => {
   const a = decodePayload(get("gpt2-tiny.training.json")) as Analysis;
   const aggs = aggregate(a);
 
@@ -121,7 +120,7 @@ describe.skipIf(get("gpt2-tiny.training.json") === undefined)("gpt2-tiny trainin
   });
 });
 
-describe.skipIf(get("failing.json") === undefined)("failing sample", () => {
+describe("failing sample", () => {
   // Failing("shape"): pre Linear(4, 4), inner.block.proj Linear(5, 4) fed 4 features, post
   const a = decodePayload(get("failing.json")) as Analysis;
 
@@ -142,7 +141,14 @@ describe.skipIf(get("failing.json") === undefined)("failing sample", () => {
   });
 });
 
-describe.skipIf(payloads.length === 0)("every recorded payload", () => {
+describe("every recorded payload", () => {
+  it("includes the committed samples", () => {
+    const names = payloads.map(([file]) => file);
+    for (const name of ["gpt2-tiny.json", "gpt2-tiny.training.json", "failing.json"]) {
+      expect(names).toContain(`./fixtures/${name}`);
+    }
+  });
+
   for (const [file, mod] of payloads) {
     describe(file, () => {
       const a = decodePayload(mod.default) as Analysis;

@@ -1,8 +1,9 @@
 /**
- * The header (title, chips, totals), the notes under it, and the progress line. Each renders
- * from the analysis and the session it is given (`render`), holding only its DOM.
+ * The header (title, chips, totals), the notes under it, the error banner and the progress line
+ * (with its clocks). Each renders from the analysis and the session it is given, holding only
+ * its DOM.
  */
-import { h } from "./details";
+import { errorBlock, h } from "./details";
 import { formatBytes, formatCount, formatExact, formatFlops } from "./format";
 import type { Analysis } from "./protocol";
 import { RERUN_WAIT_MS, rerunUnanswered, type Session } from "./session";
@@ -156,4 +157,62 @@ export function renderProgress(el: HTMLElement, s: Session, now: number): void {
       el.append(where);
     }
   }
+}
+
+/**
+ * The progress line and its clocks: redrawn every 250 ms while a trace runs (`start`), and once
+ * when a re-run has gone unanswered for `RERUN_WAIT_MS` (`watchRerun`).
+ */
+export class ProgressLine {
+  readonly el = h("div", "mw-progress");
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private rerunTimer: ReturnType<typeof setTimeout> | null = null;
+
+  /** `session`: the session to draw, read at each redraw. */
+  constructor(private session: () => Session) {}
+
+  render(): void {
+    renderProgress(this.el, this.session(), performance.now());
+  }
+
+  start(): void {
+    this.stop();
+    this.timer = setInterval(() => this.render(), 250);
+  }
+
+  watchRerun(): void {
+    if (this.rerunTimer !== null) clearTimeout(this.rerunTimer);
+    this.rerunTimer = setTimeout(() => {
+      this.rerunTimer = null;
+      this.render();
+    }, RERUN_WAIT_MS);
+  }
+
+  stop(): void {
+    if (this.timer !== null) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  destroy(): void {
+    this.stop();
+    if (this.rerunTimer !== null) clearTimeout(this.rerunTimer);
+  }
+}
+
+/** The error banner: the explained error, and a button that shows the module in the tree. */
+export function renderBanner(el: HTMLElement, a: Analysis | null, showModule: (module: number) => void): void {
+  el.textContent = "";
+  const err = a?.error;
+  el.style.display = err ? "" : "none";
+  if (!err || !a) return;
+  const box = errorBlock(err);
+  const call = a.calls[err.call];
+  const module = call ? call.module : a.modules.findIndex((m) => m.path === err.module);
+  if (module >= 0) {
+    const go = h("button", "mw-btn", "Show in tree");
+    go.type = "button";
+    go.addEventListener("click", () => showModule(module));
+    box.append(go);
+  }
+  el.append(box);
 }

@@ -2,7 +2,8 @@ import { describe, expect, it } from "vitest";
 import inference from "./fixtures/gpt2-tiny.json";
 import training from "./fixtures/gpt2-tiny.training.json";
 import { moduleRuns } from "./modulebands";
-import { decodePayload, type Analysis } from "./protocol";
+import { type Analysis } from "./protocol";
+import { decodePayload } from "./decode";
 
 describe("moduleRuns", () => {
   for (const [label, raw] of [["inference", inference], ["training", training]] as const) {

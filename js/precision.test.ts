@@ -1,7 +1,7 @@
 import { afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { formatBytes } from "./format";
 import { precisionOf, scaledTimeline } from "./precision";
-import { decodePayload } from "./protocol";
+import { decodePayload } from "./decode";
 import { mount, type WidgetModel } from "./widget";
 import { fakeModel } from "./testmodel";
 import inference from "./fixtures/gpt2-tiny.json";

@@ -1,13 +1,6 @@
 import { describe, expect, it } from "vitest";
-import {
-  applyCalls,
-  decode,
-  decodeMessage,
-  decodePayload,
-  type Analysis,
-  type CallsMessage,
-  type StartMessage,
-} from "./protocol";
+import { type Analysis, type CallsMessage, type StartMessage } from "./protocol";
+import { applyCalls, decode, decodeMessage, decodePayload } from "./decode";
 import { tiny } from "./testdata";
 
 describe("decodePayload", () => {
@@ -124,7 +117,7 @@ describe("messages", () => {
 
     const first = decodeMessage(fx.messages[1]) as CallsMessage;
     // post-order: embed, layers.0.fc, layers.0.act, layers.0, layers.1.fc
-    expect(first.index).toEqual([1, 3, 4, 2, 6]);
+    expect(first.calls.index).toEqual([1, 3, 4, 2, 6]);
     // the batch brings the dictionary entries that were new (op names, calls' tensors)
     expect(first.strings).toContain("aten.addmm");
     applyCalls(a, first);
@@ -136,7 +129,7 @@ describe("messages", () => {
 
     const second = decodeMessage(fx.messages[2]) as CallsMessage;
     // ids in this batch continue after the first batch's
-    expect(second.index).toEqual([7, 5, 9, 10, 8, 11, 0]);
+    expect(second.calls.index).toEqual([7, 5, 9, 10, 8, 11, 0]);
     applyCalls(a, second);
     expect(a.callCount).toBe(12);
 

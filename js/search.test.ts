@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { decodePayload, type Analysis } from "./protocol";
+import { type Analysis } from "./protocol";
+import { decodePayload } from "./decode";
 import { buildTree, expandToDepth, flatten, moduleMatcher, nodePath, type Tree } from "./tree";
 import gpt2 from "./fixtures/gpt2-tiny.json";
 

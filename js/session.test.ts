@@ -1,6 +1,7 @@
 /** The session reducer, one transition at a time: no DOM, no clock. */
 import { describe, expect, it } from "vitest";
-import { decodeMessage, decodePayload, type Analysis, type Message } from "./protocol";
+import { type Analysis, type Message } from "./protocol";
+import { decodeMessage, decodePayload } from "./decode";
 import { canRerun, initialSession, reduce, type Session } from "./session";
 import { tiny } from "./testdata";
 

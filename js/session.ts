@@ -12,7 +12,8 @@
  * (`start`, a payload) replaces the object, so "is it a new model?" is `prev.analysis !==
  * next.analysis`.
  */
-import { applyCalls, emptyAnalysis, type Analysis, type Message, type Mode, type RerunMessage } from "./protocol";
+import { type Analysis, type Message, type Mode, type RerunMessage } from "./protocol";
+import { applyCalls, emptyAnalysis } from "./decode";
 
 export interface Session {
   readonly analysis: Analysis | null;

@@ -1,7 +1,8 @@
 import { describe, expect, it } from "vitest";
 import training from "./fixtures/gpt2-tiny.training.json";
 import inference from "./fixtures/gpt2-tiny.json";
-import { decodePayload, type Analysis } from "./protocol";
+import { type Analysis } from "./protocol";
+import { decodePayload } from "./decode";
 import { STATIC_BAND, stackTimeline } from "./stack";
 
 const decode = (raw: unknown): Analysis => decodePayload(raw) as Analysis;

@@ -1,7 +1,8 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { categorySegments, phaseSpans, renderCategoryBar } from "./charts";
-import { checkpointProblems } from "./app";
-import { decodePayload, type Analysis } from "./protocol";
+import { checkpointProblems } from "./checkpoint";
+import { type Analysis } from "./protocol";
+import { decodePayload } from "./decode";
 import { mount, type WidgetModel } from "./widget";
 import { fakeModel as standaloneModel } from "./standalone";
 import { tiny } from "./testdata";

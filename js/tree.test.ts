@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { decodePayload, type Analysis, type ModuleInfo } from "./protocol";
+import { type Analysis, type ModuleInfo } from "./protocol";
+import { decodePayload } from "./decode";
 import { tiny } from "./testdata";
 import {
   aggregate,

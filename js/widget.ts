@@ -8,13 +8,8 @@
  */
 import type { AnyModel, Render } from "@anywidget/types";
 import { App } from "./app";
-import {
-  decodeMessage,
-  decodePayload,
-  type HelloMessage,
-  type RerunMessage,
-  type SelectMessage,
-} from "./protocol";
+import type { RerunMessage, ViewMessage } from "./protocol";
+import { decodeMessage, decodePayload } from "./decode";
 
 /** The synced traits (`meta_widget/widget.py`); `depth` is optional: how deep the tree opens. */
 export interface Traits {
@@ -39,12 +34,13 @@ export interface Rendered {
 /** Mount the view on `el`, wired to `model`; returns the app and the cleanup. */
 export function mount(model: WidgetModel, el: HTMLElement, standalone = false): Rendered {
   const kernel = !standalone && model.noKernel !== true;
+  /** Every message to the kernel is one of `VIEW_MESSAGE_TYPES` (Python has a handler each). */
+  const send = (msg: ViewMessage): void => model.send(msg);
   const app = new App(el, {
     standalone,
-    onRerun: kernel ? (msg: RerunMessage) => model.send(msg) : undefined,
+    onRerun: kernel ? (msg: RerunMessage) => send(msg) : undefined,
     onSelect: (module) => {
-      const msg: SelectMessage = { type: "select", module };
-      model.send(msg);
+      send({ type: "select", module });
       model.set("selected", module);
       model.save_changes();
     },
@@ -68,7 +64,7 @@ export function mount(model: WidgetModel, el: HTMLElement, standalone = false): 
   onDepth();
   onPayload();
   // is a kernel-side widget behind this view? (none, when restored from a saved notebook)
-  if (kernel) model.send({ type: "hello" } satisfies HelloMessage);
+  if (kernel) send({ type: "hello" });
   const cleanup = (): void => {
     model.off("change:payload", onPayload);
     model.off("change:depth", onDepth);

@@ -1,6 +1,8 @@
 """The fixed sets of names the package and the front end share: modes, phases, devices,
-optimizers. Each is defined here once; ``js/`` is checked against them by the front end's tests
-(``tests/make_fixtures.py`` writes them into ``js/fixtures/choices.json``).
+optimizers, memory categories, the precision switch, payload statuses, the exploration views'
+kinds and the message types of each direction. Each is defined here once; ``js/`` is checked
+against them by the front end's tests (``tests/make_fixtures.py`` writes them into
+``js/fixtures/choices.json``).
 
 Members are strings (``Mode.TRAINING == "training"``, ``f"{Mode.TRAINING}"`` is
 ``"training"``), so the public API keeps taking plain strings and payloads stay the same bytes.
@@ -11,7 +13,19 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, TypeVar
 
-__all__ = ["Device", "Mode", "Optimizer", "Phase", "choose"]
+__all__ = [
+    "Device",
+    "ExploreKind",
+    "KernelMessage",
+    "MemoryCategory",
+    "Mode",
+    "Optimizer",
+    "Phase",
+    "Precision",
+    "Status",
+    "ViewMessage",
+    "choose",
+]
 
 
 class _Choice(str, Enum):
@@ -54,6 +68,70 @@ class Optimizer(_Choice):
     ADAM = "adam"
     SGD = "sgd"
     SGD_MOMENTUM = "sgd-momentum"
+
+
+class MemoryCategory(_Choice):
+    """What live bytes are for (``meta_widget.memory``), in the order the widget stacks them.
+
+    Parameters, buffers and inputs are live from start to end (the static part); gradients and
+    optimizer state belong to a training step; activations are what the forward pass keeps for
+    later, temporaries what is freed within its phase.
+    """
+
+    PARAMETERS = "parameters"
+    BUFFERS = "buffers"
+    INPUTS = "inputs"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer state"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+
+
+class Precision(_Choice):
+    """The widget's precision switch, besides "recorded" (``protocol.PRECISION_CHOICES`` maps
+    each to its ``what_if`` arguments)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class Status(_Choice):
+    """Where a payload's analysis stands (``payload["status"]``)."""
+
+    STRUCTURAL = "structural"
+    RUNNING = "running"
+    DONE = "done"
+    ERROR = "error"
+
+
+class ExploreKind(_Choice):
+    """The views of the exploration widget (``explore_view.ExploreView.kind``)."""
+
+    FIT = "fit"
+    COMPARE = "compare"
+
+
+class KernelMessage(_Choice):
+    """The custom messages the kernel sends the view (``meta_widget.protocol`` documents each)."""
+
+    START = "start"
+    CALLS = "calls"
+    PHASE = "phase"
+    DONE = "done"
+    ERROR = "error"
+    READY = "ready"
+
+
+class ViewMessage(_Choice):
+    """The custom messages the view sends the kernel; ``widget.MESSAGE_HANDLERS`` has one
+    handler for each."""
+
+    HELLO = "hello"
+    SELECT = "select"
+    RERUN = "rerun"
 
 
 _C = TypeVar("_C", bound=_Choice)

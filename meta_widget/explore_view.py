@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anywidget
 import traitlets
 
+from .choices import ExploreKind
 from .comparison import NUMBERS, Comparison, fold
 from .widget import NOT_BUILT, asset
 
@@ -90,12 +91,12 @@ def comparison_payload(comparison: Comparison) -> dict[str, Any]:
 
 
 def fit_view(fit: Fit) -> ExploreView:
-    view = ExploreView(kind="fit", payload=fit_payload(fit))
+    view = ExploreView(kind=ExploreKind.FIT.value, payload=fit_payload(fit))
     view.text = repr(fit)
     return view
 
 
 def comparison_view(comparison: Comparison) -> ExploreView:
-    view = ExploreView(kind="compare", payload=comparison_payload(comparison))
+    view = ExploreView(kind=ExploreKind.COMPARE.value, payload=comparison_payload(comparison))
     view.text = comparison.summary()
     return view

@@ -121,6 +121,7 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .choices import KernelMessage, Precision, ViewMessage
 from .estimates import recorded_element_size, what_if
 from .units import DTYPE_BYTES
 
@@ -159,8 +160,10 @@ CALL_COLUMNS = (
     "assumed",
     "backward_ops",
 )
-MESSAGE_TYPES_TO_JS = ("start", "calls", "phase", "done", "error", "ready")
-MESSAGE_TYPES_FROM_JS = ("hello", "select", "rerun")
+#: the message types of each direction (``choices.KernelMessage``, ``choices.ViewMessage``);
+#: ``widget.MESSAGE_HANDLERS`` is built from ``MESSAGE_TYPES_FROM_JS``: one handler per type
+MESSAGE_TYPES_TO_JS = tuple(m.value for m in KernelMessage)
+MESSAGE_TYPES_FROM_JS = tuple(m.value for m in ViewMessage)
 
 
 class Dictionary:
@@ -382,12 +385,12 @@ def encode_module_memory(a: Analysis) -> dict[str, list[Any]]:
 
 #: the widget's precision switch: each choice and the ``what_if`` arguments it stands for
 #: (compute dtype, or None: the recorded one; weight-only format, or None)
-PRECISION_CHOICES: dict[str, tuple[str | None, str | None]] = {
-    "fp32": ("float32", None),
-    "bf16": ("bfloat16", None),
-    "fp16": ("float16", None),
-    "int8": (None, "int8"),
-    "int4": (None, "int4"),
+PRECISION_CHOICES: dict[Precision, tuple[str | None, str | None]] = {
+    Precision.FP32: ("float32", None),
+    Precision.BF16: ("bfloat16", None),
+    Precision.FP16: ("float16", None),
+    Precision.INT8: (None, "int8"),
+    Precision.INT4: (None, "int4"),
 }
 
 
@@ -409,7 +412,7 @@ def encode_what_if(report: MemoryReport) -> dict[str, dict[str, float]]:
         compute = dtype or recorded
         entry: dict[str, float] = dict(what_if(report, dtype=compute, weights=weights))
         entry["activation_scale"] = DTYPE_BYTES[compute] / r
-        out[name] = entry
+        out[name.value] = entry
     return out
 
 

@@ -10,15 +10,22 @@ import html
 import json
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
 
-from .choices import Device, Mode, Optimizer
+from .choices import Device, KernelMessage, Mode, Optimizer, Status
 from .fallback import fallback_html
-from .protocol import Dictionary, drop_zero_columns, encode_calls, encode_error, encode_header
+from .protocol import (
+    MESSAGE_TYPES_FROM_JS,
+    Dictionary,
+    drop_zero_columns,
+    encode_calls,
+    encode_error,
+    encode_header,
+)
 
 if TYPE_CHECKING:
     from .analysis import Analysis, ModuleNode
@@ -85,20 +92,30 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
         return data, meta
 
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        """A custom message from a view: run its handler (``MESSAGE_HANDLERS``); a message of
+        no known type, or not an object, is ignored (a newer front end may send more)."""
         if not isinstance(content, dict):
             return
-        if content.get("type") == "select":
-            module = content.get("module")
-            if isinstance(module, int):
-                self.selected = module
-        elif content.get("type") == "rerun":
-            self.rerun(**{k: content[k] for k in RERUN_OPTIONS if k in content})
-        elif content.get("type") == "hello":
-            # a view mounted: say this kernel-side widget is alive (a view restored from a
-            # saved notebook without its kernel gets no answer, and keeps its switches off)
-            self.send({"type": "ready"})
-            if self.last_done is not None:
-                self.send(self.last_done)
+        handler = MESSAGE_HANDLERS.get(str(content.get("type")))
+        if handler is not None:
+            handler(self, content)
+
+    def _on_hello(self, _content: dict[str, Any]) -> None:
+        """A view mounted: say this kernel-side widget is alive (a view restored from a saved
+        notebook without its kernel gets no answer, and keeps its switches off)."""
+        self.send({"type": KernelMessage.READY.value})
+        if self.last_done is not None:
+            self.send(self.last_done)
+
+    def _on_select(self, content: dict[str, Any]) -> None:
+        """The user selected a module row: it becomes the ``selected`` trait."""
+        module = content.get("module")
+        if isinstance(module, int):
+            self.selected = module
+
+    def _on_rerun(self, content: dict[str, Any]) -> None:
+        """The switches changed: analyze again with the options the message carries."""
+        self.rerun(**{k: content[k] for k in RERUN_OPTIONS if k in content})
 
     def rerun(self, **changes: Any) -> None:
         """Re-analyze with ``changes`` (mode, optimizer, device), streaming into this widget."""
@@ -152,6 +169,13 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
         return CallStream(self, nodes, title=title, source=source, mode=mode)
 
 
+#: what the widget does with each message type a view sends (``protocol.MESSAGE_TYPES_FROM_JS``):
+#: ``MetaWidget._on_<type>``, looked up here so that a type without a handler fails at import
+MESSAGE_HANDLERS: dict[str, Callable[[MetaWidget, dict[str, Any]], None]] = {
+    kind: getattr(MetaWidget, f"_on_{kind}") for kind in MESSAGE_TYPES_FROM_JS
+}
+
+
 #: Containers that hold modules but have no ``forward``: they are never called.
 CONTAINERS = frozenset({"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
 
@@ -188,7 +212,12 @@ class CallStream:
         self.interval_s = interval_s
         self.start = self.last = time.perf_counter()
         header = encode_header(
-            nodes, self.dictionary, title=title, source=source, mode=mode, status="running"
+            nodes,
+            self.dictionary,
+            title=title,
+            source=source,
+            mode=mode,
+            status=Status.RUNNING.value,
         )
         self.dictionary.take_new()  # the header carries the dictionary so far
         widget.last_done = None  # a view mounting while this runs must not see it finished

@@ -34,14 +34,23 @@ class Capture:
 
 
 def choices() -> dict[str, list[str]]:
-    """Each fixed name set of ``meta_widget.choices``, in its order."""
-    from meta_widget.choices import Device, Mode, Optimizer, Phase
+    """Each fixed name set of ``meta_widget.choices``, in its order (and the comparison's
+    numbers, the columns of the compare view)."""
+    from meta_widget import choices as c
+    from meta_widget.comparison import NUMBERS
 
     return {
-        "modes": [m.value for m in Mode],
-        "phases": [p.value for p in Phase],
-        "devices": [d.value for d in Device],
-        "optimizers": [o.value for o in Optimizer],
+        "modes": [m.value for m in c.Mode],
+        "phases": [p.value for p in c.Phase],
+        "devices": [d.value for d in c.Device],
+        "optimizers": [o.value for o in c.Optimizer],
+        "memory_categories": [m.value for m in c.MemoryCategory],
+        "precisions": [p.value for p in c.Precision],
+        "statuses": [s.value for s in c.Status],
+        "explore_kinds": [k.value for k in c.ExploreKind],
+        "kernel_messages": [m.value for m in c.KernelMessage],
+        "view_messages": [m.value for m in c.ViewMessage],
+        "compare_numbers": list(NUMBERS),
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from make_fixtures import FIXTURES, normalize, samples
 
 from meta_widget import protocol
+from meta_widget.choices import Precision
 
 
 def _load(name: str) -> object:
@@ -27,6 +28,14 @@ def test_recorded_samples_are_what_the_encoder_produces_now() -> None:
     # update js/protocol.ts, and run `npm test` (it decodes the same files).
     for name, data in samples().items():
         assert normalize(json.loads(json.dumps(data))) == _load(name), name
+
+
+def test_the_precision_switch_has_what_if_arguments_for_each_choice() -> None:
+    # choices.Precision is the switch the front end draws (js/choices.test.ts checks it)
+    assert list(protocol.PRECISION_CHOICES) == list(Precision)
+    payload = _load("gpt2-tiny.json")
+    assert isinstance(payload, dict)
+    assert list(payload["memory"]["what_if"]) == [p.value for p in Precision]
 
 
 def test_payload_columns_follow_the_contract() -> None:

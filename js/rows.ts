@@ -1,0 +1,137 @@
+/**
+ * What each row of the tree table shows (`RowCells`): name, type, calls, shapes and the numbers
+ * with their inline bars, at the precision the switch shows. Pure: it reads the tree and the
+ * aggregates and returns text, tooltips and bar fractions; `TreeView` draws them.
+ */
+import type { DtypeChoice } from "./charts";
+import { checkpointMarker } from "./checkpoint";
+import { formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
+import type { Analysis, CallInfo, ModuleInfo } from "./protocol";
+import { nodeName, nodeType, nodeValues, type Aggregate, type Row, type Tree } from "./tree";
+import type { Cell, RowCells } from "./treeview";
+
+/** The largest value of each column: its inline bars are fractions of it. */
+export interface Scales {
+  params: number;
+  paramBytes: number;
+  acts: number;
+  flops: number;
+}
+
+/** What the cells are computed from (rebuilt when the analysis, the dtype or the rows change). */
+export interface RowContext {
+  tree: Tree;
+  aggs: readonly Aggregate[];
+  /** Module row i or something below it was called. */
+  reached: readonly boolean[];
+  scales: Scales;
+  dtype: DtypeChoice;
+  paramBytes: (m: ModuleInfo) => number;
+  /** Output memory at the switch's precision. */
+  outputBytes: (bytes: number) => number;
+  /** Module path -> checkpoint problems of its own parameters (`checkpointProblems`). */
+  checkpoint: Map<string, string[]>;
+}
+
+/** Largest values, for the inline bars (computed once per aggregate or dtype change). */
+export function computeScales(a: Analysis | null, aggs: readonly Aggregate[], paramBytes: (m: ModuleInfo) => number): Scales {
+  const root = a?.modules[0];
+  if (!a || !root) return { params: 1, paramBytes: 1, acts: 1, flops: 1 };
+  let acts = 0;
+  let flops = 0;
+  for (const g of aggs) {
+    if (g.activationBytes > acts) acts = g.activationBytes;
+    if (g.flops > flops) flops = g.flops;
+  }
+  return { params: root.params || 1, paramBytes: paramBytes(root) || 1, acts: acts || 1, flops: flops || 1 };
+}
+
+/** Module row i was called, or something below it was. */
+export function reachedModules(a: Analysis | null, aggs: readonly Aggregate[]): boolean[] {
+  const reached = aggs.map((g) => g.calls > 0);
+  const mods = a?.modules ?? [];
+  for (let i = mods.length - 1; i > 0; i--) {
+    const p = (mods[i] as ModuleInfo).parent;
+    if (reached[i] && p >= 0) reached[p] = true;
+  }
+  return reached;
+}
+
+function shapesCell(calls: CallInfo[], which: "inputs" | "outputs"): Cell {
+  const first = calls[0];
+  if (!first) return { text: "" };
+  const text = formatShapes(first[which].map((t) => t.shape));
+  const all = calls.map((c) => formatShapes(c[which].map((t) => t.shape)));
+  const differ = all.some((s) => s !== text);
+  const title =
+    calls.length > 1
+      ? all
+          .slice(0, 12)
+          .map((s, k) => `call ${k + 1}: ${s}`)
+          .join("\n") + (calls.length > 12 ? `\n… ${calls.length - 12} more` : "")
+      : text;
+  return { text: differ ? `${text} …` : text, title };
+}
+
+const CONTAINER_HINT = "not called itself (a container): see its children";
+
+/** The cells of one row. */
+export function describeRow(ctx: RowContext, row: Row): RowCells {
+  const { tree, scales: s } = ctx;
+  const a = tree.analysis;
+  const node = row.node;
+  const v = nodeValues(tree, node, ctx.aggs, ctx.paramBytes);
+  const mi = node.kind === "module" ? node.module : (node.members[0] as number);
+  const m = a.modules[mi] as ModuleInfo;
+  const calls = m.calls.map((j) => a.calls[j]).filter((c): c is CallInfo => c !== undefined);
+  const traced = a.status !== "structural";
+  // a container that is never called itself (ModuleList): its numbers are in its children
+  const container = traced && v.calls === 0 && ctx.reached[mi] === true;
+  const name = nodeName(tree, node);
+  const type = nodeType(tree, node);
+  const shown = traced && !container;
+  const out = ctx.outputBytes(v.activationBytes);
+  return {
+    name,
+    type: m.parent < 0 && node.kind === "module" && type === name ? "" : type,
+    calls: node.kind === "module" ? v.calls : Math.round(v.calls / node.members.length),
+    error: v.error,
+    assumed: v.assumed,
+    dim: traced && v.calls === 0 && !container,
+    checkpoint: checkpointMarker(ctx.checkpoint, a, node, row.hasChildren && !row.expanded),
+    group: node.kind === "group",
+    inputs: shapesCell(calls, "inputs"),
+    outputs: shapesCell(calls, "outputs"),
+    params: { text: formatCount(v.params), title: `${formatExact(v.params)} parameters`, fraction: v.params / s.params },
+    paramBytes: {
+      text: formatBytes(v.paramBytes),
+      title: `${formatExact(v.paramBytes)} bytes`,
+      fraction: v.paramBytes / s.paramBytes,
+    },
+    activationBytes: {
+      text: shown ? formatBytes(out) : "–",
+      title: container
+        ? CONTAINER_HINT
+        : `${formatExact(out)} bytes (outputs' new storage, summed over calls${ctx.dtype === "recorded" ? "" : `, at ${ctx.dtype}`})`,
+      fraction: v.activationBytes / s.acts,
+    },
+    flops: {
+      text: shown ? formatFlops(v.flops) : "–",
+      title: container
+        ? CONTAINER_HINT
+        : v.backwardFlops
+          ? `${formatExact(v.flops)} FLOPs: forward ${formatExact(v.flops - v.backwardFlops)} + backward ${formatExact(v.backwardFlops)}`
+          : `${formatExact(v.flops)} FLOPs`,
+      fraction: v.flops / s.flops,
+    },
+  };
+}
+
+/** What the table says when it has no rows ("" when it has some). */
+export function emptyText(a: Analysis | null, rows: number, filter: string): string {
+  if (!a) return "Nothing analyzed yet.";
+  if (rows > 0) return "";
+  if (filter.trim()) return `No module name, type or path matches “${filter.trim()}”.`;
+  if (a.status === "running") return "Waiting for the first calls…";
+  return "This model has no modules.";
+}
