@@ -24,11 +24,13 @@ Other ops run on their arguments' dtypes, with PyTorch's type promotion, as unde
 Limits (documented in the README): the casts are applied where a torch function is called, and
 the mode does not see the torch functions that a Python function (most of
 ``torch.nn.functional``) calls inside: those are taken by what they run (``F.cross_entropy`` as
-``cross_entropy_loss``, ``F.interpolate`` as an upsampling, ``F.multi_head_attention_forward``
-as a ``linear``: its weights and inputs cast). Ops that autocast reaches only inside a composite
-op are listed by the composite's name where we know them (``einsum`` and ``tensordot`` on the
-CPU reach ``bmm``/``mm``), and CUDA's ``cross_entropy`` (``log_softmax`` then ``nll_loss``) is
-cast as one fp32 op.
+``cross_entropy_loss``, ``F.grid_sample`` as ``grid_sampler``, ``torch.lu`` as
+``_lu_with_info``, ``F.multi_head_attention_forward`` as a ``linear``: its weights and inputs
+cast), and ``F.interpolate`` and ``F.pad`` by the op their arguments pick (``mode="area"`` on a
+volume is ``adaptive_avg_pool3d``, ``mode="reflect"`` on two dimensions ``reflection_pad2d``).
+Ops that autocast reaches only inside a composite op are listed by the composite's name where
+we know them (``einsum`` and ``tensordot`` on the CPU reach ``bmm``/``mm``), and CUDA's
+``cross_entropy`` (``log_softmax`` then ``nll_loss``) is cast as one fp32 op.
 """
 
 from __future__ import annotations
@@ -114,10 +116,48 @@ _ALIASES = {
     "__pow__": "pow",
     "__rpow__": "pow",
     "cross_entropy": "cross_entropy_loss",
-    "interpolate": "upsample_nearest2d",
+    "grid_sample": "grid_sampler",
+    "lu": "_lu_with_info",
     "multi_head_attention_forward": "linear",
 }
+
+
+def _interpolate_op(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The op ``F.interpolate(input, size, scale_factor, mode, align_corners,
+    recompute_scale_factor, antialias)`` reaches: by ``mode`` and the input's spatial rank."""
+    x = args[0] if args else kwargs.get("input")
+    mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+    antialias = kwargs.get("antialias", args[6] if len(args) > 6 else False)
+    n = x.dim() - 2 if isinstance(x, torch.Tensor) else 0
+    ops = {
+        "nearest": f"upsample_nearest{n}d",
+        "nearest-exact": f"_upsample_nearest_exact{n}d",
+        "area": f"adaptive_avg_pool{n}d",
+        "linear": "upsample_linear1d",
+        "bilinear": "_upsample_bilinear2d_aa" if antialias else "upsample_bilinear2d",
+        "trilinear": "upsample_trilinear3d",
+        "bicubic": "_upsample_bicubic2d_aa" if antialias else "upsample_bicubic2d",
+    }
+    return ops.get(mode, "")
+
+
+def _pad_op(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The op ``F.pad(input, pad, mode, value)`` reaches: ``reflection_pad{n}d`` or
+    ``replication_pad{n}d`` for ``n`` padded dimensions (other modes reach no listed op)."""
+    pad = args[1] if len(args) > 1 else kwargs.get("pad", ())
+    mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
+    prefix = {"reflect": "reflection", "replicate": "replication"}.get(mode)
+    return f"{prefix}_pad{len(pad) // 2}d" if prefix is not None else ""
+
+
+#: Python functions whose op depends on their arguments (a mode, the input's rank)
+_BY_ARGUMENTS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str]] = {
+    "interpolate": _interpolate_op,
+    "pad": _pad_op,
+}
 _LOW = (torch.bfloat16, torch.float16)
+#: a function's cast, none, or what names its op from its arguments (see ``_BY_ARGUMENTS``)
+_Plan = Cast | Callable[[tuple[Any, ...], dict[str, Any]], str] | None
 
 
 #: names in the tables that autocast reaches inside a composite op (see the module docstring)
@@ -165,7 +205,7 @@ class Autocast(TorchFunctionMode):
         self.table = policy_for(device)
         self.dtype = dtype
         self.cache: dict[int, torch.Tensor] = {}
-        self._plans: dict[Any, Cast | None] = {}
+        self._plans: dict[Any, _Plan] = {}
         self._depth = 0
 
     def __enter__(self) -> Autocast:
@@ -191,12 +231,19 @@ class Autocast(TorchFunctionMode):
             plan = self._plans[func]
         else:
             plan = self._plans[func] = self._plan(func)
+        if plan is not None and not isinstance(plan, Cast):
+            plan = self.table.get(plan(args, kwargs))
         if plan is not None:
             args, kwargs = self._apply(plan, args, kwargs)
         return func(*args, **kwargs)
 
-    def _plan(self, func: Callable[..., Any]) -> Cast | None:
+    def _plan(self, func: Callable[..., Any]) -> _Plan:
+        """``func``'s cast; for a function whose op depends on its arguments, what names
+        that op."""
         name = getattr(func, "__name__", "")
+        chooser = _BY_ARGUMENTS.get(name)
+        if chooser is not None:
+            return chooser
         return self.table.get(_ALIASES.get(name, name))
 
     def _apply(

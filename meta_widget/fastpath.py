@@ -36,8 +36,10 @@ from .nested import NESTED_ATTENTION, Attention, encoder_forward
 __all__ = ["patch_fast_paths"]
 
 
-def _attention_ok(m: nn.MultiheadAttention, x: torch.Tensor) -> bool:
-    """PyTorch's conditions for the fused attention kernel's SDPA branch (self-attention)."""
+def _attention_ok(m: nn.MultiheadAttention, x: torch.Tensor, device: str) -> bool:
+    """PyTorch's conditions for the fused attention kernel (self-attention), and on CUDA for
+    its SDPA branch (a head size of a multiple of 8; the CPU takes its math branch whatever the
+    head size)."""
     return (
         torch.backends.mha.get_fastpath_enabled()
         and not m.training
@@ -48,7 +50,7 @@ def _attention_ok(m: nn.MultiheadAttention, x: torch.Tensor) -> bool:
         and m.bias_k is None
         and not m.add_zero_attn
         and m.num_heads % 2 == 0
-        and (m.embed_dim // m.num_heads) % 8 == 0
+        and (device == "cpu" or (m.embed_dim // m.num_heads) % 8 == 0)
         and not torch.is_autocast_enabled()
         and not (torch.is_grad_enabled() and any(p.requires_grad for p in m.parameters()))
     )
@@ -115,7 +117,7 @@ def _attention_forward(
             and key is value
             and kw.get("need_weights", True) is False
             and not kw.get("is_causal", False)
-            and _attention_ok(m, query)
+            and _attention_ok(m, query, device)
         ):
             return _attention(m, query, device), None
         return forward(query, key, value, *args, **kw)
@@ -133,14 +135,15 @@ def _users_hooks(m: nn.Module) -> bool:
     return False
 
 
-def _layer_ok(m: nn.TransformerEncoderLayer, x: torch.Tensor) -> bool:
+def _layer_ok(m: nn.TransformerEncoderLayer, x: torch.Tensor, device: str) -> bool:
+    """PyTorch's conditions for the fused encoder layer kernel on ``device``."""
     return (
         m.activation_relu_or_gelu != 0
         and not _users_hooks(m)
         and m.norm1.eps == m.norm2.eps
         and m.norm1.weight is not None
         and m.linear1.bias is not None
-        and _attention_ok(m.self_attn, x)
+        and _attention_ok(m.self_attn, x, device)
         and not (torch.is_grad_enabled() and any(p.requires_grad for p in m.parameters()))
     )
 
@@ -190,9 +193,9 @@ def _layer_forward(
         nested = NESTED_ATTENTION.get()
         if nested is not None:  # a nested tensor, from the encoder (which checked the layer)
             return _layer(m, src, nested)
-        if src_mask is None and src_key_padding_mask is None and _layer_ok(m, src):
+        if src_mask is None and src_key_padding_mask is None and _layer_ok(m, src, device):
             return _layer(m, src, lambda a, x: _attention(a, x, device))
-        if src_mask is None and device == "cpu" and _layer_ok(m, src):
+        if src_mask is None and device == "cpu" and _layer_ok(m, src, device):
             # a padding mask, fused too: the CPU kernel's math branch, masked
             padding = F._canonical_mask(
                 mask=src_key_padding_mask,
@@ -209,7 +212,7 @@ def _layer_forward(
 
 _PATCHES: dict[type[nn.Module], Callable[[Any, Callable[..., Any], str], Callable[..., Any]]] = {
     nn.TransformerEncoder: lambda m, forward, device: encoder_forward(
-        m, forward, device, _layer_ok
+        m, forward, device, lambda layer, x: _layer_ok(layer, x, device)
     ),
     nn.TransformerEncoderLayer: _layer_forward,
     nn.MultiheadAttention: _attention_forward,
