@@ -106,7 +106,8 @@ def timeline_figure(analysis: Analysis) -> go.Figure:
         customdata=list(zip(modules, ops, strict=True)),
         hovertemplate="%{y:.2f} MiB<br>%{customdata[0]} (%{customdata[1]})<extra></extra>",
     )
-    starts = sorted((i, name) for name, i in mem.phases.items())
+    # each run of a phase (a micro-batch's forward, its backward) shaded on its own
+    starts = mem.phase_runs or sorted((i, name) for name, i in mem.phases.items())
     shades: dict[str, str] = {
         Phase.FORWARD: "rgba(99,110,250,0.07)",
         Phase.BACKWARD: "rgba(239,85,59,0.07)",

@@ -45,30 +45,70 @@ def make_inputs(
     if input_size is None:
         input_dtypes(dtypes, 0)  # dtypes without input_size: refused with its message
     if input_data is not None:
+        shared = MetaStorages()  # one for all the inputs: they may share storages
         if isinstance(input_data, dict):
-            return MetaInputs((), {k: to_meta_value(v) for k, v in input_data.items()})
+            return MetaInputs((), {k: to_meta_value(v, shared) for k, v in input_data.items()})
         if isinstance(input_data, (tuple, list)):
-            return MetaInputs(tuple(to_meta_value(v) for v in input_data), {})
-        return MetaInputs((to_meta_value(input_data),), {})
+            return MetaInputs(tuple(to_meta_value(v, shared) for v in input_data), {})
+        return MetaInputs((to_meta_value(input_data, shared),), {})
     if input_size is None:
         return MetaInputs((), {})
     return _from_sizes(module, input_size, dtypes)
 
 
-def to_meta_value(value: Any) -> Any:
-    """``value`` with every tensor inside replaced by a meta tensor (no data is copied)."""
+class MetaStorages:
+    """The meta stand-ins made so far for real tensors and their storages, so that inputs
+    sharing a storage (``x`` and ``x[1]``, one tensor passed twice) share one meta storage of
+    the real one's size: the inputs' bytes then count each real storage once, as a real run
+    holds it."""
+
+    def __init__(self) -> None:
+        #: key of a real storage -> its meta stand-in (the same number of bytes)
+        self.storages: dict[int, torch.UntypedStorage] = {}
+        #: id of a real tensor -> its meta stand-in (the real tensors outlive this map)
+        self.tensors: dict[int, torch.Tensor] = {}
+
+    def stand_in(self, value: torch.Tensor) -> torch.Tensor:
+        """A meta tensor of ``value``'s shape, stride, dtype and storage offset, on the meta
+        storage standing for ``value``'s (made once per real storage)."""
+        known = self.tensors.get(id(value))
+        if known is not None:
+            return known
+        try:
+            real = value.untyped_storage()
+            key, nbytes, offset = real._cdata, real.nbytes(), value.storage_offset()
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage to share
+            t = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        else:
+            storage = self.storages.get(key)
+            if storage is None:
+                storage = torch.empty(nbytes, dtype=torch.uint8, device="meta").untyped_storage()
+                self.storages[key] = storage
+            t = torch.empty(0, dtype=value.dtype, device="meta")
+            t.set_(storage, offset, value.shape, value.stride())
+        self.tensors[id(value)] = t
+        return t
+
+
+def to_meta_value(value: Any, shared: MetaStorages | None = None) -> Any:
+    """``value`` with every tensor inside replaced by a meta tensor (no data is copied).
+
+    Real tensors sharing a storage get meta tensors sharing one meta storage of the same size
+    (``shared``: the stand-ins made so far, across calls; a new map when None).
+    """
     if isinstance(value, torch.Tensor):
         if value.is_meta:
             return value
-        t = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        t = (shared if shared is not None else MetaStorages()).stand_in(value)
         remember(t, value)  # a small mask's values: a few kernels allocate by them
         return t.requires_grad_(value.requires_grad) if value.is_floating_point() else t
+    shared = shared if shared is not None else MetaStorages()
     if isinstance(value, dict):
-        return type(value)({k: to_meta_value(v) for k, v in value.items()})
+        return type(value)({k: to_meta_value(v, shared) for k, v in value.items()})
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(to_meta_value(v) for v in value))
+        return type(value)(*(to_meta_value(v, shared) for v in value))
     if isinstance(value, (list, tuple)):
-        return type(value)(to_meta_value(v) for v in value)
+        return type(value)(to_meta_value(v, shared) for v in value)
     return value
 
 

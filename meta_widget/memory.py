@@ -5,7 +5,8 @@ Definitions (the README repeats them):
 - **parameter bytes**: ``numel * element_size`` summed over the model's parameters, each tensor
   counted once (tied weights once).
 - **buffer bytes**: the same over buffers.
-- **input bytes**: the distinct storages of the input tensors.
+- **input bytes**: the distinct storages of the input tensors, each counted once and whole (real
+  inputs sharing a storage, ``x`` and ``x[1]``, get meta stand-ins sharing one: ``inputs.py``).
 - **activation bytes** (total): every byte of storage allocated during the pass, whether freed
   later or not; per call, the bytes of *new* storage its outputs hold (views allocate nothing).
 - **live bytes** after an event: parameters + buffers + inputs + the storage allocated during the
@@ -15,19 +16,22 @@ Definitions (the README repeats them):
   ``.grad`` of each trainable parameter after backward), optimizer state (what ``step()`` keeps,
   e.g. AdamW's two moments, plus its step counters kept on the CPU), activations (in inference
   everything the forward pass allocated; in training what autograd saved for backward and the
-  outputs still alive when the forward pass ends), temporaries (everything else).
+  outputs still alive when the forward pass ends), temporaries (everything else). With
+  micro-batches, each allocation is judged within its own micro-batch: by the end of the forward
+  pass that made it.
 - **timeline by category**: the same split after every event, so that at each event the
   categories add up to the live bytes and at the peak they equal the categories above.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from .choices import Phase
+from .choices import MemoryCategory, Phase
 from .module_memory import ModuleMemory, module_memory
 from .storage import local
 from .units import DTYPE_BYTES
@@ -60,8 +64,11 @@ class MemoryReport:
     peak_phase: str | None = None
     #: bytes live at the peak, by category (see the module docstring)
     categories: dict[str, int] = field(default_factory=dict)
-    #: timeline index where each phase begins
+    #: timeline index where each phase begins (its first run)
     phases: dict[str, int] = field(default_factory=dict)
+    #: (timeline index, phase) where each run of a phase begins, in order: with micro-batches,
+    #: a forward and a backward per micro-batch (``Trace.phase_runs``)
+    phase_runs: list[tuple[int, str]] = field(default_factory=list)
     mode: str = "inference"
     #: optimizer state kept in host memory, not on the device (AdamW's step counters)
     optimizer_host_bytes: int = 0
@@ -104,8 +111,9 @@ class MemoryReport:
         return int(self.param_bytes - float_bytes + self.float_params * DTYPE_BYTES[dtype])
 
     def timeline_phases(self) -> list[str]:
-        """The phase of each timeline point."""
-        starts = sorted((i, name) for name, i in self.phases.items())
+        """The phase of each timeline point: that of the last phase run begun at or before it
+        (each micro-batch's forward and backward are runs of their own)."""
+        starts = self.phase_runs or sorted((i, name) for name, i in self.phases.items())
         out: list[str] = []
         current = starts[0][1] if starts else Phase.FORWARD
         k = 0
@@ -154,15 +162,8 @@ def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-CATEGORIES = (
-    "parameters",
-    "buffers",
-    "inputs",
-    "gradients",
-    "optimizer state",
-    "activations",
-    "temporaries",
-)
+#: the memory categories, in the order the widget stacks them (``choices.MemoryCategory``)
+CATEGORIES = tuple(c.value for c in MemoryCategory)
 
 
 def category(a: Allocation, trace: Trace, training: bool) -> str:
@@ -177,8 +178,25 @@ def category(a: Allocation, trace: Trace, training: bool) -> str:
         return "temporaries"
     if not training:
         return "activations"
-    forward_end = trace.phase_starts.get(Phase.BACKWARD, len(trace.events))
-    return "activations" if a.saved or a.freed < 0 or a.freed >= forward_end else "temporaries"
+    end = forward_end(trace.phase_runs, a.event, len(trace.events))
+    return "activations" if a.saved or a.freed < 0 or a.freed >= end else "temporaries"
+
+
+def forward_end(runs: Sequence[tuple[int, str]], event: int, n: int) -> int:
+    """The event index where the forward pass holding ``event`` ends: the start of the first
+    run of another phase after it (its micro-batch's backward), or ``n`` (the trace's end).
+
+    ``runs`` is ``Trace.phase_runs``: with micro-batches each forward pass is its own, so an
+    allocation of the second micro-batch is judged by the end of the second forward pass.
+    """
+    for start, name in runs[bisect_right(runs, event, key=_run_start) :]:
+        if name != Phase.FORWARD:
+            return start
+    return n
+
+
+def _run_start(run: tuple[int, str]) -> int:
+    return run[0]
 
 
 def category_timeline(trace: Trace, training: bool, static: dict[str, int]) -> dict[str, list[int]]:
@@ -228,6 +246,7 @@ def memory_report(
     other_state = trace.state_other_bytes if trace is not None else 0
     report.timeline = [(base + e.live_bytes, e.call, e.op) for e in events]
     report.phases = dict(trace.phase_starts) if trace is not None else {}
+    report.phase_runs = list(trace.phase_runs) if trace is not None else []
     static = {
         "parameters": report.param_bytes,
         "buffers": report.buffer_bytes,

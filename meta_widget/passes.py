@@ -65,8 +65,13 @@ class Trace:
     error_call: int | None
     seconds: float
     assumptions: list[Assumption] = field(default_factory=list)
-    #: event index where each phase begins
+    #: event index where each phase begins (its first run: with micro-batches, the first
+    #: micro-batch's)
     phase_starts: dict[str, int] = field(default_factory=dict)
+    #: (event index, phase) where each run of a phase begins, in order: with micro-batches, a
+    #: forward and a backward per micro-batch; each event's phase is that of the last run
+    #: begun at or before it
+    phase_runs: list[tuple[int, str]] = field(default_factory=list)
     #: storage keys of the gradients and optimizer state alive at the end of a training step,
     #: each -> the name of its parameter in ``named_parameters()`` (its first owner: tied once)
     grad_keys: dict[int, str] = field(default_factory=dict)
@@ -204,6 +209,7 @@ def trace(
         seconds=time.perf_counter() - start,
         assumptions=list(recorder.assumptions.recorded.values()),
         phase_starts=run.phase_starts,
+        phase_runs=run.phase_runs,
         grad_keys=run.grad_keys,
         state_keys=run.state_keys,
         state_other_bytes=run.state_other,
@@ -263,6 +269,7 @@ class _Run:
         self.autocast = autocast
         self.micro_batches = 1
         self.phase_starts: dict[str, int] = {Phase.FORWARD: 0}
+        self.phase_runs: list[tuple[int, str]] = [(0, Phase.FORWARD)]
         self.grad_keys: dict[int, str] = {}
         self.state_keys: dict[int, str] = {}
         self.param_names: dict[int, str] = {}  # id of each parameter -> its name
@@ -291,7 +298,7 @@ class _Run:
             return
         for i in range(self.micro_batches):  # gradient accumulation: forward, backward, again
             if i:
-                self.recorder.phase = Phase.FORWARD
+                self._phase(Phase.FORWARD, None)  # listeners hear of backward and optimizer
             # the loss goes straight into backward: no frame here keeps it alive after backward
             self._backward(self._forward(module, args, kwargs, loss, saved), params, on_phase)
         if optimizer is not None:
@@ -354,9 +361,11 @@ class _Run:
         return self.autocast() if self.autocast is not None else nullcontext()
 
     def _phase(self, name: str, on_phase: Callable[[str], None] | None) -> None:
+        """Begin a run of phase ``name`` (a micro-batch's forward or backward, or the step)."""
         self.recorder.phase = name
-        # with micro-batches, each phase begins where its first micro-batch's did
-        self.phase_starts.setdefault(name, len(self.recorder.storage.events))
+        at = len(self.recorder.storage.events)
+        self.phase_runs.append((at, name))  # every run: each micro-batch has its own
+        self.phase_starts.setdefault(name, at)  # the first run of each phase
         if on_phase is not None:
             on_phase(name)
 
@@ -565,9 +574,15 @@ def _checkpoint_forward(m: torch.nn.Module, device: str) -> torch.nn.Module:
 
 
 def _pack(recorder: Recorder) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The pack hook: mark ``t`` saved, and keep it detached. Kept as itself, a saved output
+    would hold its own autograd node (``t.grad_fn``), the node holding it: a reference cycle,
+    which keeps a branch dropped in the forward pass alive until the collector runs (it is
+    paused while tracing), where a real run frees it at once, as autograd's own saved outputs
+    hold no node."""
+
     def pack(t: torch.Tensor) -> torch.Tensor:
         recorder.storage.mark_saved(t)
-        return t
+        return t.detach()
 
     return pack
 
