@@ -22,17 +22,22 @@ __all__ = ["cast_inputs", "with_param_dtype"]
 
 
 def with_param_dtype(meta: MetaModel, dtype: torch.dtype) -> MetaModel:
-    """``meta`` with every floating parameter and buffer in ``dtype`` (a copy unless owned)."""
+    """``meta`` with every floating parameter and buffer in ``dtype``.
+
+    The module is cast in place only when meta_widget owns it; the user's own meta module is
+    cast on a copy (:func:`~.sources.meta_copy`), or, when it is in ``dtype`` already, analyzed
+    as it is and still not owned: its dtypes never change.
+    """
     floating = [
         t for t in (*meta.module.parameters(), *meta.module.buffers()) if t.is_floating_point()
     ]
-    if meta.owned or all(t.dtype == dtype for t in floating):
-        module = meta.module  # ours to change, or nothing to change (a re-run): no copy
-    else:
-        module = meta_copy(meta.module)
-    module.to(dtype)
+    module, owned = meta.module, meta.owned
+    if any(t.dtype != dtype for t in floating):
+        if not owned:
+            module, owned = meta_copy(module), True
+        module.to(dtype)
     note = f"Parameters and buffers analyzed in {str(dtype).removeprefix('torch.')} (param_dtype)."
-    return MetaModel(module, meta.source, True, [*meta.notes, note], meta.rebuild)
+    return MetaModel(module, meta.source, owned, [*meta.notes, note], meta.rebuild)
 
 
 def cast_inputs(inputs: MetaInputs, dtype: torch.dtype) -> MetaInputs:

@@ -177,18 +177,48 @@ def _totals_of_sets(module: torch.nn.Module) -> dict[int, _Totals]:
 
 
 def _gather(
-    m: torch.nn.Module,
+    root: torch.nn.Module,
     params: dict[int, tuple[int, int, bool, bool]],
     buffers: dict[int, int],
     subtree: dict[int, tuple[frozenset[int], frozenset[int]]],
-) -> tuple[frozenset[int], frozenset[int]]:
-    """The ids of the parameters and buffers in ``m``'s subtree (filling ``params``, ``buffers``
-    and ``subtree`` on the way). Not a closure: a recursive closure is a reference cycle, and
-    with the collector paused for the analysis its sets (55 MiB on a 100,000-module model)
-    would live as long as the analysis."""
-    found = subtree.get(id(m))
-    if found is not None:
-        return found
+) -> None:
+    """The ids of the parameters and buffers in each module's subtree under ``root``, by the
+    module's ``id``, into ``subtree`` (filling ``params`` and ``buffers`` on the way).
+
+    Iterative and bottom-up (a module's sets are made once its children's are), so a deep tree
+    takes no recursion; a module already on the path being walked (a cycle, which the sources
+    refuse) is not entered again, its tensors counted where it is. Not a closure: a closure over
+    these tables is a reference cycle, and with the collector paused for the analysis its sets
+    (55 MiB on a 100,000-module model) would live as long as the analysis.
+    """
+    entered: set[int] = set()
+    todo: list[tuple[torch.nn.Module, bool]] = [(root, False)]
+    while todo:
+        m, leaving = todo.pop()
+        if id(m) in subtree or (id(m) in entered and not leaving):
+            continue
+        children = [c for c in m._modules.values() if c is not None]
+        if not leaving:
+            entered.add(id(m))
+            todo.append((m, True))
+            todo.extend((c, False) for c in reversed(children))
+            continue
+        ps, bs = _own_tensors(m, params, buffers)
+        for child in children:
+            below = subtree.get(id(child))  # None: an ancestor (a cycle), counted above
+            if below is not None:
+                ps |= below[0]
+                bs |= below[1]
+        subtree[id(m)] = (frozenset(ps), frozenset(bs))
+
+
+def _own_tensors(
+    m: torch.nn.Module,
+    params: dict[int, tuple[int, int, bool, bool]],
+    buffers: dict[int, int],
+) -> tuple[set[int], set[int]]:
+    """The ids of ``m``'s own parameters and buffers (recording each in ``params`` and
+    ``buffers``)."""
     ps: set[int] = set()
     bs: set[int] = set()
     for p in m._parameters.values():
@@ -204,10 +234,4 @@ def _gather(
         if b is not None:
             buffers[id(b)] = b.numel() * b.element_size()
             bs.add(id(b))
-    for child in m._modules.values():
-        if child is not None:
-            cp, cb = _gather(child, params, buffers, subtree)
-            ps |= cp
-            bs |= cb
-    found = subtree[id(m)] = (frozenset(ps), frozenset(bs))
-    return found
+    return ps, bs

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import os
 import resource
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -178,3 +181,118 @@ def test_too_deep_state_is_refused_not_copied() -> None:
     model.stash = deep
     with pytest.raises(SourceError, match="nests deeper than"):
         meta_copy(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# 512 MiB of data in containers deepcopy copies without the search seeing it (issue 23.3),
+# measured in a fresh process each: its resident memory, and its peak (VmHWM, reset just before
+# the analysis through /proc/self/clear_refs), before and after mw.analyze
+
+_HOLDERS = r"""
+import array, collections, ctypes, gc, json, mmap, re, sys
+import numpy as np, torch
+import meta_widget as mw
+
+N = 512 * 2**20
+PAGE = {page}
+
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def hwm():
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) * 1024
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+MAKE = {{
+    "deque": lambda: collections.deque([torch.empty(N // 4)]),
+    "exception": lambda: ValueError("bad batch", torch.empty(N // 4)),
+    "numpy": lambda: np.empty(N, dtype=np.uint8),
+    "array.array": lambda: array.array("b", [0]) * N,
+    "bytearray": lambda: bytearray(N),
+    "memoryview": lambda: memoryview(bytearray(N)),
+    "mmap": lambda: mmap.mmap(-1, N),
+    "ctypes array": lambda: (ctypes.c_char * N)(),
+    "torch storage": lambda: torch.UntypedStorage(N),
+}}
+
+mw.analyze(Net(), input_size=(2, 8))  # the first analysis imports and caches: not measured
+model = Net()
+model.stash = MAKE[sys.argv[1]]()
+gc.collect()
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) starts again from the resident memory now
+    reset = True
+except OSError:
+    reset = False
+before, peak = rss(), hwm()
+a = mw.analyze(model, input_size=(2, 8))
+grown, peak_grown = rss() - before, hwm() - peak
+held = a.source_model.module.stash
+inner = held[0] if isinstance(held, collections.deque) else held
+inner = inner.args[1] if isinstance(inner, ValueError) else inner
+print(json.dumps({{
+    "error": None if a.error is None else a.error.message,
+    "grown": grown,
+    "peak_grown": peak_grown if reset else None,
+    "shared": held is model.stash,
+    "meta": isinstance(inner, torch.Tensor) and inner.is_meta,
+    "meta storage": isinstance(inner, torch.UntypedStorage) and inner.device.type == "meta",
+    "stand-in nbytes": inner.untyped_storage().nbytes() if isinstance(inner, torch.Tensor)
+    else None,
+}}))
+"""
+
+#: a container, and what the analysis' copy holds in its place: a meta stand-in, or the user's
+#: own object, shared (never copied)
+HOLDERS = {
+    "deque": "meta",
+    "exception": "meta",
+    "numpy": "shared",
+    "array.array": "shared",
+    "bytearray": "shared",
+    "memoryview": "shared",
+    "mmap": "shared",
+    "ctypes array": "shared",
+    "torch storage": "meta storage",
+}
+
+
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_512_mib_in_any_container_is_not_copied(
+    holder: str, request: pytest.FixtureRequest
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _HOLDERS.format(page=_PAGE), holder],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(request.config.rootpath),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["error"] is None
+    assert out["grown"] < LIMIT, f"{holder}: RSS grew by {out['grown'] / 2**20:.0f} MiB"
+    if out["peak_grown"] is not None:
+        peak = out["peak_grown"]
+        assert peak < LIMIT, f"{holder}: peak RSS grew by {peak / 2**20:.0f} MiB"
+    kind = HOLDERS[holder]
+    if kind == "shared":
+        assert out["shared"], f"{holder}: the copy holds another object than the user's"
+    else:
+        assert out[kind], f"{holder}: the copy holds no meta stand-in"
+    if kind == "meta":
+        assert out["stand-in nbytes"] == 512 * 2**20

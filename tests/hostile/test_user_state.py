@@ -65,7 +65,7 @@ def _same(before: dict[str, Any], after: dict[str, Any]) -> None:
         assert f2 is f, f"{n!r}.forward was {f!r}, is {f2!r}"
 
 
-def _user_model() -> tuple[torch.nn.Module, list[str]]:
+def _user_model(instance_forward: bool = True) -> tuple[torch.nn.Module, list[str]]:
     with torch.device("meta"):
         net = Net()
     net.train()
@@ -75,6 +75,8 @@ def _user_model() -> tuple[torch.nn.Module, list[str]]:
     seen: list[str] = []
     net.head.register_forward_hook(lambda m, a, o: seen.append("head"))
     block = net.blocks[1]
+    if not instance_forward:
+        return net, seen
 
     def wrapped(x: torch.Tensor) -> torch.Tensor:  # an instance-level forward of the user's
         seen.append("wrapped")
@@ -124,3 +126,35 @@ def test_a_failing_training_step_leaves_it_as_it_was_too() -> None:
     )
     assert a.error is not None
     _same(before, _snapshot(net))
+
+
+def _dtypes(model: torch.nn.Module) -> list[tuple[str, torch.Tensor, torch.dtype]]:
+    """Each parameter and buffer of ``model``, as its own accessors give it, with its dtype."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return [(n, t, t.dtype) for n, t in tensors]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_param_dtype_leaves_the_users_meta_module_in_its_dtypes(dtype: str) -> None:
+    """Blind spot of issue 23: ``param_dtype`` cast the user's own meta module, so a later
+    analysis of it saw bf16 parameters (its peak halved). The truth: the module's parameters
+    and buffers, their dtypes read before; and bytes counted from them by hand."""
+    # (no instance forward: a closure over the user's block runs that block, not the copy's)
+    net, _ = _user_model(instance_forward=False)
+    net.to(getattr(torch, dtype))
+    net.register_buffer("scale", torch.ones(16, device="meta", dtype=getattr(torch, dtype)))
+    before, snapshot = _dtypes(net), _snapshot(net)
+    first = mw.analyze(net, input_size=(2, 16), mode="training")
+    bf16 = mw.analyze(net, input_size=(2, 16), mode="training", param_dtype=torch.bfloat16)
+    assert bf16.error is None and first.error is None
+    for (n, t, d), (n2, t2, d2) in zip(before, _dtypes(net), strict=True):
+        assert (n2, d2) == (n, d), f"{n} was {d}, is {d2}"
+        assert t2 is t, f"{n} replaced"
+    _same(snapshot, _snapshot(net))
+    # the bf16 analysis counted 2 bytes a parameter, the user's module its own dtype's
+    numel = sum(p.numel() for p in net.parameters())
+    assert bf16.param_bytes == 2 * numel
+    assert first.param_bytes == sum(p.numel() * p.element_size() for p in net.parameters())
+    second = mw.analyze(net, input_size=(2, 16), mode="training")
+    assert second.param_bytes == first.param_bytes
+    assert second.peak_bytes == first.peak_bytes
