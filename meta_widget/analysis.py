@@ -32,16 +32,23 @@ from .memory import MemoryReport, memory_report
 from .opcache import CacheStats
 from .options import (
     DEFAULT_OPTIMIZER,
+    OptionError,
     carried_optimizer,
     check_assume,
     check_autocast,
     check_buildable,
+    check_checkpoint_path,
     check_depth,
     check_device,
     check_fast,
+    check_flag,
+    check_grad_mode,
+    check_listeners,
+    check_loss,
     check_micro_batches,
     check_mode,
     check_optimizer,
+    check_optional_flag,
     check_parallel,
     check_param_dtype,
     checkpoint_selection,
@@ -104,6 +111,7 @@ class Options:
         (an optimizer given in inference is not used)."""
         notes: list[str] = []
         mode = check_mode(self.mode)
+        check_grad_mode(mode)
         if self.input_size is not None:
             input_dtypes(self.dtypes, len(input_shapes(self.input_size)))
         elif self.dtypes is not None:
@@ -113,6 +121,10 @@ class Options:
             mode=mode,
             device=check_device(self.device),
             optimizer=check_optimizer(self.optimizer, mode, notes),
+            loss=check_loss(self.loss),
+            strict=check_flag(self.strict, "strict"),
+            assume_nonzero=check_optional_flag(self.assume_nonzero, "assume_nonzero"),
+            checkpoint=check_checkpoint_path(self.checkpoint),
             depth=check_depth(self.depth),
             fast=check_fast(self.fast),
             assume=check_assume(self.assume),
@@ -477,12 +489,13 @@ def analyze(
     mode
         ``"inference"`` (``eval()``, no autograd, one forward pass) or ``"training"``
         (``train()``: forward, loss, backward and one optimizer step, each a phase of the
-        memory timeline).
+        memory timeline; refused inside ``torch.inference_mode()``, where autograd is off).
     optimizer
         In training: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd-momentum"`` or None
         (no step). Given in inference, it is not used, and ``notes`` says so.
     loss
-        In training: ``loss(output) -> scalar tensor``; default the sum of every floating output.
+        In training: a function ``loss(output) -> scalar tensor`` (no loss is known by name);
+        default the sum of every floating output.
     device
         The device the memory numbers are for; it picks the attention kernel that
         ``scaled_dot_product_attention`` is accounted as: ``"cuda"`` (flash / memory-efficient,
@@ -524,7 +537,8 @@ def analyze(
     micro_batches
         In training: forward, loss and backward run this many times (each on the given
         inputs, the loss divided by the count), gradients accumulating, then one optimizer
-        step. FLOPs and calls count every micro-batch.
+        step. FLOPs and calls count every micro-batch. At most ``MAX_MICRO_BATCHES`` (1024):
+        each is traced in full.
     parallel
         Trace one rank of several devices, on PyTorch's own engine (``meta_widget.parallel``):
         ``{"fsdp": 8}`` (FSDP2's ``fully_shard`` on each block, then the root),
@@ -532,9 +546,11 @@ def analyze(
         ``{"fsdp": 4, "tp": 2}``; optional ``"blocks"`` (what ``fully_shard`` wraps) and
         ``"tp_plan"`` (``{path: "colwise" | "rowwise"}``). Memory, FLOPs and ``comms`` are then
         those of rank 0; the batch given is the batch of one rank. Not for a model already
-        wrapped (its own wrapping is traced; ``ParallelError``).
+        wrapped (its own wrapping is traced; ``ParallelError``). Checked before any process
+        group is made: at most 16,384 ranks, ``tp`` dividing the attention (and key/value)
+        heads the model's config gives, ``fsdp`` at most the rows of the largest parameter.
     listeners
-        Functions called with each :class:`CallRecord` as it completes.
+        A list of functions, each called with every :class:`CallRecord` as it completes.
     fast
         ``True`` (default): an aten op already seen on the same input metadata is not run
         again, its outputs are rebuilt from the op cache (``Analysis.fast_path`` counts hits,
@@ -611,12 +627,14 @@ def _pipeline(
     listeners: Sequence[Callable[[CallRecord], None]],
 ) -> Analysis:
     options, given_notes = options.checked()  # every option, before anything is built
+    listeners = check_listeners(listeners)
     check_buildable(model)
     start = time.perf_counter()
     meta = source = to_meta(model)
     if options.param_dtype is not None:
         meta = with_param_dtype(meta, options.param_dtype)
     module = meta.module
+    _check_against(module, options)  # the options that depend on the model, before tracing
     diff = (
         checkpoint_diff(module, inspect_checkpoint(options.checkpoint))
         if options.checkpoint is not None
@@ -699,6 +717,15 @@ def _pipeline(
             view.show(analysis)
         view.update_live_display()  # widget=True: its output gets the static view too
     return analysis
+
+
+def _check_against(module: torch.nn.Module, options: Options) -> None:
+    """The options checked against the (meta) model before anything is traced or started:
+    the modules ``activation_checkpointing`` names, and ``parallel=``'s degrees
+    (``meta_widget.parallel.check_world``); a mismatch is an ``OptionError``."""
+    _checkpointed(module, options.activation_checkpointing)
+    if options.parallel is not None:
+        heavy.parallel().check_world(options.parallel, module)
 
 
 def _assemble(
@@ -787,7 +814,7 @@ def _checkpointed(module: torch.nn.Module, which: bool | Sequence[str]) -> list[
     names = set(which)
     found = [m for p, m in module.named_modules() if p in names or type(m).__name__ in names]
     if not found:
-        raise ValueError(
+        raise OptionError(
             f"activation_checkpointing={sorted(names)} matches no module path or class name of "
             f"{type(module).__name__}; use paths from a.to_dataframe()['module'] or class names."
         )

@@ -13,6 +13,13 @@ Decisions (documented in the README):
   keeps it for the next training run), but ``Analysis.notes`` says it was not used.
 - Dimensions may be any integer type (``numpy.int64`` included), never ``bool``; a shape whose
   tensor would hold more than ``2**63 - 1`` bytes is refused.
+- Work is bounded before it starts: at most ``MAX_MICRO_BATCHES`` micro-batches (each is traced
+  in full) and ``MAX_RANKS`` ranks in a ``parallel=`` world (``fsdp * tp``); the degrees are
+  also checked against the model (``meta_widget.parallel.check_world``).
+- ``loss`` is a function (no loss is known by name), ``listeners`` a list of functions,
+  ``checkpoint`` a ``str`` or ``os.PathLike`` path, ``strict`` and ``assume_nonzero`` booleans.
+- A training analysis is refused inside ``torch.inference_mode()``, which no code can turn
+  autograd back on in (``torch.no_grad()`` is fine: the trace turns gradients on itself).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import operator
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,12 +52,18 @@ __all__ = [
     "check_autocast",
     "check_budget",
     "check_buildable",
+    "check_checkpoint_path",
     "check_depth",
     "check_device",
     "check_fast",
+    "check_flag",
+    "check_grad_mode",
+    "check_listeners",
+    "check_loss",
     "check_micro_batches",
     "check_mode",
     "check_optimizer",
+    "check_optional_flag",
     "check_parallel",
     "check_param_dtype",
     "checkpoint_selection",
@@ -62,6 +76,12 @@ __all__ = [
 
 #: the largest element count or byte count a tensor can have (PyTorch sizes are int64)
 INT64_MAX = 2**63 - 1
+#: the most micro-batches one analysis traces: each is a whole forward, loss and backward
+MAX_MICRO_BATCHES = 1024
+#: the most ranks (``fsdp * tp``) a ``parallel=`` trace stands for: the largest published
+#: training jobs (16,384 GPUs); FSDP2 splits every parameter into one piece per rank, so the
+#: trace's work grows with the world size
+MAX_RANKS = 16384
 
 
 class OptionError(MetaWidgetError, ValueError):
@@ -318,6 +338,92 @@ def checkpoint_selection(which: Any) -> bool | list[str]:
     )
 
 
+def check_flag(value: Any, argument: str) -> bool:
+    """``value`` as a ``bool`` option (``strict``): anything else, ``"yes"`` included, is
+    refused."""
+    if not isinstance(value, bool):
+        raise OptionTypeError(f"{argument} must be True or False, not {_show(value)}")
+    return value
+
+
+def check_optional_flag(value: Any, argument: str) -> bool | None:
+    """``value`` as a ``bool`` option whose default is ``None`` (``assume_nonzero``)."""
+    if value is not None and not isinstance(value, bool):
+        raise OptionTypeError(
+            f"{argument} must be True, False or None (the default), not {_show(value)}"
+        )
+    return value
+
+
+def check_loss(loss: Any) -> Callable[[Any], Any] | None:
+    """``loss``: None (the sum of every floating output) or a function ``loss(output)``
+    returning a scalar tensor; no loss is known by name."""
+    if loss is None or callable(loss):
+        return loss  # type: ignore[no-any-return]
+    if isinstance(loss, str):
+        raise OptionError(
+            f"unknown loss {loss!r}: no loss is known by name. Give a function of the model's "
+            "output that returns a scalar tensor, e.g. loss=lambda out: torch.nn.functional."
+            "mse_loss(out, torch.zeros_like(out)), or leave loss=None (the sum of every "
+            "floating output)."
+        )
+    raise OptionTypeError(
+        f"loss={_show(loss)} is not a function: give loss=lambda output: ... returning a "
+        "scalar tensor, or None (the sum of every floating output)."
+    )
+
+
+def check_listeners(listeners: Any) -> tuple[Callable[[Any], Any], ...]:
+    """``listeners``: a list (or tuple) of functions, each called with every ``CallRecord``."""
+    if not isinstance(listeners, Sequence) or isinstance(listeners, (str, bytes)):
+        raise OptionTypeError(
+            f"listeners={_show(listeners)} is not a list of functions: e.g. "
+            "listeners=[print] (each is called with every CallRecord as it completes)."
+        )
+    for i, listener in enumerate(listeners):
+        if not callable(listener):
+            raise OptionTypeError(
+                f"listeners[{i}] = {_show(listener)} is not a function: each listener is "
+                "called with every CallRecord as it completes, e.g. listeners=[print]."
+            )
+    return tuple(listeners)
+
+
+def check_checkpoint_path(path: Any) -> str | os.PathLike[str] | None:
+    """``checkpoint``: None, or a path as a ``str`` or ``os.PathLike`` (``pathlib.Path``)."""
+    if path is None:
+        return None
+    if isinstance(path, (bytes, bytearray, memoryview)):
+        raise OptionTypeError(
+            f"checkpoint={_show(path)} is a bytes path: give it as a str "
+            "(checkpoint=os.fsdecode(path)) or a pathlib.Path."
+        )
+    if isinstance(path, str) or (
+        isinstance(path, os.PathLike) and isinstance(os.fspath(path), str)
+    ):
+        return path
+    raise OptionTypeError(
+        f"checkpoint={_show(path)} ({type(path).__name__}) is not a path: give the checkpoint's "
+        "path as a str or pathlib.Path (a .safetensors, .pt/.pth/.bin or *.index.json file, "
+        "or a model folder)."
+    )
+
+
+def check_grad_mode(mode: str) -> None:
+    """Refuse a training analysis inside ``torch.inference_mode()``: autograd is off there for
+    good (``torch.enable_grad()`` cannot turn it back on), so nothing could be back-propagated.
+    ``torch.no_grad()`` is fine: the trace turns gradients on itself."""
+    torch = heavy.torch()
+
+    if mode == Mode.TRAINING and torch.is_inference_mode_enabled():
+        raise OptionError(
+            "mode='training' was asked for inside torch.inference_mode(), which turns autograd "
+            "off for everything made in it (enable_grad() cannot turn it back on), so no "
+            "backward pass could be traced: call mw.analyze outside the `with "
+            "torch.inference_mode():` block (torch.no_grad() is fine), or use mode='inference'."
+        )
+
+
 def check_assume(assume: Any) -> dict[str, Any] | None:
     """``assume``: ``{"file.py:LINE" or module path: number or bool}``."""
     if assume is None:
@@ -442,11 +548,20 @@ def check_param_dtype(dtype: Any) -> torch.dtype | None:
 
 
 def check_micro_batches(count: Any, mode: str) -> int:
-    """``micro_batches``: an int of 1 or more; more than 1 only in training."""
+    """``micro_batches``: an int from 1 to ``MAX_MICRO_BATCHES``; more than 1 only in
+    training."""
     if not _is_dim(count) or operator.index(count) < 1:
         raise OptionError(
             f"micro_batches={_show(count)} must be an int of 1 or more: the forward and "
             "backward passes run per optimizer step (gradient accumulation)."
+        )
+    if operator.index(count) > MAX_MICRO_BATCHES:
+        raise OptionError(
+            f"micro_batches={_show(count)} is more than {MAX_MICRO_BATCHES}, the most one "
+            "analysis traces: each micro-batch is a whole forward, loss and backward pass, "
+            "traced in full. Trace a few (e.g. micro_batches=4): the memory of the second "
+            "micro-batch repeats in every later one, and the FLOPs of one micro-batch times "
+            "the count are the step's."
         )
     if operator.index(count) > 1 and mode != Mode.TRAINING:
         raise OptionError(
@@ -494,20 +609,7 @@ def check_parallel(parallel: Any) -> ParallelPlan | None:
     unknown = sorted(set(map(str, parallel)) - {"fsdp", "tp", "blocks", "tp_plan"})
     if unknown:
         raise OptionError(f"parallel has unknown keys {unknown}: {_PARALLEL_EXAMPLE}.")
-    sizes = {}
-    for key in ("fsdp", "tp"):
-        value = parallel.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise OptionError(
-                f"parallel[{key!r}] must be a whole number of devices >= 1, not {_show(value)}: "
-                f"{_PARALLEL_EXAMPLE}."
-            )
-        sizes[key] = int(value)
-    if sizes["fsdp"] * sizes["tp"] < 2:
-        raise OptionError(
-            f"parallel={_show(dict(parallel))} is one device: give fsdp or tp > 1 "
-            f"({_PARALLEL_EXAMPLE}), or leave parallel out."
-        )
+    sizes = _parallel_sizes(parallel)
     blocks = parallel.get("blocks")
     if blocks is not None:
         blocks = (blocks,) if isinstance(blocks, str) else blocks
@@ -527,3 +629,34 @@ def check_parallel(parallel: Any) -> ParallelPlan | None:
             )
         plan = tuple(plan.items())
     return ParallelPlan(sizes["fsdp"], sizes["tp"], blocks, plan)
+
+
+def _parallel_sizes(parallel: Mapping[str, Any]) -> dict[str, int]:
+    """``fsdp`` and ``tp`` checked: whole numbers of devices, 2 to ``MAX_RANKS`` in all."""
+    sizes = {}
+    for key in ("fsdp", "tp"):
+        value = parallel.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+            raise OptionError(
+                f"parallel[{key!r}] must be a whole number of devices >= 1, not {_show(value)}: "
+                f"{_PARALLEL_EXAMPLE}."
+            )
+        if int(value) > MAX_RANKS:
+            raise OptionError(
+                f"parallel[{key!r}]={_show(value)} is more than {MAX_RANKS} devices, the most a "
+                "parallel= trace stands for (the largest published training jobs): give the "
+                f"degree of one job, {_PARALLEL_EXAMPLE}."
+            )
+        sizes[key] = int(value)
+    world = sizes["fsdp"] * sizes["tp"]
+    if world < 2:
+        raise OptionError(
+            f"parallel={_show(dict(parallel))} is one device: give fsdp or tp > 1 "
+            f"({_PARALLEL_EXAMPLE}), or leave parallel out."
+        )
+    if world > MAX_RANKS:
+        raise OptionError(
+            f"parallel={_show(dict(parallel))} is {world} ranks (fsdp x tp), more than "
+            f"{MAX_RANKS}, the most a parallel= trace stands for: lower fsdp or tp."
+        )
+    return sizes

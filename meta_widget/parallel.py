@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -47,7 +48,7 @@ from torch.utils._pytree import tree_map_only
 
 from .comms import CommRecord, CommWatcher
 from .errors import MetaWidgetError
-from .options import ParallelPlan
+from .options import OptionError, ParallelPlan
 from .passes import Trace, trace
 from .recorder import Recorder
 from .undo import Undo
@@ -56,6 +57,7 @@ __all__ = [
     "ParallelError",
     "RankTrace",
     "World",
+    "check_world",
     "fake_like",
     "forget_meshes",
     "fsdp_blocks",
@@ -99,6 +101,7 @@ class World:
         self.fake = FakeTensorMode()
         self.mesh: DeviceMesh | None = None
         self.watcher: CommWatcher | None = None
+        self._hook = sys.excepthook
 
     # -- the process group --------------------------------------------------------------------
 
@@ -112,17 +115,24 @@ class World:
                 "yourself and analyze it without parallel=."
             )
         plan = self.plan
-        dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
+        self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
+            dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
             self.mesh = init_device_mesh("cpu", (plan.fsdp, plan.tp), mesh_dim_names=("fsdp", "tp"))
         except BaseException:
-            dist.destroy_process_group()
+            self.__exit__()  # a group registered before the failure is destroyed too
             raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        dist.destroy_process_group()
-        forget_meshes()
+        """Destroy the process group (if one was made) and undo what making it changed: the
+        exception hook, DTensor's cache of this world's meshes; on every path."""
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            sys.excepthook = self._hook
+            forget_meshes()
 
     def tracing(self) -> FakeTensorMode:
         """The mode the trace runs under (fake tensors standing for CPU tensors)."""
@@ -243,6 +253,69 @@ def forget_meshes() -> None:
     cached = getattr(propagator, "propagate_op_sharding", None)
     if cached is not None and hasattr(cached, "cache_clear"):
         cached.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# the degrees, against the model (before any process group is made)
+
+#: the config fields whose counts tensor parallelism splits over ``tp`` ranks (transformers'
+#: plans shard attention by heads: q/k/v column-wise, each rank ``heads / tp`` of them)
+HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads")
+
+
+def check_world(plan: ParallelPlan, module: nn.Module) -> None:
+    """Refuse degrees that ``module`` cannot be split into, before anything is started.
+
+    - ``tp`` must divide the model's attention heads and key/value heads, where its
+      (transformers) config gives them and its plan is the config's: that plan splits q, k and v
+      column-wise, each rank computing ``heads / tp`` whole heads (a ``tp_plan`` given is the
+      caller's to judge).
+    - ``fsdp`` may not exceed the rows of the model's largest parameter: FSDP2 shards every
+      parameter's first dimension, so past that count a rank's shards stop shrinking and the
+      extra ranks hold padding only (the all-gathers grow with them).
+
+    The tensor-parallel plan and ``blocks`` are resolved here too (``ParallelError`` when they
+    cannot be), so that every mistake is found before the process group is made.
+
+    Raises ``OptionError`` (the sizes themselves are bounded by ``options.check_parallel``).
+    """
+    name = type(module).__name__
+    if plan.tp > 1:
+        tp_plan(module, plan)
+        for field, heads in _head_counts(module) if plan.tp_plan is None else ():
+            if heads % plan.tp:
+                raise OptionError(
+                    f"parallel tp={plan.tp} does not divide the {heads} heads of {name} "
+                    f"(config.{field}): tensor parallelism gives each rank heads / tp whole "
+                    f"heads. Give a tp that divides {heads}, e.g. tp={_divisor(heads, plan.tp)}."
+                )
+    if plan.fsdp > 1:
+        fsdp_blocks(module, plan.blocks)
+        rows = max((p.shape[0] for p in module.parameters() if p.ndim), default=0)
+        if rows and plan.fsdp > rows:
+            raise OptionError(
+                f"parallel fsdp={plan.fsdp} is more ranks than the {rows} rows of the largest "
+                f"parameter of {name}: FSDP2 shards each parameter's first dimension, so "
+                f"past {rows} ranks every rank holds one row at most and the others only "
+                f"padding. Give fsdp <= {rows}."
+            )
+
+
+def _head_counts(module: nn.Module) -> list[tuple[str, int]]:
+    """(config field, count) of the attention heads the model's config names, if any."""
+    config = getattr(module, "config", None)
+    found: list[tuple[str, int]] = []
+    for cfg in (config, getattr(config, "text_config", None)):
+        for field in HEAD_FIELDS:
+            value = getattr(cfg, field, None) if cfg is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found.append((field, value))
+    return found
+
+
+def _divisor(n: int, below: int) -> int:
+    """The largest divisor of ``n`` below ``below`` (1 at least)."""
+    return max(d for d in range(1, min(n, below) + 1) if n % d == 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,11 @@ training step the way ``analyze(mode="training")`` models it (the output kept to
 loss freed after backward, AdamW made after backward, ``foreach=False``) while
 ``torch.distributed._tools.mem_tracker.MemTracker`` measures it. The collectives move no data
 (backend ``"fake"``) but every buffer FSDP2 and DTensor allocate is allocated.
+
+Where MemTracker cannot run (it hooks every parameter's gradient, and a frozen parameter has
+none), :func:`allocator_rank_peak` measures the same step as the CPU allocator sees it
+(``torch.profiler``'s memory events); :func:`real_output_bytes` gives the bytes of the tensors
+modules return on a real rank (DTensor's real output sizes).
 """
 
 from __future__ import annotations
@@ -17,11 +22,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._C._profiler import _EventType
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
+from torch.profiler import ProfilerActivity, profile
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from meta_widget.parallel import forget_meshes
@@ -114,6 +126,78 @@ def real_rank_peak(
     finally:
         dist.destroy_process_group()
         forget_meshes()  # DTensor's cache would hand this world's meshes to the next one
+
+
+def allocator_rank_peak(make: Callable[[], nn.Module], x: torch.Tensor, fsdp: int) -> int:
+    """The peak (bytes) of one real AdamW step of rank 0 of ``fsdp`` CPU ranks (each block, then
+    the root, ``fully_shard``-ed) as the CPU allocator sees it: rank 0's parameter shards and the
+    input, plus the highest sum of every allocation and free ``torch.profiler`` records during
+    the step (``profile_memory=True``). For models MemTracker cannot follow (frozen parameters);
+    the step is the one :func:`real_rank_peak` runs."""
+    dist.init_process_group("fake", rank=0, world_size=fsdp, store=FakeStore())
+    try:
+        torch.manual_seed(0)
+        model = make().train()
+        default_wrap(model, init_device_mesh("cpu", (fsdp, 1), mesh_dim_names=("dp", "tp")))
+        params = [p for p in model.parameters() if p.requires_grad]
+        held = [p.to_local() for p in model.parameters()] + [x]  # type: ignore[operator]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = model(x)
+            loss = _floating_sum(out)
+            loss.backward()
+            del loss
+            torch.optim.AdamW(params, foreach=False).step()
+            del out
+        return sum(storages.values()) + _highest(prof)
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
+
+
+def _highest(prof: profile) -> int:
+    """The highest running sum of the allocations (+) and frees (-) ``prof`` recorded."""
+    events: list[tuple[int, int]] = []
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    while pending:
+        node = pending.pop()
+        if node.tag == _EventType.Allocation:
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        pending.extend(node.children)
+    live = peak = 0
+    for _, size in sorted(events):
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
+def real_output_bytes(
+    make: Callable[[], nn.Module], x: torch.Tensor, tp: int, plan: dict[str, ParallelStyle]
+) -> dict[str, int]:
+    """Bytes of the tensor each module named in ``plan`` returns, on rank 0 of ``tp`` real CPU
+    ranks after ``parallelize_module(model, mesh, plan)``, in one forward pass (module path ->
+    bytes; the module's first call)."""
+    dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
+    try:
+        torch.manual_seed(0)
+        model = make().train()
+        parallelize_module(model, init_device_mesh("cpu", (tp,)), plan)
+        sizes: dict[str, int] = {}
+
+        def record(path: str) -> Callable[[nn.Module, Any, Any], None]:
+            def hook(module: nn.Module, args: Any, out: Any) -> None:
+                local = out.to_local() if hasattr(out, "to_local") else out
+                sizes.setdefault(path, local.numel() * local.element_size())
+
+            return hook
+
+        for path in plan:
+            model.get_submodule(path).register_forward_hook(record(path))
+        model(x)
+        return sizes
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
 
 
 def default_wrap(

@@ -13,8 +13,17 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from parallel_truth import DeepMLP, llama_tp_plan, real_rank_peak, tiny_llama_config
+from parallel_truth import (
+    DeepMLP,
+    allocator_rank_peak,
+    llama_tp_plan,
+    real_output_bytes,
+    real_rank_peak,
+    tiny_llama_config,
+)
 from torch import nn
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
@@ -35,7 +44,7 @@ def llama_input() -> torch.Tensor:
     return torch.randint(0, 32000, (2, 128))
 
 
-def analyze_rank(model: Any, x: torch.Tensor, **parallel: int) -> mw.Analysis:
+def analyze_rank(model: Any, x: torch.Tensor, **parallel: Any) -> mw.Analysis:
     a = mw.analyze(model, input_data=x, mode="training", device="cpu", parallel=parallel)
     assert a.error is None, a.error
     return a
@@ -65,6 +74,38 @@ def test_fsdp2_peak_per_rank_is_a_real_ranks_peak_on_an_mlp(n: int) -> None:
     a = analyze_rank(DeepMLP, x, fsdp=n)
     assert a.peak_bytes == pytest.approx(truth["Total"], rel=FSDP_TOLERANCE)
     assert a.param_bytes < mlp_param_bytes() / n + 4 * 1024 * n  # this rank's shards only
+
+
+def half_frozen_mlp() -> DeepMLP:
+    """DeepMLP with its first two blocks frozen (no gradients, no optimizer state)."""
+    model = DeepMLP()
+    model.layers[:2].requires_grad_(False)
+    return model
+
+
+def test_frozen_parameters_under_fsdp2_are_a_real_ranks_peak() -> None:
+    # truth: the CPU allocator on a real rank (MemTracker cannot hook a frozen parameter)
+    x = torch.randn(64, 256)
+    truth = allocator_rank_peak(half_frozen_mlp, x, fsdp=2)
+    a = analyze_rank(half_frozen_mlp(), x, fsdp=2)
+    assert a.peak_bytes == pytest.approx(truth, rel=FSDP_TOLERANCE)
+    # the frozen blocks save the gradients and AdamW state of half the model
+    assert truth < 0.85 * allocator_rank_peak(DeepMLP, x, fsdp=2)
+    assert a.trainable_params == sum(p.numel() for p in DeepMLP().layers[2:].parameters())
+
+
+def test_tensor_parallel_all_gathers_carry_dtensors_real_output_bytes() -> None:
+    # truth: the tensors the gathered-output layers return on a real rank of 2
+    x = torch.randn(64, 256)
+    paths = [f"layers.{i}.0" for i in range(4)]
+    real = real_output_bytes(
+        DeepMLP, x, 2, {p: ColwiseParallel(output_layouts=Replicate()) for p in paths}
+    )
+    a = analyze_rank(DeepMLP, x, tp=2, tp_plan={"layers.*.0": "colwise_gather_output"})
+    gathers = a.comms[(a.comms.collective == "all_gather") & (a.comms.group == "tp")]
+    assert list(gathers.module) == paths
+    assert list(gathers.bytes) == [real[p] for p in paths]
+    assert real["layers.0.0"] == 64 * 1024 * 4  # the whole output, not one rank's half
 
 
 def mlp_param_bytes() -> int:
