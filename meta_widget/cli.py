@@ -6,8 +6,12 @@ meta-widget models:Net --input 1,3,32,32     (models.py in the current folder)
 
 Every mistake (a bad option, a name that does not import, an object that is not a model, a file
 that cannot be written) is one line on stderr and a nonzero exit: 2 for the command line, 1 for
-everything else (also a model whose forward pass fails: the summary shows the error). ``--debug``
-shows the Python traceback instead.
+everything else (also a model whose forward pass fails: the summary shows the error, and a file
+that calls ``sys.exit`` while being imported). ``--debug`` shows the Python traceback instead.
+
+When the reader of standard output goes away early (``meta-widget ... | head``), the command
+stops quietly with status 141, as a Unix tool ended by SIGPIPE does (128 + 13): nothing on
+stderr, and ``set -o pipefail`` scripts can tell it from an error (1) or a mistake (2).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, NoReturn
 from . import heavy
 from .choices import Mode
 from .errors import MetaWidgetError
+from .explain import exception_message
 from .options import (
     OptionError,
     check_depth,
@@ -33,9 +38,12 @@ from .options import (
     parse_shape,
 )
 
-__all__ = ["CommandError", "UsageError", "build_parser", "load_object", "main"]
+__all__ = ["EXIT_PIPE", "CommandError", "UsageError", "build_parser", "load_object", "main"]
 
 PROG = "meta-widget"
+#: the exit status when standard output's reader went away (128 + SIGPIPE, as a shell reports a
+#: tool that SIGPIPE ended)
+EXIT_PIPE = 141
 
 
 class UsageError(OptionError):
@@ -77,9 +85,21 @@ def _import_file(target: str) -> Any:
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
+    except SystemExit as exc:  # a script, not a module: its exit is no analysis
+        raise _exited(target, exc) from exc
     except Exception as exc:  # the user's code: report it in one line, with where
         raise CommandError(f"importing {target!r} raised {_where(exc)}") from exc
     return module
+
+
+def _exited(target: str, exc: SystemExit) -> CommandError:
+    """The error for a file that called ``sys.exit`` (or raised ``SystemExit``) on import."""
+    return CommandError(
+        f"{target!r} called sys.exit({_code_text(exc.code)}) while being imported"
+        f"{_location(exc)}, so "
+        "there is no model to analyze: put the file's script part under "
+        "`if __name__ == '__main__':`"
+    )
 
 
 def _import_module(target: str) -> Any:
@@ -95,26 +115,37 @@ def _import_module(target: str) -> Any:
                 "the Python path (a file can be named as path/to/file.py:attr)"
             ) from exc
         raise CommandError(f"importing {target!r} raised {_where(exc)}") from exc
+    except SystemExit as exc:  # a script, not a module: its exit is no analysis
+        raise _exited(target, exc) from exc
     except Exception as exc:  # the user's code: report it in one line, with where
         raise CommandError(f"importing {target!r} raised {_where(exc)}") from exc
 
 
+def _code_text(code: object) -> str:
+    """``sys.exit``'s argument as written (an int, a message), or its type for other objects."""
+    if type(code) in (int, str, type(None)):
+        text = repr(code)
+        return text if len(text) <= 200 else text[:200] + "..."
+    return f"<{type(code).__name__} object>"
+
+
 def _where(exc: BaseException) -> str:
     """``Type: message (file:line)``: the innermost frame of the user's code, in one line."""
-    message = " ".join(str(exc).split())
-    where = ""
     if isinstance(exc, SyntaxError) and exc.filename:
-        where = f" ({exc.filename}:{exc.lineno})"
-        message = " ".join((exc.msg or "").split())
-    else:
-        frames = [
-            f
-            for f in traceback.extract_tb(exc.__traceback__)
-            if not f.filename.startswith("<frozen") and "importlib" not in f.filename
-        ]
-        if frames:
-            where = f" ({frames[-1].filename}:{frames[-1].lineno})"
-    return f"{type(exc).__name__}: {message}{where}"
+        message = " ".join(str(exc.msg or "").split())
+        return f"{type(exc).__name__}: {message} ({exc.filename}:{exc.lineno})"
+    message = " ".join(exception_message(exc).split())
+    return f"{type(exc).__name__}: {message}{_location(exc)}"
+
+
+def _location(exc: BaseException) -> str:
+    """`` (file:line)`` of the innermost frame of the user's code in ``exc``'s traceback."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("<frozen") and "importlib" not in f.filename
+    ]
+    return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -205,12 +236,38 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status (errors exit through ``SystemExit``)."""
+    """Run the command; returns the exit status (errors exit through ``SystemExit``).
+
+    A reader of standard output that goes away early (``| head``) ends it quietly with
+    :data:`EXIT_PIPE`.
+    """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not as a warning at interpreter exit
+    except BrokenPipeError:
+        return _reader_gone()
+    return status
+
+
+def _reader_gone() -> int:
+    """Standard output's reader went away: point stdout at /dev/null, so that Python's final
+    flush at exit finds no closed pipe to warn about, and return :data:`EXIT_PIPE`."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (main() called in-process): nothing to do
+        pass
+    return EXIT_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
         return _run(args)
     try:
         return _run(args)
+    except BrokenPipeError:  # the reader of stdout went away: main() ends quietly
+        raise
     except UsageError as exc:
         _fail(str(exc), 2)
     except OptionError as exc:  # the checks analyze shares with %meta: same message

@@ -522,13 +522,27 @@ def _as_exception(exc: BaseException | str) -> tuple[BaseException, str]:
     )
 
 
+def exception_message(exc: BaseException) -> str:
+    """``str(exc)``, for any exception object: one whose ``__str__`` raises or returns something
+    other than text gives ``"<exception str() failed: E.__str__ raised RuntimeError>"`` instead
+    (the words of Python's own traceback), so that explaining an error never raises another."""
+    try:
+        message = str(exc)
+    except Exception as error:  # the exception's own code failed: name it, never show it
+        return (
+            f"<exception str() failed: {type(exc).__name__}.__str__ raised {type(error).__name__}>"
+        )
+    # a subclass of str may override the methods the matchers call: keep its characters only
+    return message if type(message) is str else "".join(("", message))
+
+
 def explanation_name(exc: BaseException | str) -> str | None:
     """The name of the registry entry that explains ``exc`` (``None``: only the generic one).
 
     ``exc`` may also be an error message (see :func:`explain`).
     """
     exc, _ = _as_exception(exc)
-    message = str(exc)
+    message = exception_message(exc)
     for name, matcher, *_ in _EXPLANATIONS:
         if matcher(exc, message):
             return name
@@ -543,7 +557,9 @@ def is_meta_error(exc: BaseException | str) -> bool:
     """
     exc, _ = _as_exception(exc)
     name = explanation_name(exc)
-    return name in META_ERRORS and ("meta" in str(exc).lower() or name in _META_WITHOUT_THE_WORD)
+    return name in META_ERRORS and (
+        "meta" in exception_message(exc).lower() or name in _META_WITHOUT_THE_WORD
+    )
 
 
 def _first_line(message: str) -> str:
@@ -564,9 +580,11 @@ def explain(
     ``exc`` may also be an error message, as printed on a traceback's last line
     (``"RuntimeError: Tensor.item() cannot be called on meta tensors"``) or without its type:
     it is explained the same way, with no source line. Anything else raises ``TypeError``.
+    Any exception object is explained, also one whose ``__str__`` or ``__repr__`` raises (see
+    :func:`exception_message`).
     """
     exc, type_name = _as_exception(exc)
-    message = str(exc)
+    message = exception_message(exc)
     file, line, code = user_frame(exc)
     title, explanation, fix = next(
         ((t, e, f) for _n, matcher, t, e, f in _EXPLANATIONS if matcher(exc, message)),

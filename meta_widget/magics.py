@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from . import heavy
 from .analysis import analyze
 from .checkpoints import CheckpointError, inspect_checkpoint
 from .choices import Mode
-from .explain import explain, is_meta_error
+from .explain import exception_message, explain, is_meta_error
 from .options import (
     OptionError,
     check_depth,
@@ -196,27 +197,71 @@ def _cell(shell: InteractiveShell, args: MagicArgs, cell: str) -> None:
 def _explained_traceback(
     shell: InteractiveShell, etype: type, value: BaseException, tb: Any, tb_offset: int | None
 ) -> Any:
-    """The custom exception handler: the usual traceback, plus the explanation of meta errors."""
+    """The custom exception handler: the usual traceback, plus the explanation of meta errors.
+
+    It survives any exception object (``__str__`` or ``__repr__`` raising, odd ``args``, cycles
+    of ``__cause__``): IPython unregisters a handler that raises, which would turn explanations
+    off for the rest of the session.
+    """
     # IPython records the error for %tb, %debug and pdb in showtraceback, which a custom handler
     # bypasses: record it first, on every path (the previous handler's included)
     _record_last_exception(etype, value, tb)
     state = _STATE.get(id(shell))
-    meta = is_meta_error(value)
+    note = _explanation_note(value)
     previous = state.previous if state is not None else None
-    if previous is not None and previous.types and isinstance(value, previous.types):
+    # (the exception's type decides, as IPython's own `except custom_exceptions` does)
+    if previous is not None and previous.types and issubclass(etype, previous.types):
         stb = previous.handler(etype, value, tb, tb_offset=tb_offset)
-        if meta:
-            print(_explanation_text(explain(value)))
+        if note:
+            print(note)
         return stb
-    if not meta:
-        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    if not note:
+        _show_plain(shell, etype, value, tb, tb_offset)
         return None
-    stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
-    stb = [*stb, _explanation_text(explain(value))]
-    shell._showtraceback(etype, value, stb)  # type: ignore[arg-type]
+    try:
+        stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    except Exception:  # IPython's formatter failed on this object: IPython's own fallback shows it
+        _show_plain(shell, etype, value, tb, tb_offset)
+        print(note)
+        return None
+    stb = [*stb, note]
+    _show(shell, etype, value, stb)
     if shell.call_pdb:  # `%pdb on`: showtraceback would enter the debugger here
         shell.debugger(force=True)
     return stb
+
+
+def _explanation_note(value: BaseException) -> str:
+    """The text printed below a meta error's traceback ("" for other errors).
+
+    ``explain`` handles any exception object; what else may fail here is a matcher added with
+    ``meta_widget.explain.register_explanation``: the note then says so instead.
+    """
+    try:
+        return _explanation_text(explain(value)) if is_meta_error(value) else ""
+    except Exception as error:  # e.g. a registered matcher's own bug: say so, keep the handler
+        return (
+            f"\nmeta_widget could not explain this error: {type(error).__name__} while matching "
+            "it against the explanations (a matcher added with register_explanation?)."
+        )
+
+
+def _show_plain(
+    shell: InteractiveShell, etype: type, value: BaseException, tb: Any, tb_offset: int | None
+) -> None:
+    """IPython's usual traceback; Python's own when the front end cannot show this object."""
+    try:
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    except Exception:  # e.g. ipykernel sends str(value), which may raise: Python's printer copes
+        traceback.print_exception(etype, value, tb)
+
+
+def _show(shell: InteractiveShell, etype: type, value: BaseException, stb: list[str]) -> None:
+    """Show a structured traceback, with ``value``'s text made safe for the front end."""
+    try:
+        shell._showtraceback(etype, value, stb)  # type: ignore[arg-type]
+    except Exception:  # ipykernel sends str(value): send its text, made safe, instead
+        shell._showtraceback(etype, exception_message(value), stb)  # type: ignore[arg-type]
 
 
 def _record_last_exception(etype: type, value: BaseException, tb: Any) -> None:

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor, Placement, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from .parallel import ParallelError
-from .sources import MetaModel, SourceError, reachable_tensors, stand_in
+from .sources import MetaModel, SourceError, copied_data, reachable, stand_ins
 from .walk import modules
 
 __all__ = [
@@ -320,18 +320,15 @@ def unwrapped_meta(module: nn.Module) -> MetaModel:
             full = torch.empty(p.shape, dtype=p.dtype, device="meta")
             memo[id(p)] = nn.Parameter(full, requires_grad=p.requires_grad)
     states = {id(m): _own_state(m) for m in module.modules()}
-    storages: dict[int, Any] = {}
-    for _, t in reachable_tensors(list(states.values())):
-        if id(t) not in memo and not t.is_meta:
-            memo[id(t)] = stand_in(t, storages)
+    # as sources.meta_copy: stand-ins for real tensors and storages, other data shared as it is
+    for key, value in stand_ins(reachable(list(states.values())), {}).items():
+        memo.setdefault(key, value)
     originals = set(memo)
     for m in module.modules():
         shells[id(m)].__dict__.update(copy.deepcopy(states[id(m)], memo))
     root = shells[id(module)]
-    # as sources.meta_copy: a real tensor the search for tensors could not see was copied
-    real = next(
-        (p for p, t in reachable_tensors(root) if not (t.is_meta or id(t) in originals)), None
-    )
+    # real data the search could not see was copied: refuse it
+    real = copied_data(root, originals)
     if real is not None:
         raise SourceError(
             f"meta_widget would have copied the data of a real tensor of "

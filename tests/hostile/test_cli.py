@@ -255,3 +255,74 @@ def test_python_dash_m_and_the_installed_script_agree(folder: pathlib.Path) -> N
     )
     assert result.returncode == 0, result.stderr
     assert "Net (module)" in result.stdout
+
+
+# -- a file that exits on import; a reader of stdout that goes away (issue 23, item 13) ----------
+
+
+@pytest.mark.parametrize(
+    ("source", "spec", "code"),
+    [
+        ("import sys\nsys.exit(0)\n", "exits_zero.py:net", "0"),
+        ("import sys\nsys.exit(0)\n", "exits_zero:net", "0"),
+        ("import sys\nsys.exit()\n", "exits_bare.py:net", "None"),
+        ("import sys\nsys.exit('usage: train.py DATA')\n", "exits_text.py:net", "'usage: "),
+        ("raise SystemExit(3)\n", "exits_three.py:net", "3"),
+    ],
+)
+def test_a_file_that_calls_sys_exit_on_import_is_an_error(
+    folder: pathlib.Path, source: str, spec: str, code: str
+) -> None:
+    name = spec.partition(":")[0].removesuffix(".py")
+    (folder / f"{name}.py").write_text(source)
+    message = one_line_error(cli(folder, spec, "--input", "1,8"), 1, "called sys.exit(")
+    target = spec.partition(":")[0]
+    assert f"{target!r} called sys.exit({code}" in message
+    assert "while being imported" in message and f"({folder / name}.py:" in message
+    assert "if __name__ == '__main__':" in message
+
+
+def _closed_early(
+    folder: pathlib.Path, tmp_path: pathlib.Path, unbuffered: bool
+) -> tuple[int, str]:
+    """Run the command with its stdout a pipe whose read end is closed before anything is
+    written: every write finds no reader, as after ``| head`` has exited."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "meta_widget.cli", "models:net", "--input", "2,8"],
+            cwd=folder,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+        )
+        assert proc.stdout is not None
+        proc.stdout.close()  # the reader goes away before the command writes its summary
+        status = proc.wait(timeout=300)
+    return status, err.read_text()
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    folder: pathlib.Path, tmp_path: pathlib.Path, unbuffered: bool
+) -> None:
+    status, stderr = _closed_early(folder, tmp_path, unbuffered)
+    assert (status, stderr) == (141, ""), stderr
+
+
+def test_piped_to_head_is_quiet(folder: pathlib.Path) -> None:
+    """A real ``| head -n 1``: whether ``head`` has gone when the rest is written is up to the
+    scheduler, so the status is 0 (all written in time) or 141; stderr is empty either way."""
+    command = (
+        f"set -o pipefail; {sys.executable} -m meta_widget.cli models:net --input 2,8 "
+        "| head -n 1; echo status=${PIPESTATUS[0]}"
+    )
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=folder, capture_output=True, text=True, timeout=300
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Net (module)") and lines[-1] in ("status=0", "status=141")
+    assert result.stderr == ""
