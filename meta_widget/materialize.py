@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -25,10 +26,19 @@ from typing import Any
 
 import torch
 
-from .checkpoints import checkpoint_diff, inspect_checkpoint, sniff
+from .checkpoints import (
+    CheckpointDiff,
+    CheckpointError,
+    CheckpointInfo,
+    TensorEntry,
+    checkpoint_diff,
+    inspect_checkpoint,
+    sniff,
+)
 from .errors import MetaWidgetError
+from .options import OptionError, OptionTypeError
 from .sources import MetaModel, meta_copy, to_meta
-from .units import format_bytes
+from .units import format_bytes, is_floating
 
 __all__ = [
     "InsufficientMemoryError",
@@ -178,10 +188,18 @@ def materialize(
     InsufficientMemoryError
         The tensors need more than 90% of the available memory; nothing was allocated.
     MaterializeError
-        The checkpoint's shapes do not fit the model.
+        The checkpoint does not fit the model (a shape, a name given twice, or a dtype that
+        loading cannot give the model: integers onto floating-point parameters), said as
+        :func:`meta_widget.checkpoints.checkpoint_diff` says it; or ``device`` cannot be used
+        in this process (e.g. ``"cuda"`` on a CPU-only PyTorch).
+    OptionError
+        ``device`` is not a device torch knows (``"tpu:0"``), or ``available_bytes`` is not a
+        number of bytes (an :class:`~meta_widget.options.OptionTypeError` for a wrong type).
     """
 
     start = time.perf_counter()
+    device = _check_device(device)
+    _check_available_bytes(available_bytes)
     module = _fresh_meta(model)
     slots = _tensor_slots(module)
     ckpt_sizes, state = _checkpoint_sizes(checkpoint)
@@ -215,6 +233,49 @@ def materialize(
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_device(device: object) -> str:
+    """``device`` as text, refused unless torch knows it and can allocate on it here."""
+    if not isinstance(device, str | torch.device):
+        raise OptionTypeError(
+            f"materialize(device=...) takes a device name like 'cpu' or 'cuda:0' (or a "
+            f"torch.device), not a {type(device).__name__}."
+        )
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise OptionError(
+            f"materialize(device={device!r}): torch knows no such device "
+            f"({str(exc).splitlines()[0][:160]}). Use 'cpu', 'cuda', 'cuda:0', 'mps'..."
+        ) from None
+    if parsed.type == "meta":
+        raise OptionError(
+            "materialize(device='meta'): the model is on meta already; materialize puts it on "
+            "a device with memory ('cpu', 'cuda:0'...)."
+        )
+    try:
+        torch.empty(0, device=parsed)
+    except (RuntimeError, AssertionError, ValueError) as exc:  # torch says "not compiled" so
+        raise MaterializeError(
+            f"materialize(device={device!r}): this process cannot allocate on {parsed} "
+            f"({str(exc).splitlines()[0][:160]}). Nothing was allocated. Pick a device this "
+            "PyTorch build and machine have (torch.cuda.is_available() tells for CUDA), or "
+            "'cpu'."
+        ) from None
+    return str(device)
+
+
+def _check_available_bytes(available: object) -> None:
+    if available is None:
+        return
+    if not isinstance(available, int) or isinstance(available, bool):
+        raise OptionTypeError(
+            f"materialize(available_bytes=...) takes a number of bytes (an int) or None to "
+            f"measure the device, not {available!r:.60}."
+        )
+    if available < 0:
+        raise OptionError(f"materialize(available_bytes={available}) must be >= 0.")
 
 
 def _fresh_meta(model: Any) -> torch.nn.Module:
@@ -258,11 +319,31 @@ def _checkpoint_sizes(checkpoint: Any) -> tuple[dict[str, int], Any]:
     """Bytes per key of the checkpoint (read from headers for a path) and its info."""
     if checkpoint is None:
         return {}, None
-    if isinstance(checkpoint, Mapping):
-        return {k: v.numel() * v.element_size() for k, v in checkpoint.items()}, None
-
-    info = inspect_checkpoint(checkpoint)
+    info = _mapping_info(checkpoint) if isinstance(checkpoint, Mapping) else None
+    if info is None:
+        if not isinstance(checkpoint, str | os.PathLike):
+            raise OptionTypeError(
+                "materialize(checkpoint=...) takes a path (a .safetensors, torch.save or "
+                f"*.index.json file) or a state dict, not a {type(checkpoint).__name__}."
+            )
+        info = inspect_checkpoint(checkpoint)
     return {t.name: t.nbytes for t in info.tensors}, info
+
+
+def _mapping_info(state: Mapping[Any, Any]) -> CheckpointInfo:
+    """A state dict described as a checkpoint file would be (names, shapes, dtypes)."""
+    entries = []
+    for name, value in state.items():
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            raise OptionTypeError(
+                "materialize(checkpoint=...) takes a state dict of name -> tensor, but it maps "
+                f"{name!r:.80} to a {type(value).__name__}."
+            )
+        dtype = str(value.dtype).removeprefix("torch.")
+        entries.append(
+            TensorEntry(name, tuple(value.shape), dtype, value.numel() * value.element_size(), "")
+        )
+    return CheckpointInfo(path="<state dict>", format="state dict", tensors=entries, files=[])
 
 
 def _load(
@@ -275,19 +356,11 @@ def _load(
     filled: set[int],
 ) -> None:
 
-    if info is not None:
-        diff = checkpoint_diff(module, info)
-        if diff.shape_mismatches:
-            name, want, got = diff.shape_mismatches[0]
-            raise MaterializeError(
-                f"{info.path!r} does not fit {type(module).__name__}: "
-                f"{len(diff.shape_mismatches)} shape mismatch(es), e.g. {name}: model "
-                f"{list(want)}, checkpoint {list(got)}. Build the model with the checkpoint's "
-                "configuration."
-            )
-        state = load_state_dict_file(info, device)
-    else:
+    _refuse_misfits(module, checkpoint_diff(module, info), info)
+    if isinstance(checkpoint, Mapping):
         state = {k: v.to(device) for k, v in checkpoint.items()}
+    else:
+        state = load_state_dict_file(info, device)
     expected = module.state_dict(keep_vars=True)
     if state and not any(k in expected for k in state):
         raise MaterializeError(
@@ -317,6 +390,28 @@ def _load(
         filled.add(id(tensor))
 
 
+def _refuse_misfits(module: torch.nn.Module, diff: CheckpointDiff, info: CheckpointInfo) -> None:
+    """Refuse, in the diff's own words, what ``load_state_dict(assign=True)`` cannot load right:
+    shape mismatches, names given twice, dtypes of another kind (integers onto floats)."""
+    kinds = [
+        (n, m, c)
+        for n, m, c in diff.dtype_mismatches
+        if is_floating(m) != is_floating(c) or m.startswith("complex") != c.startswith("complex")
+    ]
+    lines = diff.duplicate_lines() + diff.shape_lines()
+    if kinds:
+        lines.append(diff.dtype_line(kinds))
+    if not lines:
+        return
+    what = "; ".join(lines)
+    raise MaterializeError(
+        f"{info.path!r} does not fit {type(module).__name__}, and loading it would fail or give "
+        f"wrong values: {what}. Nothing was allocated. Build the model with the checkpoint's "
+        "configuration and dtypes (meta_widget.checkpoints.checkpoint_diff lists every "
+        "difference), or fix the checkpoint."
+    )
+
+
 def _torch_dtype(name: str, tensor: str, file: str) -> torch.dtype:
     """The torch dtype of a checkpoint dtype name; sub-byte packed ones (F4, F6) have none."""
     dtype = getattr(torch, name, None)
@@ -338,26 +433,44 @@ def load_state_dict_file(info: Any, device: str = "cpu") -> dict[str, torch.Tens
 
     state: dict[str, torch.Tensor] = {}
     for file in info.files:
-        if sniff(file) == "safetensors":
-            wanted = [t for t in info.tensors if t.file == file]
-            with open(file, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                base = 8 + n
-                header = json.loads(f.read(n))
-                for t in wanted:
-                    start, end = header[t.name]["data_offsets"]
-                    f.seek(base + start)
-                    raw = bytearray(f.read(end - start))
-                    dtype = _torch_dtype(t.dtype, t.name, file)
-                    flat = (
-                        torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-                    )
-                    state[t.name] = flat.reshape(t.shape).to(device)
-        else:
-            zip_format = sniff(file) == "torch-zip"
-            obj = torch.load(file, map_location=device, weights_only=True, mmap=zip_format)
-            _collect(obj, "", state, torch)
+        try:
+            _load_file(info, file, device, state)
+        except OSError as exc:
+            raise CheckpointError(
+                f"{file!r} cannot be read ({exc.strerror or type(exc).__name__}); it was read "
+                "when inspected, so it changed since or its disk failed: check it and retry."
+            ) from exc
+        except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+            if isinstance(exc, MetaWidgetError):
+                raise
+            raise MaterializeError(
+                f"torch.load could not load {file!r} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'}); its names "
+                "and shapes were read, but its data cannot be: the file changed since it was "
+                "inspected, or it is damaged. Save or download it again."
+            ) from None
     return state
+
+
+def _load_file(info: Any, file: str, device: str, state: dict[str, torch.Tensor]) -> None:
+    """Add the real tensors of one checkpoint file to ``state``."""
+    kind = sniff(file)
+    if kind != "safetensors":
+        obj = torch.load(file, map_location=device, weights_only=True, mmap=kind == "torch-zip")
+        _collect(obj, "", state, torch)
+        return
+    wanted = [t for t in info.tensors if t.file == file]
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        base = 8 + n
+        header = json.loads(f.read(n))
+        for t in wanted:
+            start, end = header[t.name]["data_offsets"]
+            f.seek(base + start)
+            raw = bytearray(f.read(end - start))
+            dtype = _torch_dtype(t.dtype, t.name, file)
+            flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+            state[t.name] = flat.reshape(t.shape).to(device)
 
 
 def _collect(obj: Any, prefix: str, out: dict[str, Any], torch: Any) -> None:

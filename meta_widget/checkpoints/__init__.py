@@ -4,21 +4,25 @@
 
 - ``.safetensors``: the JSON header only (8 bytes of length, then the header); no tensor byte is
   read, and the ``safetensors`` package is not needed (``safetensors_header.py``);
-- ``.pt`` / ``.pth`` / ``.bin`` written by ``torch.save``: ``torch.load(map_location="meta",
-  weights_only=True, mmap=True)``: the pickle is read, the tensor data is not (the file is mapped,
-  never paged in). A pickle that would run code (a ``__reduce__`` naming a global that is not a
-  tensor, dict, list or number) is refused with :class:`UnsafeCheckpointError`: nothing runs
-  (``torch_files.py``);
+- ``.pt`` / ``.pth`` / ``.bin`` written by ``torch.save`` (zip or legacy format): the pickle is
+  run by a small machine of our own that reads what ``torch.load(weights_only=True)`` reads, but
+  builds a shape and dtype for each tensor and calls no global; ``torch.load`` is never called
+  and no tensor byte is read. A pickle that would run code (a global that is not a tensor, dict,
+  list or number) is refused with :class:`UnsafeCheckpointError`: nothing runs. Each file is
+  read under one budget, enforced as it goes: 1,000,000 steps, 128 MiB of objects, 10 s
+  (``torch_files.py``, ``pickle_reader.py``, ``pickle_globals.py``);
 - sharded Hugging Face checkpoints: a ``*.index.json`` (or a folder holding one), every shard's
   header merged into one view (``reading.py``).
 
 The format is told by the file's first bytes, not its extension. Every file is treated as
 hostile: files an index names must stay inside its folder, safetensors headers are checked by the
-safetensors library's own rules, pickles are walked once per shared object under caps, and each
-refusal is a :class:`CheckpointError` that never quotes the file's bytes.
+safetensors library's own rules, pickles are walked once per shared object under the budget,
+read errors are refusals too, and each refusal is a :class:`CheckpointError` that never quotes
+the file's bytes.
 
 ``checkpoint_diff(module, info)`` compares a model with a checkpoint: missing, unexpected,
-mis-shaped and re-typed keys (``diff.py``). How a checkpoint is shown is ``view.py``.
+mis-shaped and re-typed keys, and names given twice (``diff.py``). How a checkpoint is shown is
+``view.py``.
 """
 
 from __future__ import annotations

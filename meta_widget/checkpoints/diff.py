@@ -23,6 +23,10 @@ class CheckpointDiff:
     - ``dtype_mismatches``: ``(name, model dtype, checkpoint dtype)``: loading casts to the
       model's dtype (or, with ``assign=True``, keeps the checkpoint's); usually harmless.
     - ``tied``: ``(missing name, the tied name it shares its tensor with)``.
+    - ``duplicates``: ``(name, shape listed, shape of the other tensor under that name)``: a
+      ``torch.save`` file holding two tensors under one dotted name (``"fc.weight"`` beside
+      ``{"fc": {"weight": ...}}``); which one loads depends on how the keys are flattened, so
+      the checkpoint does not fit until the file is fixed. Each is also checked for shape.
     - ``hints``: likely causes, e.g. a ``module.`` prefix left by DataParallel.
     """
 
@@ -34,12 +38,14 @@ class CheckpointDiff:
     )
     dtype_mismatches: list[tuple[str, str, str]] = field(default_factory=list)
     tied: list[tuple[str, str]] = field(default_factory=list)
+    duplicates: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True when ``load_state_dict(strict=True)`` would accept the checkpoint."""
-        return not (self.missing or self.unexpected or self.shape_mismatches)
+        """True when ``load_state_dict(strict=True)`` would accept the checkpoint (and each
+        name holds one tensor)."""
+        return not (self.missing or self.unexpected or self.shape_mismatches or self.duplicates)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -51,6 +57,9 @@ class CheckpointDiff:
             {"name": n, "model": m, "checkpoint": c} for n, m, c in self.dtype_mismatches
         ]
         out["tied"] = [{"name": n, "tied_to": t} for n, t in self.tied]
+        out["duplicates"] = [
+            {"name": n, "listed": list(a), "other": list(b)} for n, a, b in self.duplicates
+        ]
         out["ok"] = self.ok
         return out
 
@@ -66,21 +75,37 @@ class CheckpointDiff:
             lines.append(f"missing from the checkpoint ({len(self.missing)}): {some(self.missing)}")
         if self.unexpected:
             lines.append(f"unexpected ({len(self.unexpected)}): {some(self.unexpected)}")
-        lines.extend(
-            f"shape mismatch: {n}: model {list(m)}, checkpoint {list(c)}"
-            for n, m, c in self.shape_mismatches[:8]
-        )
-        if len(self.shape_mismatches) > 8:
-            lines.append(f"… and {len(self.shape_mismatches) - 8} more shape mismatches")
+        lines.extend(self.duplicate_lines())
+        lines.extend(self.shape_lines())
         if self.dtype_mismatches:
-            n, m, c = self.dtype_mismatches[0]
-            lines.append(
-                f"dtype differs for {len(self.dtype_mismatches)} key(s), e.g. {n}: model {m}, "
-                f"checkpoint {c}"
-            )
+            lines.append(self.dtype_line(self.dtype_mismatches))
         lines.extend(f"tied: {n} shares {t}" for n, t in self.tied)
         lines.extend(f"hint: {h}" for h in self.hints)
         return "\n".join(lines)
+
+    def shape_lines(self) -> list[str]:
+        """The shape mismatches as :meth:`__str__` says them (the first 8, then a count)."""
+        lines = [
+            f"shape mismatch: {n}: model {list(m)}, checkpoint {list(c)}"
+            for n, m, c in self.shape_mismatches[:8]
+        ]
+        if len(self.shape_mismatches) > 8:
+            lines.append(f"… and {len(self.shape_mismatches) - 8} more shape mismatches")
+        return lines
+
+    def duplicate_lines(self) -> list[str]:
+        """The names given twice, as :meth:`__str__` says them."""
+        return [
+            f"given twice in the checkpoint: {n} (shapes {list(a)} and {list(b)}): a key with "
+            "dots beside nested keys that read the same; fix the file"
+            for n, a, b in self.duplicates
+        ]
+
+    @staticmethod
+    def dtype_line(mismatches: list[tuple[str, str, str]]) -> str:
+        """``mismatches`` (name, model dtype, checkpoint dtype) as :meth:`__str__` says them."""
+        n, m, c = mismatches[0]
+        return f"dtype differs for {len(mismatches)} key(s), e.g. {n}: model {m}, checkpoint {c}"
 
 
 def checkpoint_diff(module: torch.nn.Module, info: CheckpointInfo) -> CheckpointDiff:
@@ -110,6 +135,12 @@ def checkpoint_diff(module: torch.nn.Module, info: CheckpointInfo) -> Checkpoint
     tied_to = {n: names for names in by_tensor.values() if len(names) > 1 for n in names}
 
     diff = CheckpointDiff()
+    for extra in info.duplicates:
+        listed = stored.get(extra.name, extra)
+        diff.duplicates.append((extra.name, listed.shape, extra.shape))
+        model = expected.get(extra.name)
+        if model is not None and tuple(model.shape) != extra.shape:
+            diff.shape_mismatches.append((extra.name, tuple(model.shape), extra.shape))
     for name, tensor in expected.items():
         entry = stored.get(name)
         if entry is None:

@@ -71,7 +71,9 @@ class CheckpointInfo:
     shards). ``others`` names the entries that are not tensors (``epoch``, ``config``...) with
     their Python type. Bytes are each tensor's ``numel * element size``: a ``torch.save`` file
     whose tensors share storage (views, tied weights saved under two names) holds fewer bytes
-    on disk than ``total_bytes`` says.
+    on disk than ``total_bytes`` says. ``duplicates`` are tensors of a ``torch.save`` file
+    reached under a name already listed (``"fc.weight"`` beside ``{"fc": {"weight": ...}}``):
+    not in ``tensors``, and :func:`checkpoint_diff` reports them.
     """
 
     path: str
@@ -81,6 +83,7 @@ class CheckpointInfo:
     others: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    duplicates: list[TensorEntry] = field(default_factory=list)
 
     # -- totals -------------------------------------------------------------------------------
 

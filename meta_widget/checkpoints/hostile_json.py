@@ -31,7 +31,10 @@ def json_kind(value: object) -> str:
         return "missing or null"
     if isinstance(value, dict):
         bad = next((v for v in value.values() if not isinstance(v, str)), None)
-        return f"an object holding a {type(bad).__name__}" if bad is not None else "that"
+        if bad is None:
+            return "that"
+        exact = isinstance(bad, int) and not isinstance(bad, bool)  # a negative int is a subclass
+        return f"an object holding a {'int' if exact else type(bad).__name__}"
     return f"a {type(value).__name__}"
 
 

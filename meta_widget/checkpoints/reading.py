@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import zipfile
 from typing import Any
 
@@ -53,13 +54,41 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
         A pickle would run code when loaded (nothing was run).
     """
     path = os.fspath(path)
-    if os.path.isdir(path):
-        path = _pick_in_folder(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"no checkpoint file at {path!r}: check the path.")
-    if path.endswith(".index.json"):
-        return _read_index(path)
-    return _read_file(path, path)
+    try:
+        if os.path.isdir(path):
+            path = _pick_in_folder(path)
+        _check_regular(path)
+        if path.endswith(".index.json"):
+            return _read_index(path)
+        return _read_file(path, path)
+    except OSError as exc:
+        raise _read_error(path, exc) from exc
+
+
+def _check_regular(path: str) -> None:
+    """Refuse a path that is missing or not a regular file (a FIFO would block a reader)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise CheckpointError(f"no checkpoint file at {path!r}: check the path.") from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(
+            f"{path!r} is not a regular file (a pipe, a device or a socket): pass a checkpoint "
+            "file, its folder, or a sharded checkpoint's *.index.json."
+        )
+
+
+def _read_error(path: str, exc: OSError) -> CheckpointError:
+    """An operating-system error while reading, as a refusal naming the file and the cause."""
+    where = exc.filename if isinstance(exc.filename, str) else path
+    why = exc.strerror or type(exc).__name__
+    hint = (
+        "check its permissions (or run as a user who may read it)"
+        if isinstance(exc, PermissionError)
+        else "it is not a regular file on a working disk (a device, a /proc file, a broken "
+        "network mount?): copy the checkpoint to a local disk and pass that"
+    )
+    return CheckpointError(f"{where!r} cannot be read ({why}): {hint}.")
 
 
 def _read_file(real: str, shown: str) -> CheckpointInfo:
@@ -220,8 +249,9 @@ def _read_index(path: str) -> CheckpointInfo:
     folder = os.path.dirname(path)
     itself = os.path.realpath(path)
     shards: dict[str, str] = {}  # name in the index -> real path, in the index's order
+    real_of: dict[str, str] = {}  # every name in the index (``a``, ``./a``) -> real path
     for tensor, shard in weight_map.items():
-        if shard in shards:
+        if shard in real_of:
             continue
         who = f"{path!r} maps the tensor {quoted(tensor)} to {quoted(shard)}, which"
         real = _resolve_inside(folder or os.curdir, shard, who)
@@ -235,14 +265,21 @@ def _read_index(path: str) -> CheckpointInfo:
                 f"{path!r} names the shard {quoted(shard)}, which is not a file in "
                 f"{folder or os.curdir!r}: download every shard the index lists."
             )
-        shards[shard] = real
+        real_of[shard] = real
+        if real not in shards.values():  # one file named two ways ("a", "./a") is read once
+            shards[shard] = real
     tensors: list[TensorEntry] = []
+    duplicates: list[TensorEntry] = []
     others: dict[str, str] = {}
     formats = set()
+    real_of_shown: dict[str, str] = {}
     for shard, real in shards.items():
-        info = _read_file(real, os.path.join(folder, shard))
+        shown = os.path.join(folder, shard)
+        real_of_shown[shown] = real
+        info = _read_file(real, shown)
         formats.add(info.format)
         tensors.extend(info.tensors)
+        duplicates.extend(info.duplicates)
         others.update(info.others)
     seen: dict[str, str] = {}
     notes: list[str] = []
@@ -264,13 +301,18 @@ def _read_index(path: str) -> CheckpointInfo:
     misplaced = [
         t.name
         for t in tensors
-        if t.name in weight_map and os.path.join(folder, weight_map[t.name]) != t.file
+        if t.name in weight_map and real_of[weight_map[t.name]] != real_of_shown[t.file]
     ]
     unlisted = [t.name for t in tensors if t.name not in weight_map]
     if misplaced:
         notes.append(f"{len(misplaced)} tensor(s) are in another shard than the index says.")
     if unlisted:
         notes.append(f"{len(unlisted)} tensor(s) in the shards are not in the index.")
+    if duplicates:
+        notes.append(
+            f"{len(duplicates)} tensor name(s) are given twice inside one shard, e.g. "
+            f"{quoted(duplicates[0].name)}: see 'duplicates'."
+        )
     total = metadata.get("total_size")
     if isinstance(total, int) and not isinstance(total, bool):
         held = sum(t.nbytes for t in tensors)
@@ -285,4 +327,5 @@ def _read_index(path: str) -> CheckpointInfo:
         others=others,
         metadata=dict(metadata),
         notes=notes,
+        duplicates=duplicates,
     )

@@ -115,7 +115,10 @@ def _header_json(raw: bytes, shown: str) -> dict[str, Any]:
     where = f"{shown!r}: the safetensors header"
     try:
         header = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=object_pairs, parse_constant=no_constant
+            raw.decode("utf-8"),
+            object_pairs_hook=object_pairs,
+            parse_constant=no_constant,
+            parse_int=_json_int,
         )
     except RecursionError:
         raise CheckpointError(
@@ -130,6 +133,27 @@ def _header_json(raw: bytes, shown: str) -> dict[str, Any]:
             f"{{dtype, shape, data_offsets}}. {DAMAGED}"
         )
     return header
+
+
+class _Negative(int):
+    """A JSON integer written with a minus sign (``-0`` included): never a size or an offset.
+
+    The safetensors library reads ``-0`` as a float, and so refuses it where Python's ``json``
+    gives ``0``; this type keeps the difference (and shows the text as written).
+    """
+
+    text = ""
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _json_int(text: str) -> int:
+    if not text.startswith("-"):
+        return int(text)
+    value = _Negative(text)
+    value.text = text
+    return value
 
 
 def _header_metadata(meta: object, shown: str) -> dict[str, str]:
@@ -208,7 +232,7 @@ def _check_size(
 
 
 def _is_u64(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64
+    return type(v) is int and 0 <= v <= _U64  # not bool, nor a negative zero
 
 
 def _json_depth(value: object) -> int:

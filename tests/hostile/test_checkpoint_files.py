@@ -356,6 +356,7 @@ def _t(shape: object, offsets: object, dtype: object = "U8") -> dict[str, object
 
 
 _DEEP = b'{"t": {"dtype":"U8","shape":[4],"data_offsets":[0,4],"x":'
+_ONE_U8 = b'"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'  # the end of a header
 
 HEADER_CASES: dict[str, tuple[bytes, str]] = {
     "bytes-do-not-match-shape": (_st({"t": _t([4], [0, 8], "F32")}, b"\0" * 8), "span 8 bytes"),
@@ -411,6 +412,32 @@ HEADER_CASES: dict[str, tuple[bytes, str]] = {
     "surrogate-name": (
         _st(None, b"\0" * 4, raw=b'{"\\ud800": {"dtype":"U8","shape":[4],"data_offsets":[0,4]}}'),
         "not valid text",
+    ),
+    # the library reads -0 as the float -0.0 (Python's json gives the int 0)
+    "negative-zero-dim": (
+        _st(None, raw=b'{"t":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}'),
+        "integers >= 0",
+    ),
+    "negative-zero-offset": (
+        _st(None, raw=b'{"t":{"dtype":"U8","shape":[0],"data_offsets":[-0,0]}}'),
+        "two integers",
+    ),
+    # __metadata__ text: a lone surrogate is valid JSON but not text (the library refuses it)
+    "metadata-surrogate-value": (
+        _st(
+            None,
+            b"\0",
+            raw=b'{"__metadata__":{"a":"\\ud800"},' + _ONE_U8,
+        ),
+        "__metadata__",
+    ),
+    "metadata-surrogate-key": (
+        _st(
+            None,
+            b"\0",
+            raw=b'{"__metadata__":{"\\udc00":"a"},' + _ONE_U8,
+        ),
+        "__metadata__",
     ),
 }
 
@@ -661,3 +688,158 @@ def test_neither_format_is_described_without_its_bytes(tmp_path: pathlib.Path) -
     with pytest.raises(CheckpointError, match="neither a safetensors file") as info:
         inspect_checkpoint(path)
     assert SECRET[:8] not in str(info.value)
+
+
+# -- path containment: a sibling folder whose name starts with the folder's ----------------------
+
+
+def test_a_link_into_a_sibling_folder_sharing_the_name_prefix_is_refused(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``ckpt-private/`` is outside ``ckpt/`` though its path starts with ``ckpt``."""
+    scene = Scene(tmp_path)
+    private = tmp_path / "ckpt-private"
+    private.mkdir()
+    secret = private / "secret.safetensors"
+    save_file({"private_only_tensor": torch.zeros(3)}, str(secret))
+    (scene.ckpt / "evil.safetensors").symlink_to(secret)
+    index = scene.shard_to("evil.safetensors")
+    error, opened = _inspect_watched(index)
+    assert isinstance(error, CheckpointError), repr(error)
+    assert "is a link to a file outside the folder" in str(error)
+    assert os.path.realpath(secret) not in opened  # the truth: nothing outside was opened
+    assert "private_only_tensor" not in str(error)
+
+
+# -- one shard named two ways -------------------------------------------------------------------
+
+
+def test_one_shard_named_two_ways_is_one_shard(tmp_path: pathlib.Path) -> None:
+    save_file({"a.w": torch.zeros(2, 3), "b.w": torch.zeros(4)}, str(tmp_path / "a.safetensors"))
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a.w": "a.safetensors", "b.w": "./a.safetensors"}}))
+    info = inspect_checkpoint(index)
+    with safe_open(str(tmp_path / "a.safetensors"), framework="pt") as f:  # the truth
+        truth = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    assert {t.name: t.shape for t in info} == truth
+    assert len(info.files) == 1 and info.notes == []
+
+
+# -- integers no weights-only load can read -----------------------------------------------------
+
+
+def test_a_huge_integer_key_is_refused_for_what_it_is(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "bigkey.pt"
+    torch.save({10**10000: torch.zeros(1)}, path)
+    with pytest.raises(Exception) as truth:  # torch cannot load it safely either
+        torch.load(path, weights_only=True)
+    assert "Unsupported operand" in str(truth.value)
+    with pytest.raises(CheckpointError) as info:
+        inspect_checkpoint(path)
+    message = str(info.value)
+    assert not isinstance(info.value, UnsafeCheckpointError)
+    assert "arbitrary code" not in message and "would call" not in message
+    assert "LONG4 (an integer of more than 255 bytes" in message and str(path) in message
+
+
+# -- one name, two tensors ----------------------------------------------------------------------
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.out = torch.nn.Linear(3, 2)
+
+
+def test_a_name_given_twice_is_reported_and_never_said_to_fit(tmp_path: pathlib.Path) -> None:
+    from meta_widget.checkpoints import checkpoint_diff
+
+    model = _TwoLayers()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["fc.weight"] = torch.zeros(5, 4)  # listed first, the wrong shape ...
+    state["fc"] = {"weight": torch.zeros(3, 4)}  # ... and the same name again, nested
+    path = tmp_path / "twice.pt"
+    torch.save(state, path)
+    loaded = torch.load(path, weights_only=True)  # the truth: two tensors behind one name
+    assert loaded["fc.weight"].shape != loaded["fc"]["weight"].shape
+
+    info = inspect_checkpoint(path)
+    assert [t.name for t in info].count("fc.weight") == 1
+    assert [(t.name, t.shape) for t in info.duplicates] == [("fc.weight", (3, 4))]
+    assert any("given twice" in n for n in info.notes)
+    diff = checkpoint_diff(model, info)
+    assert not diff.ok
+    assert diff.duplicates == [("fc.weight", (5, 4), (3, 4))]
+    assert ("fc.weight", tuple(model.fc.weight.shape), (5, 4)) in diff.shape_mismatches
+    text = str(diff)
+    assert "fits" not in text and "given twice in the checkpoint: fc.weight" in text
+
+
+# -- read errors --------------------------------------------------------------------------------
+
+
+def test_an_io_error_is_a_checkpoint_error() -> None:
+    """/proc/self/mem is a regular file whose first page cannot be read (EIO)."""
+    with pytest.raises(OSError), open("/proc/self/mem", "rb") as f:  # the truth: it fails
+        f.read(64)
+    with pytest.raises(CheckpointError, match=r"'/proc/self/mem' cannot be read \(") as info:
+        inspect_checkpoint("/proc/self/mem")
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_a_pipe_is_refused_without_being_opened(tmp_path: pathlib.Path) -> None:
+    pipe = tmp_path / "model.safetensors"
+    os.mkfifo(pipe)  # opening it would block forever
+    error, opened = _inspect_watched(pipe)
+    assert isinstance(error, CheckpointError) and "not a regular file" in str(error)
+    assert os.path.realpath(pipe) not in opened
+
+
+_UNREADABLE = """
+import os, sys
+from meta_widget.checkpoints import CheckpointError, inspect_checkpoint
+if os.getuid() == 0:
+    os.setgid(65534)
+    os.setuid(65534)  # nobody: root reads every file
+try:
+    open(sys.argv[1], "rb").close()
+    print("readable")
+except PermissionError:
+    try:
+        inspect_checkpoint(sys.argv[1])
+        print("accepted")
+    except CheckpointError as exc:
+        print("CheckpointError:", exc)
+"""
+
+
+def test_an_unreadable_file_is_a_checkpoint_error(tmp_path: pathlib.Path) -> None:
+    import subprocess
+    import tempfile
+
+    folder = pathlib.Path(tempfile.mkdtemp())  # under /tmp, which every user may cross
+    try:
+        folder.chmod(0o711)
+        path = folder / "model.safetensors"
+        save_file({"w": torch.zeros(2)}, str(path))
+        path.chmod(0o000)
+        root = pathlib.Path(__file__).resolve().parents[2]
+        out = subprocess.run(
+            [sys.executable, "-c", _UNREADABLE, str(path)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            check=False,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        if out.stdout.strip() == "readable":
+            pytest.skip("this user reads a file with mode 000 (no way to drop the right)")
+        assert out.stdout.startswith("CheckpointError:"), out.stdout + out.stderr[-2000:]
+        assert "cannot be read (Permission denied)" in out.stdout
+        assert "check its permissions" in out.stdout
+    finally:
+        for p in folder.iterdir():
+            p.unlink()
+        folder.rmdir()
