@@ -30,13 +30,14 @@ could change what is recorded or would not pay:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
-__all__ = ["CacheStats", "OpCache", "call_key_parts", "key_parts", "static_bypass"]
+__all__ = ["CacheInfo", "CacheStats", "OpCache", "call_key_parts", "key_parts", "static_bypass"]
 
 #: not ``torch.ops.aten.empty_strided``: called inside a dispatch mode, an op overload costs
 #: 45 us, the torch function 9 us
@@ -54,7 +55,6 @@ _CONSTANTS = frozenset({int, float, bool, type(None)})
 _NO_KEY_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
 #: ops whose output is a view of their input although their schema does not say so
 _HIDDEN_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
-_UNCACHEABLE = "uncacheable"
 
 VIEW = "view"
 MUTATES_METADATA = "out= or metadata-changing"
@@ -147,6 +147,23 @@ def _make(spec: _Spec, args: tuple[Any, ...]) -> Any:
     return spec[1]
 
 
+#: a dict slot and an _Entry with its tuple of specs
+_ENTRY_OVERHEAD = 200
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """The process's op cache: ``entries`` and their ``bytes`` (an estimate: each key's tuple and
+    output specs, as ``sys.getsizeof`` counts them), the bounds past which it is emptied, and
+    how many times it was."""
+
+    entries: int
+    bytes: int
+    max_entries: int
+    max_bytes: int
+    clears: int
+
+
 class OpCache:
     """Cached outputs of aten ops by (op, kernel, FLOP formula, argument metadata).
 
@@ -160,15 +177,27 @@ class OpCache:
     sweep, the next cell) runs no meta kernel it has run before. ``stats`` is this trace's.
     """
 
-    #: entries of every trace, by key; emptied when it holds ``limit`` of them
+    #: entries of every trace, by key; emptied when it holds ``limit`` of them or ``max_bytes``
     entries: ClassVar[dict[Any, _Entry | str]] = {}
     limit: ClassVar[int] = 50_000
+    max_bytes: ClassVar[int] = 256 * 1024 * 1024
+    _bytes: ClassVar[int] = 0
+    _clears: ClassVar[int] = 0
 
     def __init__(self) -> None:
         self.stats = CacheStats()
-        if len(self.entries) >= self.limit:
-            self.entries.clear()
         self._entries = self.entries
+
+    @classmethod
+    def cache_info(cls) -> CacheInfo:
+        """How full the process's op cache is (as ``FakeTensorMode.cache_info()`` tells)."""
+        return CacheInfo(len(cls.entries), cls._bytes, cls.limit, cls.max_bytes, cls._clears)
+
+    @classmethod
+    def cache_clear(cls) -> None:
+        """Empty the process's op cache (the next traces run their kernels again)."""
+        cls.entries.clear()
+        OpCache._bytes = 0
 
     def key(
         self,
@@ -208,7 +237,21 @@ class OpCache:
         else:
             container, outs = None, [out]
         specs = _specs(outs, args)
+        size = _entry_bytes(key, specs)
+        if len(self._entries) >= self.limit or OpCache._bytes + size > self.max_bytes:
+            self.cache_clear()
+            OpCache._clears += 1
         self._entries[key] = OUTPUT if specs is None else _Entry(tuple(specs), container, flops)
+        OpCache._bytes += size
+
+
+def _entry_bytes(key: tuple[Any, ...], specs: list[_Spec] | None) -> int:
+    """What one entry holds, as ``sys.getsizeof`` counts its key's tuple and its output specs
+    (their parts are shared: ops, dtypes, small ints; shapes are counted with their spec)."""
+    size = sys.getsizeof(key) + _ENTRY_OVERHEAD
+    for spec in specs or ():
+        size += sys.getsizeof(spec) + sum(sys.getsizeof(p) for p in spec if type(p) is tuple)
+    return size
 
 
 def call_key_parts(args: tuple[Any, ...], kwargs: dict[str, Any], parts: list[Any]) -> str | None:

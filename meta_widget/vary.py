@@ -21,9 +21,6 @@ from .options import OptionError, OptionTypeError, input_shapes
 
 __all__ = ["Axis", "resized", "resolve_axes"]
 
-#: the names that need no ``dims`` entry
-KNOWN = ("batch", "seq")
-
 
 @dataclass(frozen=True)
 class Axis:

@@ -441,3 +441,36 @@ def test_a_second_analysis_runs_no_kernel_the_first_ran() -> None:
     slow = snapshot(mw.analyze(model, fast=False, **kwargs))
     assert snapshot(first) == slow
     assert snapshot(again) == slow
+
+
+def test_cache_info_and_cache_clear_tell_and_empty_the_process_cache() -> None:
+    """cache_info() counts what the analyses put in; cache_clear() empties it, and the next
+    analysis runs its kernels again (misses), recording the same as before."""
+    from meta_widget.opcache import OpCache
+
+    build, kwargs = CORPUS["gpt2"]
+    model = build()
+    OpCache.cache_clear()
+    assert OpCache.cache_info().entries == 0 and OpCache.cache_info().bytes == 0
+    first = mw.analyze(model, **kwargs)
+    info = OpCache.cache_info()
+    assert first.fast_path is not None
+    assert info.entries == first.fast_path.misses > 0  # each miss is filled once
+    assert info.bytes > 200 * info.entries
+    OpCache.cache_clear()
+    again = mw.analyze(model, **kwargs)
+    assert again.fast_path is not None and again.fast_path.misses == first.fast_path.misses
+    assert snapshot(again) == snapshot(first)
+
+
+def test_the_op_cache_is_emptied_past_its_bytes_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meta_widget.opcache import OpCache
+
+    build, kwargs = CORPUS["gpt2"]
+    OpCache.cache_clear()
+    monkeypatch.setattr(OpCache, "max_bytes", 4_000)
+    clears = OpCache.cache_info().clears
+    a = mw.analyze(build(), **kwargs)
+    info = OpCache.cache_info()
+    assert info.clears > clears and info.bytes <= 4_000
+    assert a.error is None

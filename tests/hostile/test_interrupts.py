@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import CodeType, FrameType
 from typing import Any
 
@@ -91,7 +91,6 @@ _WATCHED = (
     ("torch/utils/hooks.py", "RemovableHandle."),
     ("torch/nn/modules/module.py", "Module.register_forward"),
     ("torch/nn/modules/module.py", "register_module_forward_hook"),
-    ("torch/nn/modules/module.py", "Module.train"),
 )
 _watched: dict[CodeType, bool] = {}
 
@@ -113,11 +112,14 @@ class Injector:
         self.at = at
         self.events = 0
         self.where = ""
+        #: (file, qualname) of the code the interrupt was raised in
+        self.code: tuple[str, str] = ("", "")
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         self.events += 1
         if self.events == self.at:
             self.where = f"{frame.f_code.co_qualname}:{frame.f_lineno} ({event})"
+            self.code = (frame.f_code.co_filename.replace("\\", "/"), frame.f_code.co_qualname)
             raise KeyboardInterrupt(f"injected at {self.where}")
         return self._local
 
@@ -266,9 +268,25 @@ def _factory() -> Callable[[], Any]:
     return lambda: mw.analyze(Net, input_size=(2, 8), mode="training", optimizer="sgd")
 
 
-def _inject_everywhere(work: Callable[[], Any], model: torch.nn.Module) -> list[str]:
+#: watched code only building a model from a factory runs (not a trace of a built module)
+_BUILDING = (("meta_widget/sources.py", "_from_factory"), ("torch/utils/_device.py", ""))
+
+
+def _unreached(codes: set[tuple[str, str]], watched: Sequence[tuple[str, str]]) -> list[Any]:
+    """The watched entries no interrupt landed in."""
+    return [
+        (suffix, name)
+        for suffix, name in watched
+        if not any(f.endswith(suffix) and q.startswith(name) for f, q in codes)
+    ]
+
+
+def _inject_everywhere(
+    work: Callable[[], Any], model: torch.nn.Module, codes: set[tuple[str, str]] | None = None
+) -> list[str]:
     """Inject an interrupt at every watched event of ``work``, one run each, until a run
-    ends before its N-th event; return where each interrupt landed."""
+    ends before its N-th event; return where each interrupt landed (and add the code each
+    landed in to ``codes``)."""
     work()  # the first run of a process imports and caches: not a run like the others
     before = _state(model)
     sites = []
@@ -282,6 +300,8 @@ def _inject_everywhere(work: Callable[[], Any], model: torch.nn.Module) -> list[
         left = _diff(before, _state(model))
         assert not left, f"interrupt at {inj.where} left: {left}"
         sites.append(inj.where)
+        if codes is not None:
+            codes.add(inj.code)
     return sites
 
 
@@ -291,7 +311,10 @@ def test_an_interrupt_at_every_step_of_a_training_analysis_leaves_nothing(
     if _ran_in_own_process(request):
         return
     net = user_meta_model()
-    sites = _inject_everywhere(_training(net), net)
+    codes: set[tuple[str, str]] = set()
+    sites = _inject_everywhere(_training(net), net, codes)
+    # every watched piece of code got its interrupts
+    assert _unreached(codes, [w for w in _WATCHED if w not in _BUILDING]) == []
     # the injections covered setup and cleanup of every kind of change
     for name in (
         "trace",
@@ -318,7 +341,9 @@ def test_an_interrupt_at_every_step_of_building_a_model_leaves_nothing(
     if _ran_in_own_process(request):
         return
     net = Net()  # only to read the global state; the analysis builds its own
-    sites = _inject_everywhere(_factory(), net)
+    codes: set[tuple[str, str]] = set()
+    sites = _inject_everywhere(_factory(), net, codes)
+    assert _unreached(codes, _BUILDING) == []
     assert any(s.startswith("DeviceContext.__torch_function__") for s in sites)
     assert any(s.startswith("_DeviceState.restore") for s in sites)
 
