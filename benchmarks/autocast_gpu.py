@@ -3,7 +3,7 @@
     python benchmarks/autocast_gpu.py
 
 1. Op by op: the dtype each op returns under ``torch.autocast("cuda", torch.bfloat16)`` on the GPU,
-   against ``meta_widget.autocast.Autocast("cuda", torch.bfloat16)`` on meta tensors.
+   against ``meta_widget.trace.autocast.Autocast("cuda", torch.bfloat16)`` on meta tensors.
 2. The corpus of ``memory_accuracy.py``, in inference and for one AdamW step, the forward pass and
    the loss under ``torch.autocast("cuda", dtype)``: ``mw.analyze(..., device="cuda",
    autocast=dtype)`` against ``torch.cuda.max_memory_allocated`` (from a reset, parameters and
@@ -24,8 +24,8 @@ from memory_accuracy import CORPUS, _call
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.autocast import Autocast
-from meta_widget.passes import default_loss
+from meta_widget.trace.autocast import Autocast
+from meta_widget.trace.passes import default_loss
 
 OPS: dict[str, Callable[[Callable[..., torch.Tensor]], torch.Tensor]] = {
     "linear": lambda t: nn.functional.linear(t(4, 8), nn.Parameter(t(8, 8))),

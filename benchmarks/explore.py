@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 import meta_widget as mw
+from meta_widget.explore.sweeps import Tracer
 from meta_widget.options import check_budget
-from meta_widget.sweeps import Tracer
 
 
 def llama(layers: int) -> Any:

@@ -34,7 +34,7 @@ import torch
 from memory_accuracy import CORPUS, _call
 from torch import nn
 
-from meta_widget.passes import default_loss
+from meta_widget.trace.passes import default_loss
 
 Build = Callable[[], tuple[nn.Module, dict[str, Any]]]
 

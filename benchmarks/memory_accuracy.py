@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import meta_widget as mw
-from meta_widget.passes import default_loss
+from meta_widget.trace.passes import default_loss
 
 
 def mlp() -> tuple[nn.Module, dict[str, Any]]:

@@ -8,7 +8,7 @@ batch 2 x 128) and a 4-block MLP, one AdamW step of rank 0. ``traced`` is
 ``mw.analyze(..., mode="training", device="cpu", parallel=...)``; ``measured`` is PyTorch's
 ``MemTracker`` on the same step run for real on the CPU, the model wrapped by hand with
 ``fully_shard`` / ``parallelize_module`` under the fake process group (``tests/parallel_truth.py``);
-``estimate`` is the ZeRO-3 (or TP) formula of ``a.distributed()`` (``meta_widget.estimates``)
+``estimate`` is the ZeRO-3 (or TP) formula of ``a.distributed()`` (``meta_widget.views.estimates``)
 applied to the single-device trace, for comparison.
 
 ``--big``: Llama-3-70B's shape (80 layers, hidden 8192, GQA 64/8, vocab 128256, float32 weights,
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from parallel_truth import DeepMLP, llama_tp_plan, real_rank_peak, tiny_llama_config  # noqa: E402
 
 import meta_widget as mw  # noqa: E402
-from meta_widget.estimates import (  # noqa: E402
+from meta_widget.views.estimates import (  # noqa: E402
     distributed,
     largest_block_bytes,
     root_unit_bytes,

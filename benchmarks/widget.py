@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import meta_widget as mw  # noqa: E402
-from meta_widget.widget import STATIC, MetaWidget, _inline, standalone_html  # noqa: E402
+from meta_widget.views.widget import STATIC, MetaWidget, _inline, standalone_html  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import meta_widget as mw
-from meta_widget.flatten import named_tensors
+from meta_widget.data.flatten import named_tensors
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -719,7 +719,7 @@ def _peak(model: nn.Module, inputs: Inputs, training: bool, loss: Any = None) ->
 
 
 def mw_loss(out: Any) -> torch.Tensor:
-    from meta_widget.passes import default_loss
+    from meta_widget.trace.passes import default_loss
 
     return default_loss(out)
 

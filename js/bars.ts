@@ -2,9 +2,9 @@
  * The data of the memory-by-module chart (pure, unit tested): one bar per module at a depth,
  * the same module of repeated layers folded into one bar (`model.layers.0–79 · 80 ×
  * LlamaDecoderLayer`, summed), each bar stacked from what the module's subtree owns (Python's
- * `meta_widget.module_memory`: tied weights at their first owner, so the bars add up to the
+ * `meta_widget.memory.modules`: tied weights at their first owner, so the bars add up to the
  * totals) and what its calls' outputs hold. Python's `a.figure("memory")` draws the same bars
- * (`meta_widget.memory_bars`).
+ * (`meta_widget.views.memory_bars`).
  */
 import { formatBytes as fmt } from "./format";
 import type { Analysis, ModuleInfo } from "./protocol";

@@ -450,7 +450,7 @@ export function emptyAnalysis(title = "model"): Analysis {
 // The exploration views' payloads
 // ---------------------------------------------------------------------------------------------
 
-/** The payload as sent by `meta_widget.explore_view.fit_payload`, or null when it is not one. */
+/** The payload as sent by `meta_widget.explore.view.fit_payload`, or null when it is not one. */
 export function decodeFit(raw: unknown): FitPayload | null {
   if (!isObj(raw) || typeof raw.size !== "number" || typeof raw.budget !== "number") return null;
   if (!Array.isArray(raw.history)) return null;
@@ -482,7 +482,7 @@ function sides(v: unknown): [number, number] {
   return [a ?? 0, b ?? 0];
 }
 
-/** The payload as sent by `meta_widget.explore_view.comparison_payload`, or null. */
+/** The payload as sent by `meta_widget.explore.view.comparison_payload`, or null. */
 export function decodeCompare(raw: unknown): ComparePayload | null {
   if (!isObj(raw) || !Array.isArray(raw.rows) || !isObj(raw.totals)) return null;
   const totals: Record<string, [number, number]> = {};

@@ -1,5 +1,5 @@
 /**
- * anywidget entry of the exploration views (`meta_widget/explore_view.py`): traits `kind`
+ * anywidget entry of the exploration views (`meta_widget/explore/view.py`): traits `kind`
  * (`"fit"` or `"compare"`) and `payload`. Re-renders when the payload changes.
  */
 import type { AnyModel, Render } from "@anywidget/types";

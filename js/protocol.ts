@@ -1,6 +1,6 @@
 /**
  * The Python <-> JS contract, typed. The wire format is documented in
- * `meta_widget/protocol.py` (its docstring is the contract); this file mirrors it.
+ * `meta_widget/views/protocol.py` (its docstring is the contract); this file mirrors it.
  *
  * Types and fixed name sets only: the decoders that make these objects from raw payloads and
  * messages are in `decode.ts` (decode at the boundary: views only ever see the types here).
@@ -183,7 +183,7 @@ export interface Memory {
 
 /**
  * What each module's subtree owns, every parameter credited to its first owner (Python's
- * `meta_widget.module_memory`), so that the memory chart's bars add up to the totals.
+ * `meta_widget.memory.modules`), so that the memory chart's bars add up to the totals.
  */
 export interface ModuleMemory {
   /**
@@ -364,7 +364,7 @@ export interface RerunMessage {
 export type ViewMessage = HelloMessage | SelectMessage | RerunMessage;
 
 // ---------------------------------------------------------------------------------------------
-// The exploration views' payloads (`meta_widget/explore_view.py`: `fit_payload`,
+// The exploration views' payloads (`meta_widget/explore/view.py`: `fit_payload`,
 // `comparison_payload`), decoded by `decodeFit` / `decodeCompare`
 // ---------------------------------------------------------------------------------------------
 

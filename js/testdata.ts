@@ -1,5 +1,5 @@
 /**
- * Hand-written fixtures for the unit tests, encoded exactly as `meta_widget/protocol.py`
+ * Hand-written fixtures for the unit tests, encoded exactly as `meta_widget/views/protocol.py`
  * describes (dictionary ids, columnar modules and calls). The numbers are written by hand
  * from the model below, so tests can compare against them.
  *

@@ -11,7 +11,7 @@ import { App } from "./app";
 import type { RerunMessage, ViewMessage } from "./protocol";
 import { decodeMessage, decodePayload } from "./decode";
 
-/** The synced traits (`meta_widget/widget.py`); `depth` is optional: how deep the tree opens. */
+/** The synced traits (`meta_widget/views/widget.py`); `depth` is optional: how deep the tree opens. */
 export interface Traits {
   payload: unknown;
   selected: number;

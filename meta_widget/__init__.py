@@ -39,6 +39,7 @@ __all__ = [
     "ParallelError",
     "SourceError",
     "Sweep",
+    "TraceSpec",
     "UnsafeCheckpointError",
     "UsageError",
     "analyze",
@@ -50,6 +51,8 @@ __all__ = [
     "materialize",
     "max_fit",
     "register_bound",
+    "register_explanation",
+    "register_source",
     "sweep",
     "unload_ipython_extension",
 ]
@@ -57,14 +60,14 @@ __all__ = [
 # errors.py and explain.py import only the standard library at the top; importing explain here
 # keeps the function (not the submodule of the same name) as ``meta_widget.explain``.
 from .errors import MetaWidgetError
-from .explain import explain
+from .trace.explain import explain
 
 #: where each public name lives, imported on first use
 _WHERE = {
     "Analysis": "analysis",
-    "Options": "analysis",
+    "Options": "options",
     "analyze": "analysis",
-    "MetaWidget": "widget",
+    "MetaWidget": "views.widget",
     "inspect_checkpoint": "checkpoints",
     "checkpoint_diff": "checkpoints",
     "CheckpointError": "checkpoints",
@@ -77,29 +80,30 @@ _WHERE = {
     "OptionError": "options",
     "OptionTypeError": "options",
     "InputError": "options",
-    "SourceError": "sources",
-    "ConcurrentTraceError": "passes",
-    "EstimateError": "estimates",
-    "ParallelError": "parallel",
-    "MetaValueNeeded": "assume",
-    "register_bound": "bounds",
-    "BoundError": "bounds",
+    "SourceError": "sources.models",
+    "ConcurrentTraceError": "trace.passes",
+    "EstimateError": "views.estimates",
+    "ParallelError": "distributed.parallel",
+    "MetaValueNeeded": "trace.assume",
+    "register_bound": "trace.bounds",
+    "register_explanation": "trace.known_errors",
+    "register_source": "sources.models",
+    "TraceSpec": "options",
+    "BoundError": "trace.bounds",
     "UsageError": "cli",
     "CommandError": "cli",
-    "sweep": "sweeps",
-    "Sweep": "sweeps",
-    "max_fit": "fit",
-    "Fit": "fit",
-    "FitError": "fit",
-    "NothingFitsError": "fit",
-    "compare": "comparison",
-    "Comparison": "comparison",
+    "sweep": "explore.sweeps",
+    "Sweep": "explore.sweeps",
+    "max_fit": "explore.fit",
+    "Fit": "explore.fit",
+    "FitError": "explore.fit",
+    "NothingFitsError": "explore.fit",
+    "compare": "explore.comparison",
+    "Comparison": "explore.comparison",
 }
 
 if TYPE_CHECKING:
-    from .analysis import Analysis, Options, analyze
-    from .assume import MetaValueNeeded
-    from .bounds import BoundError, register_bound
+    from .analysis import Analysis, analyze
     from .checkpoints import (
         CheckpointError,
         UnsafeCheckpointError,
@@ -107,17 +111,20 @@ if TYPE_CHECKING:
         inspect_checkpoint,
     )
     from .cli import CommandError, UsageError
-    from .comparison import Comparison, compare
-    from .estimates import EstimateError
-    from .fit import Fit, FitError, NothingFitsError, max_fit
+    from .distributed.parallel import ParallelError
+    from .explore.comparison import Comparison, compare
+    from .explore.fit import Fit, FitError, NothingFitsError, max_fit
+    from .explore.sweeps import Sweep, sweep
     from .magics import load_ipython_extension, unload_ipython_extension
     from .materialize import InsufficientMemoryError, MaterializeError, materialize
-    from .options import InputError, OptionError, OptionTypeError
-    from .parallel import ParallelError
-    from .passes import ConcurrentTraceError
-    from .sources import SourceError
-    from .sweeps import Sweep, sweep
-    from .widget import MetaWidget
+    from .options import InputError, OptionError, Options, OptionTypeError, TraceSpec
+    from .sources.models import SourceError, register_source
+    from .trace.assume import MetaValueNeeded
+    from .trace.bounds import BoundError, register_bound
+    from .trace.known_errors import register_explanation
+    from .trace.passes import ConcurrentTraceError
+    from .views.estimates import EstimateError
+    from .views.widget import MetaWidget
 
 
 def __getattr__(name: str) -> Any:

@@ -1,155 +1,55 @@
 """``analyze`` and the :class:`Analysis` it returns: the module tree with its calls, and totals.
 
-``analyze`` is a short pipeline over frozen :class:`Options`: check every option, build the meta
-model and inputs, trace (or not, without inputs), then assemble the :class:`Analysis` in one
-place. ``Analysis.rerun`` replaces fields of the options and runs the pipeline again.
+``analyze`` checks nothing itself: it gathers its arguments into frozen :class:`Options` and
+runs the pipeline (``meta_widget.pipeline``: check every option, build the meta model and
+inputs, trace, assemble). An :class:`Analysis` is the result, not changed once built; its
+methods are the views of it (tables, figures, text, JSON, HTML, the widget), and
+``Analysis.rerun`` runs the pipeline again with some options replaced.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import heavy
-from .assume import Assumption, Policy
-from .checkpoints import CheckpointDiff, checkpoint_diff, inspect_checkpoint
+from .checkpoints import CheckpointDiff, inspect_checkpoint
 from .choices import Mode
-from .comms import CommRecord, comms_frame, comms_totals
-from .estimates import distributed_table, what_if_table
-from .explain import Explanation, explain
-from .figures import categories_figure, memory_figure, timeline_figure
-from .flatten import TensorInfo, named_tensors
-from .inputs import make_inputs
+from .data.flatten import TensorInfo
+from .data.records import CallRecord
+from .data.tree import ModuleNode
+from .distributed.comms import CommRecord, comms_frame, comms_totals
 from .materialize import MaterializeReport, materialize
-from .memory import MemoryReport, memory_report
-from .opcache import CacheStats
-from .options import (
-    DEFAULT_OPTIMIZER,
-    OptionError,
-    carried_optimizer,
-    check_assume,
-    check_autocast,
-    check_buildable,
-    check_checkpoint_path,
-    check_depth,
-    check_device,
-    check_fast,
-    check_flag,
-    check_grad_mode,
-    check_listeners,
-    check_loss,
-    check_micro_batches,
-    check_mode,
-    check_optimizer,
-    check_optional_flag,
-    check_parallel,
-    check_param_dtype,
-    checkpoint_selection,
-    input_dtypes,
-    input_shapes,
-)
-from .passes import Trace, pause_gc, trace
-from .precision import cast_inputs, with_param_dtype
-from .protocol import encode_analysis
-from .records import CallRecord
-from .sources import MetaModel, to_meta
-from .summary import render_summary
-from .tree import ModuleNode, build_tree
-from .undo import Undo
+from .memory.report import MemoryReport
+from .options import DEFAULT_OPTIMIZER, Options, carried_optimizer
+from .pipeline import run
+from .sources.models import MetaModel
+from .trace.assume import Assumption
+from .trace.explain import Explanation
+from .trace.opcache import CacheStats
 from .units import format_bytes, format_count, format_flops
-from .walk import walk
+from .views.estimates import distributed_table, what_if_table
+from .views.figures import categories_figure, memory_figure, timeline_figure
+from .views.protocol import encode_analysis
+from .views.summary import render_summary
 
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
-    from .widget import MetaWidget
+    from .views.widget import MetaWidget
 
 #: how deep ``summary()`` and the widget open when ``analyze`` was given no ``depth``
 DEFAULT_DEPTH = 3
 
 
-@dataclass(frozen=True)
-class Options:
-    """The options of one analysis, as :func:`analyze` takes them (its docstring says each).
-
-    ``checked()`` checks and normalizes them (``meta_widget.options``, the same checks as
-    ``%meta`` and the command line). The options an :class:`Analysis` keeps hold its meta
-    inputs in ``input_data``, never real data; ``rerun`` replaces fields.
-    """
-
-    input_size: Any = None
-    input_data: Any = None
-    dtypes: Any = None
-    mode: str = Mode.INFERENCE.value
-    optimizer: str | None = DEFAULT_OPTIMIZER
-    loss: Callable[[Any], Any] | None = None
-    device: str = "cuda"
-    activation_checkpointing: bool | str | Sequence[str] = False
-    depth: int | None = None
-    strict: bool = False
-    assume: Mapping[str, Any] | None = None
-    assume_nonzero: bool | None = None
-    checkpoint: Any = None
-    autocast: Any = None
-    param_dtype: Any = None
-    micro_batches: int = 1
-    fast: bool = True
-    #: notes about the inputs made from ``input_size``/``dtypes`` (carried over by ``rerun``)
-    input_notes: tuple[str, ...] = ()
-    parallel: Any = None
-
-    def checked(self) -> tuple[Options, list[str]]:
-        """Every option checked before anything is built, and the notes a given option leaves
-        (an optimizer given in inference is not used)."""
-        notes: list[str] = []
-        mode = check_mode(self.mode)
-        check_grad_mode(mode)
-        if self.input_size is not None:
-            input_dtypes(self.dtypes, len(input_shapes(self.input_size)))
-        elif self.dtypes is not None:
-            input_dtypes(self.dtypes, 0)
-        checked = replace(
-            self,
-            mode=mode,
-            device=check_device(self.device),
-            optimizer=check_optimizer(self.optimizer, mode, notes),
-            loss=check_loss(self.loss),
-            strict=check_flag(self.strict, "strict"),
-            assume_nonzero=check_optional_flag(self.assume_nonzero, "assume_nonzero"),
-            checkpoint=check_checkpoint_path(self.checkpoint),
-            depth=check_depth(self.depth),
-            fast=check_fast(self.fast),
-            assume=check_assume(self.assume),
-            activation_checkpointing=checkpoint_selection(self.activation_checkpointing),
-            autocast=check_autocast(self.autocast),
-            param_dtype=check_param_dtype(self.param_dtype),
-            micro_batches=check_micro_batches(self.micro_batches, mode),
-            parallel=check_parallel(self.parallel),
-        )
-        return checked, notes
-
-    @property
-    def training(self) -> bool:
-        return self.mode == Mode.TRAINING
-
-    def policy(self) -> Policy | None:
-        """The assumption policy: on unless ``strict`` (then only what ``assume`` gives)."""
-        if not self.strict:
-            return Policy(truth=True, nonzero=self.assume_nonzero is not False, values=self.assume)
-        if self.assume or self.assume_nonzero:
-            return Policy(truth=False, nonzero=bool(self.assume_nonzero), values=self.assume)
-        return None
-
-
-@dataclass(eq=False)
+@dataclass(eq=False, frozen=True)
 class Analysis:
     """What meta_widget learned about a model from one meta pass (or from its structure alone).
 
@@ -176,7 +76,7 @@ class Analysis:
     traced: bool
     seconds: float
     orphan_ops: dict[str, int] = field(default_factory=dict)
-    #: where the trace assumed a value it did not have (see ``meta_widget.assume``)
+    #: where the trace assumed a value it did not have (see ``meta_widget.trace.assume``)
     assumptions: list[Assumption] = field(default_factory=list)
     #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
     checkpoint_diff: CheckpointDiff | None = None
@@ -186,11 +86,11 @@ class Analysis:
     source_model: MetaModel | None = field(default=None, repr=False)
     #: the checked options, with the meta inputs: what ``rerun`` changes
     options: Options = field(default_factory=Options, repr=False)
-    #: the widget ``widget()`` made (displaying ``a`` shows it): its switches' re-runs are in
-    #: ``a.widget().analysis``
-    view: MetaWidget | None = field(default=None, repr=False)
     #: with ``parallel=``: the collectives rank 0 ran, in order (``comms`` is their DataFrame)
     comm_records: list[CommRecord] = field(default_factory=list)
+    #: the views made of this analysis, kept to be shown again (``widget()``'s, or the one the
+    #: pipeline streamed into); not part of the result
+    _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # -- totals -------------------------------------------------------------------------------
 
@@ -337,11 +237,11 @@ class Analysis:
         raise ValueError(f"kind must be 'memory', 'timeline' or 'categories', not {kind!r}")
 
     def to_payload(self) -> dict[str, Any]:
-        """The analysis as the widget's payload (see ``meta_widget.protocol``)."""
+        """The analysis as the widget's payload (see ``meta_widget.views.protocol``)."""
         return encode_analysis(self)
 
     def to_json(self) -> str:
-        """The payload as JSON (``version`` 1 of the schema in ``meta_widget.protocol``)."""
+        """The payload as JSON (``version`` 1 of the schema in ``meta_widget.views.protocol``)."""
         return json.dumps(self.to_payload(), separators=(",", ":"))
 
     def to_html(self, path: str | None = None) -> str:
@@ -349,7 +249,9 @@ class Analysis:
 
         Written to ``path`` when given; the HTML is returned either way.
         """
-        html = heavy.widget().standalone_html(self.to_payload())
+        from .views.widget import standalone_html  # anywidget: ~0.5 s, loaded on first use
+
+        html = standalone_html(self.to_payload())
         if path is not None:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(html)
@@ -360,7 +262,7 @@ class Analysis:
 
         Training: float32, bfloat16, float16, mixed bfloat16/float16 (fp32 master weights and
         optimizer state). Inference: float32, bfloat16, float16, int8 and int4 weights. The
-        formulas are in ``meta_widget.estimates`` and ``docs/estimates.md``.
+        formulas are in ``meta_widget.views.estimates`` and ``docs/estimates.md``.
         """
         return what_if_table(self)
 
@@ -373,7 +275,7 @@ class Analysis:
     ) -> pd.DataFrame:
         """Per-device bytes under DDP, ZeRO-1/2/3 (FSDP) and tensor parallelism: an estimate.
 
-        Computed from the recorded categories (``meta_widget.estimates.distributed``); the
+        Computed from the recorded categories (``meta_widget.views.estimates.distributed``); the
         formulas and a measured FSDP2 comparison are in ``docs/estimates.md``.
         """
         return distributed_table(self, sizes, dtype=dtype, mixed_precision=mixed_precision)
@@ -422,7 +324,7 @@ class Analysis:
         except TypeError:
             unknown = sorted(set(changes) - set(Options.__dataclass_fields__))
             raise TypeError(f"rerun() got unknown options {unknown}; see mw.analyze") from None
-        return run(self.source_model, options, widget, listeners)
+        return run(self.source_model, options, Analysis, widget, listeners)
 
     def widget(self) -> MetaWidget:
         """The widget showing this analysis, made once (displaying ``a`` shows it).
@@ -430,17 +332,20 @@ class Analysis:
         Its mode, optimizer and device switches re-run the analysis in the kernel: the
         widget's ``analysis`` is then the new one (``a.widget().analysis``), ``a`` is unchanged.
         """
-        if self.view is None:
-            self.view = heavy.widget().MetaWidget(payload=self.to_payload(), depth=self.depth)
-            self.view.analysis = self
-        return self.view
+        from .views.widget import MetaWidget  # anywidget: ~0.5 s, loaded on first use
+
+        view = self._views.get("widget")
+        if view is None:
+            view = self._views["widget"] = MetaWidget(payload=self.to_payload(), depth=self.depth)
+            view.analysis = self
+        return view  # type: ignore[no-any-return]
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget()._repr_mimebundle_(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
-# analyze: check, build, trace, assemble
+# analyze
 
 
 def analyze(
@@ -476,7 +381,7 @@ def analyze(
         left with hooks), a class or zero-argument function that builds one (built on meta), or
         a transformers config (built with its model class on meta). One already wrapped by
         FSDP2's ``fully_shard`` and/or ``parallelize_module`` under a fake process group is
-        traced as it stands, as rank ``dist.get_rank()`` (``meta_widget.wrapped``).
+        traced as it stands, as rank ``dist.get_rank()`` (``meta_widget.distributed.wrapped``).
     input_size
         A shape or a list of shapes, batch dimension included (torchinfo's convention).
     input_data
@@ -529,18 +434,19 @@ def analyze(
         ``torch.bfloat16`` or ``torch.float16``: the forward pass and the loss run as under
         ``torch.autocast(device, dtype)`` on the target ``device`` (its op lists: ``"cuda"``, or
         the CPU's for ``"cpu"`` and ``"math"``); parameters, gradients and optimizer state stay
-        at their dtype (fp32 master weights). See ``meta_widget.autocast``.
+        at their dtype (fp32 master weights). See ``meta_widget.trace.autocast``.
     param_dtype
         Pure low-precision: every floating parameter and buffer (and so the gradients and
         torch's optimizer state) in this dtype, as after ``model.to(dtype)``; floating inputs
-        too unless ``dtypes`` is given. See ``meta_widget.precision``.
+        too unless ``dtypes`` is given. See ``meta_widget.sources.precision``.
     micro_batches
         In training: forward, loss and backward run this many times (each on the given
         inputs, the loss divided by the count), gradients accumulating, then one optimizer
         step. FLOPs and calls count every micro-batch. At most ``MAX_MICRO_BATCHES`` (1024):
         each is traced in full.
     parallel
-        Trace one rank of several devices, on PyTorch's own engine (``meta_widget.parallel``):
+        Trace one rank of several devices, on PyTorch's own engine
+        (``meta_widget.distributed.parallel``):
         ``{"fsdp": 8}`` (FSDP2's ``fully_shard`` on each block, then the root),
         ``{"tp": 2}`` (``parallelize_module`` with the config's tensor-parallel plan) or both,
         ``{"fsdp": 4, "tp": 2}``; optional ``"blocks"`` (what ``fully_shard`` wraps) and
@@ -571,293 +477,11 @@ def analyze(
         ``ValueError``; ``OptionTypeError``, also a ``TypeError``, for a wrong type): the checks
         of ``meta_widget.options``, shared with ``%meta`` and ``meta-widget``.
     """
-    options = Options(
-        input_size=input_size,
-        input_data=input_data,
-        dtypes=dtypes,
-        mode=mode,
-        optimizer=optimizer,
-        loss=loss,
-        device=device,
-        activation_checkpointing=activation_checkpointing,
-        depth=depth,
-        strict=strict,
-        assume=assume,
-        assume_nonzero=assume_nonzero,
-        checkpoint=checkpoint,
-        autocast=autocast,
-        param_dtype=param_dtype,
-        micro_batches=micro_batches,
-        fast=fast,
-        parallel=parallel,
-    )
+    # every parameter of this signature that is an option (all but model, widget, listeners):
+    # a new option is a field of Options and a parameter here, nothing more
+    given = locals()
+    options = Options(**{f.name: given[f.name] for f in fields(Options) if f.name in given})
     if isinstance(model, (str, os.PathLike)):
         options.checked()  # the same checks, for the same messages
         return inspect_checkpoint(model)  # type: ignore[return-value]
-    return run(model, options, widget, listeners)
-
-
-def run(
-    model: Any,
-    options: Options,
-    widget: bool | MetaWidget | None = None,
-    listeners: Sequence[Callable[[CallRecord], None]] = (),
-) -> Analysis:
-    """The pipeline of :func:`analyze` over ``options`` (``Analysis.rerun`` calls it too).
-
-    The cyclic garbage collector is paused for all of it, as during the trace (see
-    ``meta_widget.passes``): building the tree and the report of a model of thousands of
-    modules made it scan the heap again and again (half the time of a 2,000-block model).
-    """
-    undo = Undo()
-    try:
-        try:
-            pause_gc(undo)
-            return _pipeline(model, options, widget, listeners)
-        finally:
-            undo.run()
-    finally:
-        undo.run()  # what an interrupt inside the first run left undone
-
-
-def _pipeline(
-    model: Any,
-    options: Options,
-    widget: bool | MetaWidget | None,
-    listeners: Sequence[Callable[[CallRecord], None]],
-) -> Analysis:
-    options, given_notes = options.checked()  # every option, before anything is built
-    listeners = check_listeners(listeners)
-    check_buildable(model)
-    start = time.perf_counter()
-    meta = source = to_meta(model)
-    if options.param_dtype is not None:
-        meta = with_param_dtype(meta, options.param_dtype)
-    module = meta.module
-    _check_against(module, options)  # the options that depend on the model, before tracing
-    diff = (
-        checkpoint_diff(module, inspect_checkpoint(options.checkpoint))
-        if options.checkpoint is not None
-        else None
-    )
-    inputs = make_inputs(module, options.input_size, options.input_data, options.dtypes)
-    if options.param_dtype is not None and options.dtypes is None:
-        inputs = cast_inputs(inputs, options.param_dtype)
-    # what rerun() passes again: the meta inputs (no data), dtypes and sizes already applied
-    kept = replace(
-        options,
-        input_size=None,
-        input_data=None
-        if inputs.empty
-        else inputs.kwargs
-        if inputs.kwargs and not inputs.args
-        else inputs.args,
-        dtypes=None,
-        checkpoint=None,
-        input_notes=(*options.input_notes, *inputs.notes),
-    )
-    # a re-run's meta model keeps its notes: each note once
-    notes = list(dict.fromkeys([*meta.notes, *inputs.notes, *options.input_notes, *given_notes]))
-    tree = walk(module)  # one walk for the tree and the trace
-    nodes = build_tree(module, tree)
-    input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
-    view = _resolve_widget(widget, options)
-    stream = None
-    result = None
-    traced, comms = module, []
-    parallel = options.parallel is not None or meta.wrapping is not None
-    if parallel and inputs.empty:
-        notes.append("parallel= needs inputs: without a forward pass nothing per rank is traced.")
-    if not inputs.empty:
-        if view is not None:
-            stream = view.stream(
-                nodes, title=type(module).__name__, source=meta.source, mode=options.mode
-            )
-        common: dict[str, Any] = dict(
-            training=options.training,
-            optimizer=options.optimizer,
-            loss=options.loss,
-            device=options.device,
-            listeners=[*listeners, stream.add] if stream is not None else list(listeners),
-            policy=options.policy(),
-            fast=options.fast,
-            on_phase=stream.phase if stream is not None else None,
-            autocast=options.autocast,
-            micro_batches=options.micro_batches,
-        )
-
-        def checkpointed(m: torch.nn.Module) -> list[torch.nn.Module]:
-            return _checkpointed(m, options.activation_checkpointing)
-
-        if not parallel:
-            result = trace(
-                module,
-                inputs.args,
-                inputs.kwargs,
-                checkpointed=checkpointed(module),
-                tree=tree,
-                **common,
-            )
-        else:  # parallel=, or a model the user wrapped (FSDP2 / tensor parallelism) as it is
-            world = heavy.wrapped().world_for(options.parallel, meta.wrapping)
-            rank = heavy.parallel().trace_rank(
-                world, module, inputs.args, inputs.kwargs, checkpointed, **common
-            )
-            result, traced, comms = rank.trace, rank.module, rank.comms
-    analysis = _assemble(meta, nodes, input_tensors, kept, notes, diff, result, traced)
-    analysis.comm_records = comms
-    analysis.source_model = source  # what rerun and materialize start from: the model as given
-    analysis.seconds = time.perf_counter() - start
-    if view is not None:
-        view.analysis = analysis
-        analysis.view = view
-        if stream is not None:
-            stream.finish(analysis)
-        else:
-            view.show(analysis)
-        view.update_live_display()  # widget=True: its output gets the static view too
-    return analysis
-
-
-def _check_against(module: torch.nn.Module, options: Options) -> None:
-    """The options checked against the (meta) model before anything is traced or started:
-    the modules ``activation_checkpointing`` names, and ``parallel=``'s degrees
-    (``meta_widget.parallel.check_world``); a mismatch is an ``OptionError``."""
-    _checkpointed(module, options.activation_checkpointing)
-    if options.parallel is not None:
-        heavy.parallel().check_world(options.parallel, module)
-
-
-def _assemble(
-    meta: MetaModel,
-    nodes: list[ModuleNode],
-    input_tensors: list[torch.Tensor],
-    options: Options,
-    notes: list[str],
-    diff: CheckpointDiff | None,
-    result: Trace | None,
-    traced: torch.nn.Module | None = None,
-) -> Analysis:
-    """The :class:`Analysis` of a trace (``result``), or of the structure alone (None);
-    ``traced`` is the module the trace ran, when not ``meta.module`` (one rank's, wrapped)."""
-    module = meta.module
-    if result is None:
-        report = memory_report(module, input_tensors)
-        notes = [*notes, "No inputs given: structural analysis only (no forward pass)."]
-    else:
-        for rec in result.calls:
-            if rec.module >= 0:
-                nodes[rec.module].calls.append(rec)
-        report = memory_report(
-            traced if traced is not None else module,
-            input_tensors,
-            result.calls,
-            result,
-            options.training,
-        )
-        notes = [*notes, *result.notes]
-    return Analysis(
-        title=type(module).__name__,
-        source=meta.source,
-        mode=options.mode,
-        modules=nodes,
-        calls=result.calls if result is not None else [],
-        memory=report,
-        total_flops=_total_flops(result),
-        error=_explained(result),
-        notes=notes,
-        traced=result is not None,
-        seconds=0.0,
-        orphan_ops=result.orphan_ops if result is not None else {},
-        assumptions=result.assumptions if result is not None else [],
-        checkpoint_diff=diff,
-        fast_path=result.fast_path if result is not None else None,
-        source_model=meta,
-        options=options,
-    )
-
-
-def _total_flops(result: Trace | None) -> int:
-    """Every op's FLOPs once: each call's own body, forward and backward, plus ops outside calls."""
-    if result is None:
-        return 0
-    return result.orphan_flops + sum(c.self_flops + c.backward_self_flops for c in result.calls)
-
-
-def _explained(result: Trace | None) -> Explanation | None:
-    """The trace's exception explained at its module and op, naming assumptions it may follow."""
-    if result is None or result.exception is None:
-        return None
-    call = result.error_call
-    error = explain(
-        result.exception,
-        module=result.calls[call].path if call is not None else None,
-        call=call,
-        op=result.failed_op,
-    )
-    if call is not None:
-        error = replace(error, module_type=result.calls[call].type)
-    return _blame_assumptions(error, result.assumptions)
-
-
-def _checkpointed(module: torch.nn.Module, which: bool | Sequence[str]) -> list[torch.nn.Module]:
-    """The modules to run under activation checkpointing."""
-    if which is False or not which:
-        return []
-    if which is True:
-        return [
-            child
-            for m in module.modules()
-            if isinstance(m, torch.nn.ModuleList)
-            for child in m.children()
-        ]
-    names = set(which)
-    found = [m for p, m in module.named_modules() if p in names or type(m).__name__ in names]
-    if not found:
-        raise OptionError(
-            f"activation_checkpointing={sorted(names)} matches no module path or class name of "
-            f"{type(module).__name__}; use paths from a.to_dataframe()['module'] or class names."
-        )
-    return found
-
-
-def _blame_assumptions(error: Explanation, assumptions: Sequence[Assumption]) -> Explanation:
-    """Name the assumptions a failure may follow from, and how to override them.
-
-    Only a truth value can be decided differently through ``assume=`` (upper-bound shapes are
-    switched off with ``assume_nonzero=False``, not per site): the ``assume=`` suggested is
-    that of the latest truth assumption, and none is suggested when there is none.
-    """
-    if not assumptions:
-        return error
-    last = assumptions[-1]
-    note = (
-        f" The trace had assumed values it could not know ({len(assumptions)} site(s); the "
-        f"latest: {last}); this error may follow from one of them."
-    )
-    truths = [a for a in assumptions if a.kind == "truth"]
-    fix = " strict=True turns assumptions off."
-    if truths:
-        flip = "False" if truths[-1].value == "True" else "True"
-        fix = (
-            f" To decide that condition differently: assume={{{truths[-1].site!r}: {flip}}};" + fix
-        )
-    return replace(error, explanation=error.explanation + note, fix=error.fix + fix)
-
-
-def _resolve_widget(widget: Any, options: Options) -> Any:
-    if widget is None or widget is False:
-        return None
-    module = heavy.widget()
-    if widget is True:
-        view = module.MetaWidget()
-        view.live_display = heavy.display(view, updatable=True)
-    elif isinstance(widget, module.MetaWidget):
-        view = widget
-    else:
-        raise TypeError(
-            f"widget must be True, False, None or a MetaWidget, not {type(widget).__name__}"
-        )
-    if options.depth is not None:
-        view.depth = options.depth
-    return view
+    return run(model, options, Analysis, widget, listeners)

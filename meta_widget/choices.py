@@ -71,7 +71,7 @@ class Optimizer(_Choice):
 
 
 class MemoryCategory(_Choice):
-    """What live bytes are for (``meta_widget.memory``), in the order the widget stacks them.
+    """What live bytes are for (``meta_widget.memory.report``), in the order the widget stacks them.
 
     Parameters, buffers and inputs are live from start to end (the static part); gradients and
     optimizer state belong to a training step; activations are what the forward pass keeps for
@@ -115,7 +115,8 @@ class ExploreKind(_Choice):
 
 
 class KernelMessage(_Choice):
-    """The custom messages the kernel sends the view (``meta_widget.protocol`` documents each)."""
+    """The custom messages the kernel sends the view (``meta_widget.views.protocol`` documents
+    each)."""
 
     START = "start"
     CALLS = "calls"

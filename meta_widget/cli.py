@@ -25,10 +25,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import heavy
 from .choices import Mode
 from .errors import MetaWidgetError
-from .explain import exception_message
 from .options import (
     OptionError,
     check_depth,
@@ -37,6 +35,7 @@ from .options import (
     parse_dtype,
     parse_shape,
 )
+from .trace.explain import exception_message
 
 __all__ = ["EXIT_PIPE", "CommandError", "UsageError", "build_parser", "load_object", "main"]
 
@@ -210,7 +209,8 @@ def _write(path: str, text: str, option: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    analyze = heavy.analysis().analyze  # torch: only once the arguments are known to be good
+    from .analysis import analyze  # torch: only once the arguments are known to be good
+
     check_depth(args.depth)
     shapes = [parse_shape(s) for s in args.input]
     dtypes = dtype_options([parse_dtype(d) for d in args.dtype])

@@ -1,8 +1,10 @@
-"""The heavy libraries, imported on first use: torch (~2 s; ``import meta_widget``, the command's
-``--help`` and its usage errors answer without it), pandas (DataFrames), plotly (figures), IPython
-(display), anywidget (the widget module, ~0.5 s) and transformers (only for its configs). These
-are the package's only imports made inside functions; every other import is at the top of its
-module.
+"""The heavy third-party libraries, imported on first use: torch (~2 s; ``import meta_widget``, the
+command's ``--help`` and its usage errors answer without it), pandas (DataFrames), plotly
+(figures), IPython (display) and transformers (only for its configs). These are the package's
+only imports of other libraries made inside functions. The package's own modules are never
+loaded here: a module that loads one of them on first use (the widget, whose anywidget costs
+~0.5 s; FSDP2 for ``parallel=``) imports it inside the function that needs it, down the layers,
+where the architecture test sees it (``tests/test_architecture.py``).
 """
 
 from __future__ import annotations
@@ -11,18 +13,12 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
-    "analysis",
     "display",
-    "explore_view",
     "pandas",
-    "parallel",
     "plotly_go",
     "plotly_subplots",
     "torch",
     "transformers",
-    "widget",
-    "wrapped",
-    "wrapping",
 ]
 
 
@@ -31,34 +27,6 @@ def torch() -> ModuleType:
     import torch
 
     return torch
-
-
-def analysis() -> ModuleType:
-    """``meta_widget.analysis``, the analyzer (it imports torch and the tracer)."""
-    from . import analysis as module
-
-    return module
-
-
-def parallel() -> ModuleType:
-    """``meta_widget.parallel`` (it imports FSDP2 and tensor parallelism, ~1 s)."""
-    from . import parallel as module
-
-    return module
-
-
-def wrapped() -> ModuleType:
-    """``meta_widget.wrapped`` (tracing a model the user wrapped, as it stands)."""
-    from . import wrapped as module
-
-    return module
-
-
-def wrapping() -> ModuleType:
-    """``meta_widget.wrapping`` (reading a user's FSDP2 / tensor-parallel wrapping)."""
-    from . import wrapping as module
-
-    return module
 
 
 def transformers() -> ModuleType:
@@ -102,17 +70,3 @@ def display(obj: Any, *, updatable: bool = False) -> Any:
 
     handle = show(obj, display_id=True if updatable else None)
     return handle if isinstance(handle, DisplayHandle) else None
-
-
-def explore_view() -> ModuleType:
-    """``meta_widget.explore_view`` (the fit and comparison widgets; anywidget)."""
-    from . import explore_view as module
-
-    return module
-
-
-def widget() -> ModuleType:
-    """``meta_widget.widget`` (it imports anywidget and traitlets)."""
-    from . import widget as module
-
-    return module

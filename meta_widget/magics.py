@@ -30,7 +30,6 @@ from . import heavy
 from .analysis import analyze
 from .checkpoints import CheckpointError, inspect_checkpoint
 from .choices import Mode
-from .explain import exception_message, explain, is_meta_error
 from .options import (
     OptionError,
     check_depth,
@@ -39,7 +38,8 @@ from .options import (
     parse_dtype,
     parse_shape,
 )
-from .sources import SourceError
+from .sources.models import SourceError
+from .trace.explain import exception_message, explain, is_meta_error
 from .undo import on_meta
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ The two silent traps of the meta device are handled here:
   parameter on meta. ``materialize(checkpoint=...)`` loads with ``assign=True``.
 
 The user's module is never touched: a fresh meta build (a class, factory or config is built
-again) or ``meta_widget.sources.meta_copy`` of the module is materialized.
+again) or ``meta_widget.sources.models.meta_copy`` of the module is materialized.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .checkpoints import (
 )
 from .errors import MetaWidgetError
 from .options import OptionError, OptionTypeError
-from .sources import MetaModel, meta_copy, to_meta
+from .sources.models import MetaModel, meta_copy, to_meta
 from .units import format_bytes, is_floating
 
 __all__ = [
@@ -166,7 +166,8 @@ def materialize(
     ----------
     model
         What ``mw.analyze`` accepts (an ``nn.Module`` on any device, a class or zero-argument
-        function that builds one, a transformers config) or a ``meta_widget.sources.MetaModel``.
+        function that builds one, a transformers config) or a
+        ``meta_widget.sources.models.MetaModel``.
         A module is never changed: a meta copy of it is materialized, freshly initialized (its
         own weights are not copied: pass ``checkpoint=`` for weights).
     device

@@ -37,7 +37,7 @@ def choices() -> dict[str, list[str]]:
     """Each fixed name set of ``meta_widget.choices``, in its order (and the comparison's
     numbers, the columns of the compare view)."""
     from meta_widget import choices as c
-    from meta_widget.comparison import NUMBERS
+    from meta_widget.explore.comparison import NUMBERS
 
     return {
         "modes": [m.value for m in c.Mode],
@@ -58,7 +58,7 @@ def samples() -> dict[str, Any]:
     from models import Failing, gpt2_config
 
     import meta_widget as mw
-    from meta_widget.widget import CallStream
+    from meta_widget.views.widget import CallStream
 
     torch.manual_seed(0)
     a = mw.analyze(gpt2_config(), input_size=(1, 8))

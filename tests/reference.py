@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.flatten import named_tensors
+from meta_widget.data.flatten import named_tensors
 
 
 def cpu_calls(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -75,8 +75,8 @@ def test_every_output_shape_equals_a_real_cpu_forward(case: str) -> None:
 def test_total_flops_equal_flop_counter_mode_and_calls_add_up(case: str) -> None:
     model, args, kwargs = CASES[case]()
     a = _analyze(model, args, kwargs)
-    from meta_widget.inputs import to_meta_value
-    from meta_widget.sources import meta_copy
+    from meta_widget.sources.inputs import to_meta_value
+    from meta_widget.sources.models import meta_copy
 
     twin = meta_copy(model).eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:

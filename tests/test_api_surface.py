@@ -391,20 +391,19 @@ class MLPSpec:
 
 
 def test_register_source_analyzes_a_new_kind_of_object() -> None:
-    from meta_widget import sources
+    from meta_widget.sources import models as sources
 
     spec = MLPSpec(8, 16, 4)
     with pytest.raises(sources.SourceError, match="cannot analyze an object of type 'MLPSpec'"):
         mw.analyze(spec, input_size=(2, 8))
-    before = list(sources._SOURCES)
+    with sources.SOURCES.scoped():  # the registry is global: left as it was
 
-    @sources.register_source("mlp-spec", lambda obj: isinstance(obj, MLPSpec))
-    def from_spec(obj: MLPSpec) -> sources.MetaModel:
-        with torch.device("meta"):
-            module = obj.build()
-        return sources.MetaModel(module, source="mlp-spec", owned=True, rebuild=None)
+        @sources.register_source("mlp-spec", lambda obj: isinstance(obj, MLPSpec))
+        def from_spec(obj: MLPSpec) -> sources.MetaModel:
+            with torch.device("meta"):
+                module = obj.build()
+            return sources.MetaModel(module, source="mlp-spec", owned=True, rebuild=None)
 
-    try:
         a = mw.analyze(spec, input_size=(2, 8))
         assert a.error is None and a.source == "mlp-spec"
         real = spec.build()
@@ -412,8 +411,9 @@ def test_register_source_analyzes_a_new_kind_of_object() -> None:
         with torch.no_grad(), FlopCounterMode(display=False) as fc:
             real(torch.randn(2, 8))
         assert a.total_flops == fc.get_total_flops()
-    finally:
-        sources._SOURCES[:] = before  # the registry is global: leave it as it was
+    assert "mlp-spec" not in sources.SOURCES
+    with pytest.raises(sources.SourceError, match="cannot analyze an object of type 'MLPSpec'"):
+        mw.analyze(spec, input_size=(2, 8))
 
 
 class QuotaError(RuntimeError):
@@ -430,21 +430,20 @@ class OverQuota(nn.Module):
 
 
 def test_register_explanation_explains_a_new_error() -> None:
-    # meta_widget.explain is the function; the module of the same name holds the registry
-    explain_module = importlib.import_module("meta_widget.explain")
+    # the registry of explanations (meta_widget.explain is the function that uses it)
+    explain_module = importlib.import_module("meta_widget.trace.known_errors")
 
     plain = mw.analyze(OverQuota(), input_size=(2, 4)).error
     assert plain is not None and plain.type == "QuotaError"
-    before = list(explain_module._EXPLANATIONS)
     title = "Over the widget quota"
-    explain_module.register_explanation(
-        "quota",
-        r"quota of \d+ widgets",
-        title=title,
-        explanation="The model counts widgets.",
-        fix="Ask for more widgets.",
-    )
-    try:
+    with explain_module.EXPLANATIONS.scoped():
+        explain_module.register_explanation(
+            "quota",
+            r"quota of \d+ widgets",
+            title=title,
+            explanation="The model counts widgets.",
+            fix="Ask for more widgets.",
+        )
         error = mw.analyze(OverQuota(), input_size=(2, 4)).error
         assert error is not None
         assert (error.title, error.explanation, error.fix) == (
@@ -456,5 +455,4 @@ def test_register_explanation_explains_a_new_error() -> None:
         assert mw.explain(QuotaError("quota of 7 widgets exceeded")).title == title
         assert mw.explain(QuotaError("something else")).title != title
         assert plain.title != title
-    finally:
-        explain_module._EXPLANATIONS[:] = before
+    assert mw.explain(QuotaError("quota of 7 widgets exceeded")).title != title

@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import meta_widget as mw
-from meta_widget.autocast import COMPOSITES, CPU_POLICY, CUDA_POLICY, Autocast, policy_for
+from meta_widget.trace.autocast import COMPOSITES, CPU_POLICY, CUDA_POLICY, Autocast, policy_for
 
 CPU = torch.device("cpu")
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.bounds import BOUNDS
+from meta_widget.trace.bounds import BOUNDS
 
 
 @torch.library.custom_op("mwtest::keep_positive", mutates_args=())
@@ -36,9 +36,10 @@ class Filters(nn.Module):
 
 @pytest.fixture
 def bound() -> Iterator[None]:
-    mw.register_bound("mwtest::keep_positive", lambda x: x.numel())
-    yield
-    BOUNDS.pop("mwtest::keep_positive")
+    with BOUNDS.scoped():
+        mw.register_bound("mwtest::keep_positive", lambda x: x.numel())
+        yield
+    assert "mwtest::keep_positive" not in BOUNDS
 
 
 def test_a_custom_op_without_a_bound_fails_with_the_way_to_give_one() -> None:
@@ -81,7 +82,7 @@ def test_register_bound_takes_the_op_itself_and_works_as_a_decorator() -> None:
         b = mw.analyze(Filters(), input_size=(3, 8))
         assert b.error is not None and "not a non-negative int" in b.error.message
     finally:
-        BOUNDS.pop("mwtest::keep_positive")
+        BOUNDS.unregister("mwtest::keep_positive")
     with pytest.raises(mw.BoundError, match="namespace::name"):
         mw.register_bound("keep_positive", lambda x: 1)
 

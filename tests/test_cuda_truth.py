@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import meta_widget as mw
-from meta_widget.kernels import cuda_backend
+from meta_widget.trace.kernels import cuda_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -36,7 +36,7 @@ CLOSE = {
     "GPT-2 tiny, eager attention | training, 4 micro-batches": 0.03,
 }
 #: the nested-tensor path and cuDNN's RNN workspace (the trace cannot see into them); the fused
-#: attention and encoder-layer kernels are run as their steps (meta_widget.fastpath)
+#: attention and encoder-layer kernels are run as their steps (meta_widget.trace.fastpath)
 APART = {
     "TransformerEncoder, padding mask | inference",
     "LSTM x2 | inference",
@@ -133,7 +133,7 @@ def test_grouped_query_attention_flops_do_not_depend_on_the_formulas_gqa_support
     # which is what 2.13's formula counts for grouped-query shapes
     from torch.utils.flop_counter import FlopCounterMode
 
-    from meta_widget.kernels import EXTRA_FLOPS
+    from meta_widget.trace.kernels import EXTRA_FLOPS
 
     q = torch.randn(2, 8, 16, 32, dtype=torch.bfloat16)
     k = torch.randn(2, 2, 16, 32, dtype=torch.bfloat16)
@@ -151,6 +151,6 @@ def test_grouped_query_attention_flops_do_not_depend_on_the_formulas_gqa_support
         assert isinstance(k, torch.Size) and k[1] == 8  # the query's heads, as 2.11 required
         return 1
 
-    from meta_widget.kernels import _heads_of_query
+    from meta_widget.trace.kernels import _heads_of_query
 
     assert _heads_of_query(strict, 0)(*meta) == 1

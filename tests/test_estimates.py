@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.estimates import (
+from meta_widget.memory.report import CATEGORIES, MemoryReport
+from meta_widget.views.estimates import (
     EstimateError,
     distributed,
     distributed_table,
@@ -24,7 +25,6 @@ from meta_widget.estimates import (
     what_if,
     what_if_table,
 )
-from meta_widget.memory import CATEGORIES, MemoryReport
 
 # ---------------------------------------------------------------------------------------------
 # a hand-made report: 1,000 float32 parameters trained with AdamW, the peak in the optimizer step

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.explain import explanation_name, is_meta_error
+from meta_widget.trace.explain import explanation_name, is_meta_error
 
 X = torch.randn(4, 3, device="meta")
 MASK = torch.ones(4, 3, dtype=torch.bool, device="meta")

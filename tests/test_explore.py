@@ -13,15 +13,15 @@ from models import SmallCNN, llama_config
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.estimates import (
+from meta_widget.explore.sweeps import Progress
+from meta_widget.memory.report import CATEGORIES
+from meta_widget.views.estimates import (
     distributed,
     largest_block_bytes,
     root_unit_bytes,
     tp_activation_fraction,
     tp_fraction,
 )
-from meta_widget.memory import CATEGORIES
-from meta_widget.sweeps import Progress
 
 CNN_INPUT = (1, 3, 32, 32)
 
@@ -271,7 +271,7 @@ def test_compare_modules_on_one_side_only() -> None:
     ids=["linear", "quadratic", "steps", "concave"],
 )
 def test_the_search_finds_what_a_scan_finds(peak: Callable[[int], int]) -> None:
-    from meta_widget.fit import _search
+    from meta_widget.explore.fit import _search
 
     for budget in (1100, 5000, 123_457, 10**6):
         traced: list[int] = []

@@ -20,7 +20,8 @@ import meta_widget as mw  # noqa: E402
 
 def samples() -> dict[str, Any]:
     """A fit of a CNN's batch in 8 MiB, and GQA against MHA on the tiny Llama."""
-    from meta_widget.explore_view import comparison_payload, fit_payload
+    from meta_widget.explore.comparison import comparison_payload
+    from meta_widget.explore.fit import fit_payload
 
     fit = mw.max_fit(SmallCNN(), input_size=(1, 3, 32, 32), budget="8MiB")
     mha = copy.deepcopy(llama_config())

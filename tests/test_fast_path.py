@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ from torch.nn import functional as F
 
 import meta_widget as mw
 from meta_widget.options import OptionTypeError
-from meta_widget.passes import trace
+from meta_widget.trace.passes import trace
 
 #: fields that differ between any two runs: wall time, autograd's global sequence counter, and
 #: storage addresses
@@ -62,17 +63,7 @@ def trace_snapshot(a: mw.Analysis, fast: bool) -> dict[str, Any]:
     data = options.input_data
     args, kwargs = ((), data) if isinstance(data, dict) else (tuple(data), {})
     assert a.source_model is not None
-    t = trace(
-        a.source_model.module,
-        args,
-        kwargs,
-        training=options.training,
-        optimizer=options.optimizer,
-        loss=options.loss,
-        device=options.device,
-        policy=options.policy(),
-        fast=fast,
-    )
+    t = trace(a.source_model.module, args, kwargs, replace(options.trace_spec(), fast=fast))
     assert (t.fast_path is not None) == fast
     return {
         "calls": _plain(t.calls),
@@ -446,7 +437,7 @@ def test_a_second_analysis_runs_no_kernel_the_first_ran() -> None:
 def test_cache_info_and_cache_clear_tell_and_empty_the_process_cache() -> None:
     """cache_info() counts what the analyses put in; cache_clear() empties it, and the next
     analysis runs its kernels again (misses), recording the same as before."""
-    from meta_widget.opcache import OpCache
+    from meta_widget.trace.opcache import OpCache
 
     build, kwargs = CORPUS["gpt2"]
     model = build()
@@ -464,7 +455,7 @@ def test_cache_info_and_cache_clear_tell_and_empty_the_process_cache() -> None:
 
 
 def test_the_op_cache_is_emptied_past_its_bytes_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    from meta_widget.opcache import OpCache
+    from meta_widget.trace.opcache import OpCache
 
     build, kwargs = CORPUS["gpt2"]
     OpCache.cache_clear()

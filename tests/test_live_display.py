@@ -9,7 +9,7 @@ import torch
 from IPython.display import DisplayHandle
 
 import meta_widget as mw
-from meta_widget.widget import MetaWidget
+from meta_widget.views.widget import MetaWidget
 
 
 class Handle(DisplayHandle):  # type: ignore[misc]

@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import meta_widget as mw
-from meta_widget.memory import CATEGORIES
+from meta_widget.memory.report import CATEGORIES
 
 
 def mlp() -> nn.Module:
@@ -141,7 +141,7 @@ def test_checkpoint_diff_and_materialize_from_an_analysis(tmp_path: object) -> N
 
 
 def test_the_widget_reruns_in_training_mode_on_request() -> None:
-    from meta_widget.widget import MetaWidget
+    from meta_widget.views.widget import MetaWidget
 
     sent: list[dict[str, object]] = []
 

@@ -1,4 +1,4 @@
-"""Per-module parameters, gradients and optimizer state (``meta_widget.module_memory``) against a
+"""Per-module parameters, gradients and optimizer state (``meta_widget.memory.modules``) against a
 real CPU training step, and the memory chart's bars built from them (``a.figure("memory")``)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from models import gpt2_config, llama_config, real
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.memory_bars import memory_bars
 from meta_widget.units import format_bytes
+from meta_widget.views.memory_bars import memory_bars
 
 #: what a user writes, as the analysis' optimizers do
 OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {

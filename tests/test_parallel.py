@@ -89,8 +89,10 @@ def test_frozen_parameters_under_fsdp2_are_a_real_ranks_peak() -> None:
     truth = allocator_rank_peak(half_frozen_mlp, x, fsdp=2)
     a = analyze_rank(half_frozen_mlp(), x, fsdp=2)
     assert a.peak_bytes == pytest.approx(truth, rel=FSDP_TOLERANCE)
-    # the frozen blocks save the gradients and AdamW state of half the model
-    assert truth < 0.85 * allocator_rank_peak(DeepMLP, x, fsdp=2)
+    # the frozen blocks save the gradients and AdamW state of half the model (the whole
+    # model's peak by MemTracker: the allocator's reading of a second run in one process can
+    # miss blocks allocated before its profiler started)
+    assert truth < 0.85 * real_rank_peak(DeepMLP, x, fsdp=2)["Total"]
     assert a.trainable_params == sum(p.numel() for p in DeepMLP().layers[2:].parameters())
 
 

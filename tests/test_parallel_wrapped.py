@@ -1,5 +1,5 @@
 """A model the user wrapped with FSDP2 / tensor parallelism, under their own fake process group,
-traced as it stands (``meta_widget.wrapped``).
+traced as it stands (``meta_widget.distributed.wrapped``).
 
 Truth: the same wrapping run for real (``parallel_truth.real_rank_peak``: the model built for
 real, wrapped by the same function, one AdamW step measured by MemTracker) on the same rank, and
@@ -38,7 +38,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_modul
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
-from meta_widget.parallel import forget_meshes
+from meta_widget.distributed.parallel import forget_meshes
 
 FSDP_TOLERANCE = 0.02
 TP_TOLERANCE = 0.05
@@ -59,7 +59,8 @@ def users_group(fsdp: int, tp: int = 1, rank: int = 0) -> Iterator[DeviceMesh]:
         yield init_device_mesh("cpu", (fsdp, tp), mesh_dim_names=("dp", "tp"))
     finally:
         dist.destroy_process_group()
-        forget_meshes()  # as a new process would (see meta_widget.parallel.forget_meshes)
+        # as a new process would (see meta_widget.distributed.parallel.forget_meshes)
+        forget_meshes()
 
 
 def analyze(model: Any, x: torch.Tensor, **kw: Any) -> mw.Analysis:

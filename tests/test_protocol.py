@@ -14,8 +14,8 @@ from typing import Any
 
 from make_fixtures import FIXTURES, normalize, samples
 
-from meta_widget import protocol
 from meta_widget.choices import Precision
+from meta_widget.views import protocol
 
 
 def _load(name: str) -> object:

@@ -1,4 +1,4 @@
-"""Recurrent layers as the CPU runs them (``meta_widget/rnn.py``). ``nn.LSTM`` inference runs
+"""Recurrent layers as the CPU runs them (``meta_widget/trace/rnn.py``). ``nn.LSTM`` inference runs
 oneDNN's RNN kernel a layer at a time: the trace lands just under the CPU allocator's peak (all
 but oneDNN's own state buffers, which oneDNN sizes at run time). ``nn.GRU`` takes PyTorch's
 CPU-only branch: exact."""

@@ -7,7 +7,7 @@ import pytest
 from models import gpt2_config, llama_config
 
 import meta_widget as mw
-from meta_widget.protocol import encode_analysis
+from meta_widget.views.protocol import encode_analysis
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])

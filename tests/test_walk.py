@@ -9,7 +9,7 @@ import transformers
 from models import bert_config, gpt2_config, llama_config, t5_config
 from torch import nn
 
-from meta_widget.walk import modules, walk
+from meta_widget.data.walk import modules, walk
 
 
 def _shared() -> nn.Module:

@@ -11,7 +11,7 @@ import torch
 from make_fixtures import FIXTURES
 
 import meta_widget as mw
-from meta_widget import protocol, widget
+from meta_widget.views import protocol, widget
 
 
 def _front_end_choices() -> dict[str, list[str]]:

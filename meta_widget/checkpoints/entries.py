@@ -17,7 +17,7 @@ from . import view
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..tree import ModuleNode
+    from ..data.tree import ModuleNode
 
 __all__ = [
     "CheckpointError",
@@ -132,7 +132,7 @@ class CheckpointInfo:
         """Bytes to hold the checkpoint with every floating-point tensor cast to ``dtype``.
 
         Integer and bool tensors keep their stored size. ``dtype`` is one of
-        ``meta_widget.memory.DTYPE_BYTES`` (``int4`` packs two elements per byte).
+        ``meta_widget.memory.report.DTYPE_BYTES`` (``int4`` packs two elements per byte).
         """
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, not {dtype!r}")
@@ -161,11 +161,12 @@ class CheckpointInfo:
         return view.summary(self, depth)
 
     def module_nodes(self) -> list[ModuleNode]:
-        """The name tree as :class:`meta_widget.tree.ModuleNode` rows (pre-order)."""
+        """The name tree as :class:`meta_widget.data.tree.ModuleNode` rows (pre-order)."""
         return view.module_nodes(self)
 
     def to_payload(self) -> dict[str, Any]:
-        """The checkpoint in the widget's payload format (``meta_widget.protocol``, version 1)."""
+        """The checkpoint in the widget's payload format (``meta_widget.views.protocol``, version
+        1)."""
         return view.to_payload(self)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

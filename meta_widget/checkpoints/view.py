@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import heavy
-from ..flatten import TensorInfo
-from ..protocol import Dictionary, encode_header
-from ..tree import ModuleNode
+from ..data.flatten import TensorInfo
+from ..data.tree import ModuleNode
 from ..units import format_bytes, format_count, format_shape, is_floating
+from ..views.protocol import Dictionary, encode_header
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -209,7 +209,7 @@ def module_nodes(info: CheckpointInfo) -> list[ModuleNode]:
 
 
 def to_payload(info: CheckpointInfo) -> dict[str, Any]:
-    """The checkpoint in the widget's payload format (``meta_widget.protocol``, version 1).
+    """The checkpoint in the widget's payload format (``meta_widget.views.protocol``, version 1).
 
     Modules are the name tree (see :func:`module_nodes`), ``source`` is ``"checkpoint"``,
     ``status`` ``"structural"``, there are no calls; ``totals.params`` counts every element.
@@ -243,7 +243,9 @@ def to_payload(info: CheckpointInfo) -> dict[str, Any]:
 
 def mimebundle(info: CheckpointInfo, **kwargs: Any) -> Any:
     """The widget showing the checkpoint, with its text summary as ``text/plain``."""
-    bundle = heavy.widget().MetaWidget(payload=to_payload(info))._repr_mimebundle_(**kwargs)
+    from ..views.widget import MetaWidget  # anywidget: ~0.5 s, loaded on first use
+
+    bundle = MetaWidget(payload=to_payload(info))._repr_mimebundle_(**kwargs)
     data = bundle[0] if isinstance(bundle, tuple) else bundle
     if isinstance(data, dict):
         data["text/plain"] = summary(info)

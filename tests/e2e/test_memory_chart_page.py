@@ -17,7 +17,7 @@ import torch
 import transformers
 
 import meta_widget as mw
-from meta_widget.memory_bars import memory_bars
+from meta_widget.views.memory_bars import memory_bars
 
 pytestmark = pytest.mark.e2e
 

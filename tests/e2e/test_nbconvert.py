@@ -1,5 +1,6 @@
 """nbconvert's HTML of a notebook that shows an analysis, opened offline in Chromium: the static
-view of ``meta_widget.fallback`` is what the reader sees (no widget manager can load offline)."""
+view of ``meta_widget.views.fallback`` is what the reader sees (no widget manager can load
+offline)."""
 
 from __future__ import annotations
 

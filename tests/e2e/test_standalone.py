@@ -389,7 +389,7 @@ def gpt2_stream() -> dict[str, Any]:
     """The messages a real trace streams to the widget, and the final payload."""
     import json
 
-    from meta_widget.widget import CallStream, MetaWidget
+    from meta_widget.views.widget import CallStream, MetaWidget
 
     class Recorder(MetaWidget):  # type: ignore[misc]
         def send(self, content: Any, buffers: Any = None) -> None:

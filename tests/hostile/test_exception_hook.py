@@ -21,7 +21,7 @@ from IPython.utils.capture import capture_output
 
 import meta_widget as mw
 from meta_widget import magics
-from meta_widget.explain import is_meta_error
+from meta_widget.trace.explain import is_meta_error
 
 DEFINITIONS = """
 class StrRaises(Exception):
@@ -166,18 +166,19 @@ def test_a_broken_matcher_is_named_and_the_handler_stays(
 ) -> None:
     import importlib
 
-    explain_module = importlib.import_module("meta_widget.explain")
+    explain_module = importlib.import_module("meta_widget.trace.known_errors")
 
     def broken(exc: BaseException, message: str) -> bool:
         raise KeyError("a bug in a user's matcher")
 
-    table = [("broken", broken, "t", "e", "f"), *explain_module._EXPLANATIONS]
-    monkeypatch.setattr(explain_module, "_EXPLANATIONS", table)
-    _, cap = run(ip, META_CELL)
+    with explain_module.EXPLANATIONS.scoped():
+        explain_module.register_explanation(
+            "broken", broken, title="t", explanation="e", fix="f", first=True
+        )
+        _, cap = run(ip, META_CELL)
     assert "Custom TB Handler failed" not in cap.stdout + cap.stderr
     assert "values = x.tolist()" in cap.stdout  # the traceback is shown
     assert "meta_widget could not explain this error: KeyError" in cap.stdout
-    monkeypatch.undo()
     still_installed(ip)
 
 

@@ -37,7 +37,7 @@ import torch.utils._python_dispatch as python_dispatch
 from torch.nn.modules import module as torch_module
 
 import meta_widget as mw
-from meta_widget import passes
+from meta_widget.trace import passes
 
 _CHILD = "META_WIDGET_INTERRUPT_TEST_CHILD"
 
@@ -69,17 +69,17 @@ def _ran_in_own_process(request: pytest.FixtureRequest) -> bool:
 
 # (file suffix, function qualname prefix): the code whose every step gets an interrupt
 _WATCHED = (
-    ("meta_widget/passes.py", ""),
+    ("meta_widget/trace/passes.py", ""),
     ("meta_widget/undo.py", ""),
-    ("meta_widget/sources.py", "_from_factory"),
-    ("meta_widget/recorder.py", "Recorder.__init__"),
-    ("meta_widget/recorder.py", "Recorder.open"),
-    ("meta_widget/recorder.py", "Recorder.close"),
-    ("meta_widget/recorder.py", "Recorder._remove_hooks"),
-    ("meta_widget/callstack.py", "CallStack.__init__"),
-    ("meta_widget/storage.py", "StorageTracker.__init__"),
-    ("meta_widget/assume.py", "Assumptions.__init__"),
-    ("meta_widget/kernels.py", "AttentionKernels.__init__"),
+    ("meta_widget/sources/models.py", "_from_factory"),
+    ("meta_widget/trace/recorder.py", "Recorder.__init__"),
+    ("meta_widget/trace/recorder.py", "Recorder.open"),
+    ("meta_widget/trace/recorder.py", "Recorder.close"),
+    ("meta_widget/trace/recorder.py", "Recorder._remove_hooks"),
+    ("meta_widget/trace/callstack.py", "CallStack.__init__"),
+    ("meta_widget/trace/storage.py", "StorageTracker.__init__"),
+    ("meta_widget/trace/assume.py", "Assumptions.__init__"),
+    ("meta_widget/trace/kernels.py", "AttentionKernels.__init__"),
     ("torch/overrides.py", "TorchFunctionMode."),
     ("torch/overrides.py", "_push_mode"),
     ("torch/overrides.py", "_pop_mode"),
@@ -269,7 +269,7 @@ def _factory() -> Callable[[], Any]:
 
 
 #: watched code only building a model from a factory runs (not a trace of a built module)
-_BUILDING = (("meta_widget/sources.py", "_from_factory"), ("torch/utils/_device.py", ""))
+_BUILDING = (("meta_widget/sources/models.py", "_from_factory"), ("torch/utils/_device.py", ""))
 
 
 def _unreached(codes: set[tuple[str, str]], watched: Sequence[tuple[str, str]]) -> list[Any]:

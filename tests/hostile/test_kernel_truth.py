@@ -1,6 +1,6 @@
 """Kernels modelled on meta against the real CPU (issue 23's blind spots).
 
-- Autocast: each op's output dtype under ``meta_widget.autocast.Autocast`` on meta equals its
+- Autocast: each op's output dtype under ``meta_widget.trace.autocast.Autocast`` on meta equals its
   output dtype under a real ``torch.autocast("cpu")`` on real CPU tensors, op by op (losses,
   matmuls, convolutions, pooling, padding, linear algebra, FFTs, promotions), whatever group
   the table files each op under.
@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from truth import allocator_peak, real_peak
 
 import meta_widget as mw
-from meta_widget.autocast import Autocast
+from meta_widget.trace.autocast import Autocast
 
 # -- autocast, op by op -------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.explain import META_ERRORS, explanation_name, is_meta_error
+from meta_widget.trace.explain import META_ERRORS, explanation_name, is_meta_error
 
 GENERIC = "The forward pass raised an error"
 X = torch.randn(4, 3, device="meta")

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.records import CallRecord
+from meta_widget.data.records import CallRecord
 
 
 class Doubling(nn.Module):

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import meta_widget as mw
-from meta_widget.sources import SourceError
-from meta_widget.tree import build_tree
-from meta_widget.walk import tree_fault, walk
+from meta_widget.data.tree import build_tree
+from meta_widget.data.walk import tree_fault, walk
+from meta_widget.sources.models import SourceError
 
 
 def _net() -> torch.nn.Sequential:

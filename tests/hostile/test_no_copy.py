@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import meta_widget as mw
-from meta_widget.sources import SourceError, meta_copy, reachable_tensors
+from meta_widget.sources.models import SourceError, meta_copy, reachable_tensors
 
 GIB = 2**30
 LIMIT = 64 * 2**20

@@ -169,7 +169,7 @@ class Fails(DeepMLP):
 def test_a_failure_inside_a_parallel_analysis_destroys_its_group(
     monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    import meta_widget.parallel as parallel
+    import meta_widget.distributed.parallel as parallel
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError(f"injected {where}")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import meta_widget as mw
-from meta_widget.passes import ConcurrentTraceError, _claims, _GcPause
+from meta_widget.trace.passes import ConcurrentTraceError, _claims, _GcPause
 
 
 class Net(torch.nn.Module):

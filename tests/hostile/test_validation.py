@@ -236,7 +236,7 @@ def test_a_class_or_function_that_needs_arguments_is_named() -> None:
 
 
 def test_the_widgets_switches_do_not_note_the_optimizer_they_always_send() -> None:
-    from meta_widget.widget import MetaWidget
+    from meta_widget.views.widget import MetaWidget
 
     a = mw.analyze(nn.Linear(3, 2), (2, 3), mode="training", optimizer="sgd")
     view = MetaWidget()

@@ -1,0 +1,421 @@
+"""Past one device: trace one rank of FSDP2 and tensor parallelism, on PyTorch's own engine.
+
+``analyze(..., parallel={"fsdp": 8})`` (or ``{"tp": 2}``, or ``{"fsdp": 4, "tp": 2}``) traces the
+model as one rank of that many devices would run it. Nothing is estimated: PyTorch's own
+``fully_shard`` and ``parallelize_module`` wrap a copy of the meta stand-in (never the user's
+module) on a fake process group of that size (``torch.testing._internal.distributed.fake_pg``,
+backend ``"fake"``, rank 0: collectives move no data), and the step runs on fake tensors
+(``FakeTensorMode``: each tensor is meta data standing for a CPU tensor), the way PyTorch's own
+``FSDPMemTracker`` runs FSDP2. So every shard, unsharded parameter, all-gather output and
+reduce-scatter buffer that FSDP2 allocates on a rank is allocated, and recorded, as it happens.
+
+Why fake CPU tensors rather than meta: FSDP2 refuses parameters on the meta device before it
+runs (they "should be materialized from meta device"), and its buffers live on the device of its
+mesh. Fake tensors on a CPU mesh meet that check honestly: FSDP2 runs unchanged, and what it
+allocates is exactly what it would allocate on a CPU rank. What a CUDA rank does differently
+(separate streams, whose frees the caching allocator delays) is not modelled.
+
+:class:`World` owns the process group for the length of one trace and destroys it after; it
+refuses to run where a default process group already exists (it would be clobbered). A model
+the user wrapped under their own fake process group is traced on that group, as wrapped, by
+``meta_widget.distributed.wrapped.AsWrapped`` (the same :func:`trace_rank`, another
+:class:`RankWorld`).
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._pytree import tree_map_only
+
+from ..errors import MetaWidgetError
+from ..options import OptionError, ParallelPlan, TraceSpec
+from ..trace.callstack import Listener
+from ..trace.passes import Trace, trace
+from ..trace.recorder import Recorder
+from ..undo import Undo
+from .comms import CommRecord, CommWatcher
+
+__all__ = [
+    "ParallelError",
+    "RankTrace",
+    "World",
+    "check_world",
+    "fake_like",
+    "forget_meshes",
+    "fsdp_blocks",
+    "on_fake",
+    "tp_plan",
+    "trace_rank",
+]
+
+#: transformers' tensor-parallel style names -> the ``torch.distributed`` style they stand for
+TP_STYLES: dict[str, Callable[[], ParallelStyle]] = {
+    "colwise": ColwiseParallel,
+    "rowwise": RowwiseParallel,
+    "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+    "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+    "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+}
+
+
+class ParallelError(MetaWidgetError, RuntimeError):
+    """A parallel trace cannot be set up (a process group exists, no plan for TP, ...)."""
+
+
+class World:
+    """A fake process group of ``plan.world`` ranks, this process rank 0, for one trace.
+
+    >>> with World(plan) as world:
+    ...     module, args, kwargs = world.prepare(meta_module, args, kwargs)
+    ...     result = trace(module, args, kwargs, attach=world.attach)
+    >>> world.comms  # the collectives the rank ran
+
+    ``prepare`` copies the meta module onto fake CPU tensors and wraps the copy; ``attach``
+    hands the recorder what a parallel trace adds (collectives, storage resizes, per-rank
+    FLOPs). On exit the process group is destroyed; nothing of it stays.
+    """
+
+    #: the device the fake tensors stand for (the device of the mesh)
+    device = "cpu"
+
+    def __init__(self, plan: ParallelPlan) -> None:
+        self.plan = plan
+        self.fake = FakeTensorMode()
+        self.mesh: DeviceMesh | None = None
+        self.watcher: CommWatcher | None = None
+        self._hook = sys.excepthook
+
+    # -- the process group --------------------------------------------------------------------
+
+    def __enter__(self) -> World:
+        if dist.is_available() and dist.is_initialized():
+            raise ParallelError(
+                "parallel=... needs its own fake process group, but this process already has a "
+                f"default process group ({dist.get_backend()}, world size "
+                f"{dist.get_world_size()}), which meta_widget will not replace. Analyze in a "
+                "process without one (e.g. before init_process_group), or wrap the model "
+                "yourself and analyze it without parallel=."
+            )
+        plan = self.plan
+        self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
+        try:
+            dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
+            self.mesh = init_device_mesh("cpu", (plan.fsdp, plan.tp), mesh_dim_names=("fsdp", "tp"))
+        except BaseException:
+            self.__exit__()  # a group registered before the failure is destroyed too
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Destroy the process group (if one was made) and undo what making it changed: the
+        exception hook, DTensor's cache of this world's meshes; on every path."""
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            sys.excepthook = self._hook
+            forget_meshes()
+
+    def tracing(self) -> FakeTensorMode:
+        """The mode the trace runs under (fake tensors standing for CPU tensors)."""
+        return self.fake
+
+    # -- the wrapped stand-in ------------------------------------------------------------------
+
+    def prepare(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+        """A copy of ``module`` on fake CPU tensors, wrapped as ``plan`` says, and the inputs
+        on fake CPU tensors (the same shapes, dtypes and strides)."""
+        assert self.mesh is not None, "prepare() runs inside `with World(plan)`"
+        copied = copy.deepcopy(module)
+        with self.fake:
+            on_fake(copied)
+            memo: dict[int, torch.Tensor] = {}
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: fake_like(t, memo), (args, kwargs))
+        # wrapped outside the mode: the device mesh computes with real (small) tensors, and
+        # every op on a fake parameter runs under the parameter's own fake mode anyway
+        self._wrap(copied)
+        return copied, args, kwargs
+
+    def _wrap(self, copied: nn.Module) -> None:
+        assert self.mesh is not None
+        if self.plan.tp > 1:
+            parallelize_module(copied, self.mesh["tp"], tp_plan(copied, self.plan))
+        if self.plan.fsdp > 1:
+            mesh = self.mesh["fsdp"]
+            for block in fsdp_blocks(copied, self.plan.blocks):
+                fully_shard(block, mesh=mesh)
+            fully_shard(copied, mesh=mesh)
+        groups = {
+            str(self.mesh[name].get_group().group_name): (name, size)
+            for name, size in (("fsdp", self.plan.fsdp), ("tp", self.plan.tp))
+            if size > 1
+        }
+        self.watcher = CommWatcher(groups)
+
+    def attach(self, recorder: Recorder, undo: Undo) -> None:
+        """Give ``recorder`` what a parallel trace adds (see ``passes.trace``'s ``attach``)."""
+        assert self.watcher is not None, "attach() follows prepare()"
+        self.watcher.attach(recorder, undo)
+
+    @property
+    def comms(self) -> list[CommRecord]:
+        """The collectives of the trace, in order."""
+        return self.watcher.records if self.watcher is not None else []
+
+
+@dataclass
+class RankTrace:
+    """What :func:`trace_rank` returns: the trace of rank 0, the wrapped module it ran (its
+    parameters are this rank's shards) and the collectives it ran."""
+
+    trace: Trace
+    module: nn.Module
+    comms: list[CommRecord]
+
+
+class RankWorld(Protocol):
+    """Where one rank's trace runs: :class:`World` (``parallel=``) or the user's own wrapping
+    (``meta_widget.distributed.wrapped.AsWrapped``)."""
+
+    device: str
+
+    def __enter__(self) -> RankWorld: ...
+    def __exit__(self, *exc: Any) -> None: ...
+    def tracing(self) -> FakeTensorMode: ...
+    def prepare(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]: ...
+    def attach(self, recorder: Recorder, undo: Undo) -> None: ...
+    @property
+    def comms(self) -> list[CommRecord]: ...
+
+
+def trace_rank(
+    world: RankWorld,
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    spec: TraceSpec,
+    *,
+    listeners: Sequence[Listener] = (),
+    on_phase: Callable[[str], None] | None = None,
+) -> RankTrace:
+    """``passes.trace`` of one rank of ``world``: ``module`` (meta) copied, wrapped and run on
+    fake tensors under a fake process group (a :class:`World`'s is destroyed afterwards), as
+    ``spec`` says (its activation checkpointing picks modules of the wrapped copy)."""
+    with world:
+        wrapped, args, kwargs = world.prepare(module, args, kwargs)
+        with world.tracing():
+            result = trace(
+                wrapped,
+                args,
+                kwargs,
+                spec,
+                listeners=listeners,
+                on_phase=on_phase,
+                attach=world.attach,
+                default_device=world.device,  # device-less tensors: fake tensors, as the others
+            )
+        return RankTrace(result, wrapped, world.comms)
+
+
+def forget_meshes() -> None:
+    """Empty DTensor's cache of sharding decisions after a world is destroyed.
+
+    The cache is keyed by device meshes compared by value (shape, ranks, dimension names: not
+    the process groups nor this process's rank), and its answers hold the meshes themselves. A
+    later process group of the same shape — the user's, wrapping their own model — would get
+    DTensors on this world's dead meshes (their groups gone: "Could not resolve the process
+    group"). Emptying it costs only recomputing the decisions.
+    """
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:  # the C++ dispatch fast path's cache
+        native()
+    propagator = getattr(DTensor._op_dispatcher, "sharding_propagator", None)
+    cached = getattr(propagator, "propagate_op_sharding", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# the degrees, against the model (before any process group is made)
+
+#: the config fields whose counts tensor parallelism splits over ``tp`` ranks (transformers'
+#: plans shard attention by heads: q/k/v column-wise, each rank ``heads / tp`` of them)
+HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads")
+
+
+def check_world(plan: ParallelPlan, module: nn.Module) -> None:
+    """Refuse degrees that ``module`` cannot be split into, before anything is started.
+
+    - ``tp`` must divide the model's attention heads and key/value heads, where its
+      (transformers) config gives them and its plan is the config's: that plan splits q, k and v
+      column-wise, each rank computing ``heads / tp`` whole heads (a ``tp_plan`` given is the
+      caller's to judge).
+    - ``fsdp`` may not exceed the rows of the model's largest parameter: FSDP2 shards every
+      parameter's first dimension, so past that count a rank's shards stop shrinking and the
+      extra ranks hold padding only (the all-gathers grow with them).
+
+    The tensor-parallel plan and ``blocks`` are resolved here too (``ParallelError`` when they
+    cannot be), so that every mistake is found before the process group is made.
+
+    Raises ``OptionError`` (the sizes themselves are bounded by ``options.check_parallel``).
+    """
+    name = type(module).__name__
+    if plan.tp > 1:
+        tp_plan(module, plan)
+        for field, heads in _head_counts(module) if plan.tp_plan is None else ():
+            if heads % plan.tp:
+                raise OptionError(
+                    f"parallel tp={plan.tp} does not divide the {heads} heads of {name} "
+                    f"(config.{field}): tensor parallelism gives each rank heads / tp whole "
+                    f"heads. Give a tp that divides {heads}, e.g. tp={_divisor(heads, plan.tp)}."
+                )
+    if plan.fsdp > 1:
+        fsdp_blocks(module, plan.blocks)
+        rows = max((p.shape[0] for p in module.parameters() if p.ndim), default=0)
+        if rows and plan.fsdp > rows:
+            raise OptionError(
+                f"parallel fsdp={plan.fsdp} is more ranks than the {rows} rows of the largest "
+                f"parameter of {name}: FSDP2 shards each parameter's first dimension, so "
+                f"past {rows} ranks every rank holds one row at most and the others only "
+                f"padding. Give fsdp <= {rows}."
+            )
+
+
+def _head_counts(module: nn.Module) -> list[tuple[str, int]]:
+    """(config field, count) of the attention heads the model's config names, if any."""
+    config = getattr(module, "config", None)
+    found: list[tuple[str, int]] = []
+    for cfg in (config, getattr(config, "text_config", None)):
+        for field in HEAD_FIELDS:
+            value = getattr(cfg, field, None) if cfg is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found.append((field, value))
+    return found
+
+
+def _divisor(n: int, below: int) -> int:
+    """The largest divisor of ``n`` below ``below`` (1 at least)."""
+    return max(d for d in range(1, min(n, below) + 1) if n % d == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# what gets wrapped
+
+
+def fsdp_blocks(module: nn.Module, names: tuple[str, ...] | None) -> list[nn.Module]:
+    """The modules ``fully_shard`` wraps before the root: each child of the outermost
+    ``ModuleList``s (a transformer's layers), or the modules ``names`` picks by path or class."""
+    if names is None:
+        found: list[nn.Module] = []
+        inside: set[int] = set()
+        for m in module.modules():
+            if id(m) in inside:
+                continue
+            if isinstance(m, nn.ModuleList):
+                found.extend(m.children())
+                inside.update(id(x) for x in m.modules())
+        return found
+    chosen = [
+        m for p, m in module.named_modules() if p and (p in names or type(m).__name__ in names)
+    ]
+    if not chosen:
+        raise ParallelError(
+            f"parallel blocks={list(names)} match no module path or class name of "
+            f"{type(module).__name__}; use paths from a.to_dataframe()['module'] or class names."
+        )
+    return chosen
+
+
+def tp_plan(module: nn.Module, plan: ParallelPlan) -> dict[str, ParallelStyle]:
+    """The tensor-parallel plan: ``plan.tp_plan`` if given, else transformers' plan of the
+    model's config (``base_model_tp_plan``, paths under the base model, and the model class's
+    ``_tp_plan``), each style name turned into PyTorch's ``ColwiseParallel``/``RowwiseParallel``."""
+    names = dict(plan.tp_plan) if plan.tp_plan is not None else _transformers_plan(module)
+    if not names:
+        raise ParallelError(
+            f"parallel tp={plan.tp} needs a tensor-parallel plan, and {type(module).__name__} "
+            "has none (transformers models carry one in their config). Give one: "
+            'parallel={"tp": 2, "tp_plan": {"layers.*.up": "colwise", "layers.*.down": '
+            '"rowwise"}} (module paths, * for any name; styles: '
+            f"{', '.join(sorted(TP_STYLES))})."
+        )
+    paths = [p for p, _ in module.named_modules()]
+    styles: dict[str, ParallelStyle] = {}
+    for pattern, style in names.items():
+        if style not in TP_STYLES:
+            raise ParallelError(
+                f"tensor-parallel style {style!r} (for {pattern!r}) is not one meta_widget "
+                f"knows; use one of {sorted(TP_STYLES)}."
+            )
+        if not any(fnmatch.fnmatchcase(p, pattern) for p in paths):
+            raise ParallelError(
+                f"tensor-parallel plan path {pattern!r} matches no module of "
+                f"{type(module).__name__}; use paths from a.to_dataframe()['module']."
+            )
+        styles[pattern] = TP_STYLES[style]()
+    return styles
+
+
+def _transformers_plan(module: nn.Module) -> dict[str, str]:
+    config = getattr(module, "config", None)
+    base = getattr(config, "base_model_tp_plan", None) or {}
+    prefix = getattr(module, "base_model_prefix", "")
+    under = f"{prefix}." if prefix and isinstance(getattr(module, prefix, None), nn.Module) else ""
+    names = {f"{under}{k}": v for k, v in base.items()}
+    names.update(getattr(module, "_tp_plan", None) or {})
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# meta -> fake CPU tensors
+
+
+def fake_like(t: torch.Tensor, memo: dict[int, torch.Tensor], device: str = "cpu") -> torch.Tensor:
+    """A fake tensor like ``t`` on ``device`` (called under the world's ``FakeTensorMode``)."""
+    found = memo.get(id(t))
+    if found is None:
+        found = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        if isinstance(t, nn.Parameter):
+            found = nn.Parameter(found, requires_grad=t.requires_grad)
+        memo[id(t)] = found
+    return found
+
+
+def on_fake(copied: nn.Module, device: str = "cpu") -> None:
+    """Replace the parameters, buffers and tensor attributes of ``copied`` (meta_widget's own
+    copy) by fake tensors on ``device``, tied tensors staying tied (under the world's mode)."""
+    memo: dict[int, torch.Tensor] = {}
+    for m in copied.modules():
+        for name, p in m._parameters.items():
+            if p is not None:
+                m._parameters[name] = fake_like(p, memo, device)  # type: ignore[assignment]
+        for name, b in m._buffers.items():
+            if b is not None:
+                m._buffers[name] = fake_like(b, memo, device)
+        for name, v in list(vars(m).items()):
+            if isinstance(v, torch.Tensor) and name not in ("_parameters", "_buffers"):
+                setattr(m, name, fake_like(v, memo, device))

@@ -1,0 +1,1 @@
+"""Exploration over many traces: sweeps, what fits a budget, and comparisons."""

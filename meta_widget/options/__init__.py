@@ -1,0 +1,88 @@
+"""The options of an analysis: the checks that ``analyze``, ``%meta`` and the ``meta-widget``
+command share (``checks``, ``shapes``, ``parallel``; their errors and bounds in ``errors``), and
+the frozen :class:`Options` / :class:`TraceSpec` they give (``spec``).
+"""
+
+from .checks import (
+    DEFAULT_OPTIMIZER,
+    carried_optimizer,
+    check_assume,
+    check_autocast,
+    check_budget,
+    check_buildable,
+    check_checkpoint_path,
+    check_depth,
+    check_device,
+    check_fast,
+    check_flag,
+    check_grad_mode,
+    check_listeners,
+    check_loss,
+    check_micro_batches,
+    check_mode,
+    check_optimizer,
+    check_optional_flag,
+    check_param_dtype,
+    checkpoint_selection,
+)
+from .errors import (
+    INT64_MAX,
+    MAX_MICRO_BATCHES,
+    MAX_RANKS,
+    InputError,
+    OptionError,
+    OptionTypeError,
+    show,
+)
+from .parallel import ParallelPlan, check_parallel
+from .shapes import (
+    check_bytes,
+    check_shape,
+    dtype_options,
+    input_dtypes,
+    input_shapes,
+    parse_dtype,
+    parse_shape,
+)
+from .spec import Options, TraceSpec
+
+__all__ = [
+    "DEFAULT_OPTIMIZER",
+    "INT64_MAX",
+    "MAX_MICRO_BATCHES",
+    "MAX_RANKS",
+    "InputError",
+    "OptionError",
+    "OptionTypeError",
+    "Options",
+    "ParallelPlan",
+    "TraceSpec",
+    "carried_optimizer",
+    "check_assume",
+    "check_autocast",
+    "check_budget",
+    "check_buildable",
+    "check_bytes",
+    "check_checkpoint_path",
+    "check_depth",
+    "check_device",
+    "check_fast",
+    "check_flag",
+    "check_grad_mode",
+    "check_listeners",
+    "check_loss",
+    "check_micro_batches",
+    "check_mode",
+    "check_optimizer",
+    "check_optional_flag",
+    "check_parallel",
+    "check_param_dtype",
+    "check_shape",
+    "checkpoint_selection",
+    "dtype_options",
+    "input_dtypes",
+    "input_shapes",
+    "parse_dtype",
+    "parse_shape",
+    "show",
+]

@@ -1,0 +1,166 @@
+"""The options of one analysis as frozen values: :class:`TraceSpec` (what one trace runs) and
+:class:`Options` (that, and what the analysis around the trace takes).
+
+Each option is one field with its check beside it (``checked`` runs them in field order, before
+anything is built or traced: the same checks for ``analyze``, ``%meta`` and ``meta-widget``).
+:func:`~meta_widget.trace.passes.trace` and one rank's trace take the :class:`TraceSpec` as it
+is. So a new option that changes the trace touches three places: its field here (with its
+check), ``analyze``'s signature and docstring, and the code where it acts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+from ..choices import Mode
+from .checks import (
+    DEFAULT_OPTIMIZER,
+    check_assume,
+    check_autocast,
+    check_checkpoint_path,
+    check_depth,
+    check_device,
+    check_fast,
+    check_flag,
+    check_grad_mode,
+    check_loss,
+    check_micro_batches,
+    check_mode,
+    check_optimizer,
+    check_optional_flag,
+    check_param_dtype,
+    checkpoint_selection,
+)
+from .parallel import check_parallel
+from .shapes import input_dtypes, input_shapes
+
+__all__ = ["Options", "TraceSpec"]
+
+#: a field's check: (the given value, the fields checked before it, notes) -> the checked value
+Check = Callable[[Any, Mapping[str, Any], list[str]], Any]
+
+
+def _checked_by(check: Check) -> dict[str, Check]:
+    """A field's metadata naming its check."""
+    return {"check": check}
+
+
+def _alone(check: Callable[[Any], Any]) -> Check:
+    """A check of the value alone."""
+    return lambda value, _before, _notes: check(value)
+
+
+def _mode(value: Any, _before: Mapping[str, Any], _notes: list[str]) -> str:
+    mode = check_mode(value)
+    check_grad_mode(mode)
+    return mode
+
+
+def _dtypes(value: Any, before: Mapping[str, Any], _notes: list[str]) -> Any:
+    size = before["input_size"]
+    if size is not None or value is not None:
+        input_dtypes(value, len(input_shapes(size)) if size is not None else 0)
+    return value  # kept as given: the inputs are made from it (``sources.inputs``)
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """What one trace runs (``analyze``'s docstring says each option in full): a forward pass
+    (``mode="inference"``) or a training step with its ``optimizer`` and ``loss``; the
+    ``device`` whose attention kernel is accounted; the assumption policy (``strict``,
+    ``assume``, ``assume_nonzero``); the op cache (``fast``); ``autocast``; ``micro_batches``;
+    the modules run under ``activation_checkpointing``."""
+
+    mode: str = field(default=Mode.INFERENCE.value, metadata=_checked_by(_mode))
+    optimizer: str | None = field(
+        default=DEFAULT_OPTIMIZER,
+        metadata=_checked_by(lambda v, before, notes: check_optimizer(v, before["mode"], notes)),
+    )
+    loss: Callable[[Any], Any] | None = field(
+        default=None, metadata=_checked_by(_alone(check_loss))
+    )
+    device: str = field(default="cuda", metadata=_checked_by(_alone(check_device)))
+    strict: bool = field(
+        default=False, metadata=_checked_by(lambda v, _b, _n: check_flag(v, "strict"))
+    )
+    assume: Mapping[str, Any] | None = field(
+        default=None, metadata=_checked_by(_alone(check_assume))
+    )
+    assume_nonzero: bool | None = field(
+        default=None,
+        metadata=_checked_by(lambda v, _b, _n: check_optional_flag(v, "assume_nonzero")),
+    )
+    fast: bool = field(default=True, metadata=_checked_by(_alone(check_fast)))
+    autocast: Any = field(default=None, metadata=_checked_by(_alone(check_autocast)))
+    micro_batches: int = field(
+        default=1,
+        metadata=_checked_by(lambda v, before, _n: check_micro_batches(v, before["mode"])),
+    )
+    activation_checkpointing: bool | str | Sequence[str] = field(
+        default=False, metadata=_checked_by(_alone(checkpoint_selection))
+    )
+
+    @property
+    def training(self) -> bool:
+        return self.mode == Mode.TRAINING
+
+    def checked(self) -> tuple[Any, list[str]]:
+        """Every field checked, in order, and the notes a given option leaves (an optimizer
+        given in inference is not used): the same type, normalized."""
+        notes: list[str] = []
+        values: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            check = f.metadata.get("check")
+            values[f.name] = check(value, values, notes) if check is not None else value
+        return replace(self, **values), notes
+
+    def trace_spec(self) -> TraceSpec:
+        """The :class:`TraceSpec` part of these options."""
+        return TraceSpec(**{f.name: getattr(self, f.name) for f in fields(TraceSpec)})
+
+    def checkpointed(self, module: torch.nn.Module) -> list[torch.nn.Module]:
+        """The modules of ``module`` whose forwards run under activation checkpointing (none in
+        inference): with ``True`` each child of a ``ModuleList`` (the blocks of a transformer),
+        else those whose path or class name is given. The pipeline checks before the trace that
+        each name picks a module of the model."""
+        which = self.activation_checkpointing
+        if not self.training or not which:
+            return []
+        if which is True:
+            return [
+                child
+                for m in module.modules()
+                if isinstance(m, torch.nn.ModuleList)
+                for child in m.children()
+            ]
+        names = set(which)
+        return [m for p, m in module.named_modules() if p in names or type(m).__name__ in names]
+
+
+@dataclass(frozen=True)
+class Options(TraceSpec):
+    """The options of one analysis, as :func:`analyze` takes them (its docstring says each):
+    the :class:`TraceSpec` and what the analysis around the trace takes (the inputs, the depth
+    shown, a checkpoint to compare, low-precision parameters, one rank of several devices).
+
+    The options an :class:`Analysis` keeps hold its meta inputs in ``input_data``, never real
+    data; ``rerun`` replaces fields.
+    """
+
+    input_size: Any = None
+    input_data: Any = None
+    dtypes: Any = field(default=None, metadata=_checked_by(_dtypes))
+    depth: int | None = field(default=None, metadata=_checked_by(_alone(check_depth)))
+    checkpoint: Any = field(default=None, metadata=_checked_by(_alone(check_checkpoint_path)))
+    param_dtype: Any = field(default=None, metadata=_checked_by(_alone(check_param_dtype)))
+    parallel: Any = field(default=None, metadata=_checked_by(_alone(check_parallel)))
+    #: notes about the inputs made from ``input_size``/``dtypes`` (carried over by ``rerun``)
+    input_notes: tuple[str, ...] = ()
+
+    def checked(self) -> tuple[Options, list[str]]:
+        return super().checked()  # type: ignore[no-any-return]

@@ -1,0 +1,592 @@
+"""What one analysis runs on meta: a forward pass, or a whole training step, under a Recorder.
+
+Inference: ``eval()``, ``torch.no_grad()``, one forward pass. Training: ``train()``, a forward pass,
+the loss (``loss(output)``, or the sum of every floating output), ``backward()``, and one
+optimizer step, each recorded as a phase of the live-bytes timeline (``forward``, ``backward``,
+``optimizer``). Everything is undone afterwards, whatever interrupts it: hooks, modes, grad
+mode, ``training`` flags, patched forwards, gradients and the garbage collector switch.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+# PyTorch imports torch._dynamo the first time some of its functions run. Were that first time
+# mid-trace, the import would keep the frames then running alive (an exception stored during it
+# holds their traceback), and with them the tensors of the model's calls: the first analysis of
+# a process would show activations that are never freed. So it is imported before any trace.
+import torch._dynamo
+from torch.utils.checkpoint import checkpoint
+
+from ..choices import Optimizer, Phase
+from ..data.flatten import named_tensors
+from ..data.records import Allocation, CallRecord, Event
+from ..data.walk import ModuleWalk
+from ..errors import MetaWidgetError
+from ..options import TraceSpec
+from ..undo import FunctionModes, Undo, interrupt_behind
+from .assume import Assumption, Policy
+from .autocast import Autocast
+from .callstack import Listener
+from .factories import DeviceLessFactories
+from .fastpath import patch_fast_paths
+from .kernels import WORKSPACES, AttentionKernels
+from .opcache import CacheStats
+from .recorder import Recorder
+from .replay import Tapes
+from .storage import local, on_meta, storage_key
+
+OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
+    Optimizer.ADAMW: lambda ps: torch.optim.AdamW(ps, foreach=False),
+    Optimizer.ADAM: lambda ps: torch.optim.Adam(ps, foreach=False),
+    Optimizer.SGD: lambda ps: torch.optim.SGD(ps, lr=0.01, foreach=False),
+    Optimizer.SGD_MOMENTUM: lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=False),
+}
+
+
+@dataclass
+class Trace:
+    """What one recorded pass produced (records, events and allocations; no tensors)."""
+
+    calls: list[CallRecord]
+    events: list[Event]
+    allocations: list[Allocation]
+    orphan_flops: int
+    orphan_ops: dict[str, int]
+    exception: BaseException | None
+    failed_op: str | None
+    error_call: int | None
+    seconds: float
+    assumptions: list[Assumption] = field(default_factory=list)
+    #: event index where each phase begins (its first run: with micro-batches, the first
+    #: micro-batch's)
+    phase_starts: dict[str, int] = field(default_factory=dict)
+    #: (event index, phase) where each run of a phase begins, in order: with micro-batches, a
+    #: forward and a backward per micro-batch; each event's phase is that of the last run
+    #: begun at or before it
+    phase_runs: list[tuple[int, str]] = field(default_factory=list)
+    #: storage keys of the gradients and optimizer state alive at the end of a training step,
+    #: each -> the name of its parameter in ``named_parameters()`` (its first owner: tied once)
+    grad_keys: dict[int, str] = field(default_factory=dict)
+    state_keys: dict[int, str] = field(default_factory=dict)
+    #: optimizer state kept off the meta device (e.g. AdamW's step counters, on the CPU)
+    state_other_bytes: int = 0
+    #: what the op cache did (``meta_widget.trace.opcache``); None when the fast path was off
+    fast_path: CacheStats | None = None
+    #: what the analysis should tell (tensors made without a device, see ``factories``)
+    notes: list[str] = field(default_factory=list)
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The sum of every floating-point output that requires grad (KV caches left out)."""
+    terms = [
+        t.sum()
+        for _, t in named_tensors(output, caches=False)
+        if t.is_floating_point() and t.requires_grad
+    ]
+    if not terms:
+        raise ValueError(
+            "mode='training' needs an output that requires grad to back-propagate from; the "
+            "model returned none. Pass loss=lambda output: ... to say what to differentiate."
+        )
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+#: a forward pass in inference, the defaults of ``analyze``
+_DEFAULT_SPEC = TraceSpec()
+
+
+def trace(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    spec: TraceSpec = _DEFAULT_SPEC,
+    *,
+    listeners: Sequence[Listener] = (),
+    on_phase: Callable[[str], None] | None = None,
+    attach: Callable[[Recorder, Undo], None] | None = None,
+    default_device: str = "meta",
+    tree: ModuleWalk | None = None,
+) -> Trace:
+    """Run the pass once under a :class:`Recorder` and return what it saw.
+
+    An exception raised by the model is caught and returned in ``Trace.exception`` with the
+    records made before it. ``spec`` says what runs (:class:`~meta_widget.options.TraceSpec`:
+    a forward pass or a training step, the device whose attention kernel is accounted, autocast,
+    micro-batches, the modules run under activation checkpointing, the op cache).
+    ``listeners`` are called with each call's record as it completes; ``on_phase(name)`` is told
+    when a training step enters ``backward`` and ``optimizer``.
+    ``attach(recorder, undo)`` is called once the recorder is open, to add to it (a parallel
+    trace watches collectives and storage resizes); ``undo`` takes the steps undoing that.
+    ``default_device``: where tensors the model makes without a device land (``factories``;
+    a parallel trace's fake tensors stand for CPU tensors: ``"cpu"``). ``tree``: ``module``'s
+    walk (``meta_widget.data.walk``), if the caller made it already.
+
+    Every change made to global or user state is undone before returning, on every path, and
+    an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
+    included, leaves none behind: hooks, dispatch and function modes, grad mode, saved-tensor
+    hooks, ``training`` flags, patched ``forward`` attributes, parameters' ``.grad`` and the
+    cyclic garbage collector (see :mod:`meta_widget.undo`).
+
+    Threads: traces of different models may run in parallel threads. A module (or a sub-module
+    shared with another model) is traced by one thread at a time: a second trace of it while the
+    first runs raises :class:`ConcurrentTraceError` at once, as its ``training`` flags and
+    ``.grad`` cannot be changed for one thread only.
+    """
+    training, optimizer, device = spec.training, spec.optimizer, spec.device
+    autocast = spec.autocast
+    if training and optimizer is not None and optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"optimizer must be one of {sorted(OPTIMIZERS)} or None, not {optimizer!r}"
+        )
+    recorder = Recorder(
+        module,
+        listeners,
+        [t for _, t in named_tensors((args, kwargs))],
+        policy=Policy.of(spec.strict, spec.assume, spec.assume_nonzero),
+        tag_grad_nodes=training,
+        fast=spec.fast,
+        workspaces=WORKSPACES.get(device),
+        tree=tree,
+    )
+    run = _Run(
+        recorder,
+        (lambda: Autocast(device, autocast)) if autocast is not None else None,
+        default_device,
+    )
+    run.micro_batches = spec.micro_batches
+    checkpointed = spec.checkpointed(module)
+    start = time.perf_counter()
+    tree = recorder.walk
+    params = [p for _, p in tree.parameters if p.requires_grad]
+    run.param_names = {id(p): name for name, p in tree.parameters}
+
+    def step(saved: _SavedTensorsHooks) -> None:
+        run.step(module, args, kwargs, training, optimizer, spec.loss, params, on_phase, saved)
+
+    undo = Undo()
+    # Two nested finally blocks each begin with undo.run(): an interrupt that breaks off the
+    # first (or lands before it) leaves the rest to the second. Their bodies hold only calls:
+    # CPython leaves the entry of a nested ``try`` outside the enclosing handler.
+    try:
+        try:
+            _claim(tree, undo)
+            _keep_state(tree.modules, params, undo)
+            run.exception = _setup_and_run(run, undo, training, checkpointed, device, step, attach)
+        finally:
+            undo.run()
+    finally:
+        undo.run()  # what an interrupt inside the first run left undone
+    exception = run.exception
+    run.output = run.opt = None  # freed after the trace: the timeline ends as a loop would
+    stack, storage = recorder.callstack, recorder.storage
+    if exception is not None and stack.error_call is None and stack.calls:
+        stack.error_call = _deepest_unfinished(stack.calls)
+    return Trace(
+        calls=stack.calls,
+        events=storage.events,
+        allocations=storage.allocations,
+        orphan_flops=recorder.orphan_flops,
+        orphan_ops=recorder.orphan_ops,
+        exception=exception,
+        failed_op=recorder.failed_op,
+        error_call=stack.error_call,
+        seconds=time.perf_counter() - start,
+        assumptions=list(recorder.assumptions.recorded.values()),
+        phase_starts=run.phase_starts,
+        phase_runs=run.phase_runs,
+        grad_keys=run.grad_keys,
+        state_keys=run.state_keys,
+        state_other_bytes=run.state_other,
+        fast_path=recorder.cache.stats if recorder.cache is not None else None,
+        notes=run.factories.notes(),
+    )
+
+
+def _setup_and_run(
+    run: _Run,
+    undo: Undo,
+    training: bool,
+    checkpointed: Sequence[torch.nn.Module],
+    device: str,
+    step: Callable[[_SavedTensorsHooks], None],
+    attach: Callable[[Recorder, Undo], None] | None = None,
+) -> Exception | None:
+    """Make the trace's changes (each undo step registered first) and run ``step``; return the
+    exception the model raised, if any (interrupts go through)."""
+    try:
+        set_training(run.recorder.root, training)
+        _patch_forwards(checkpointed if training else (), device, undo)
+        if not training and device != "math":  # the fused inference kernels a device runs
+            patch_fast_paths(run.recorder.walk.modules, device, undo)
+        undo.add(FunctionModes().restore)
+        if device != "math":  # routed by the factories' mode: one mode, not two
+            run.factories.kernels = AttentionKernels(device)
+            if not training and run.autocast is None and run.recorder.cache is not None:
+                run.factories.kernels.tapes = Tapes(run.recorder)
+        run.factories.enter(undo)  # device-less tensors of the model's code land on meta
+        _set_grad_enabled(training, undo)
+        saved = _SavedTensorsHooks(undo)
+        run.recorder.open(undo)
+        if attach is not None:
+            attach(run.recorder, undo)
+        pause_gc(undo)  # last: its undo runs first
+        step(saved)
+    except Exception as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:
+            raise interrupt from None
+        return exc
+    return None
+
+
+class _Run:
+    """What the body of one trace produces, kept outside its frame so the trace can return it
+    (and drop the outputs) after the cleanup."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        autocast: Callable[[], Autocast] | None,
+        default_device: str = "meta",
+    ) -> None:
+        self.recorder = recorder
+        self.autocast = autocast
+        self.micro_batches = 1
+        self.phase_starts: dict[str, int] = {Phase.FORWARD: 0}
+        self.phase_runs: list[tuple[int, str]] = [(0, Phase.FORWARD)]
+        self.grad_keys: dict[int, str] = {}
+        self.state_keys: dict[int, str] = {}
+        self.param_names: dict[int, str] = {}  # id of each parameter -> its name
+        self.state_other = 0
+        self.exception: BaseException | None = None
+        self.output: Any = None  # outlives the recorder: the timeline ends with the outputs
+        self.opt: Any = None
+        self.factories = DeviceLessFactories(default_device)
+
+    def step(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        training: bool,
+        optimizer: str | None,
+        loss: Callable[[Any], torch.Tensor] | None,
+        params: list[torch.nn.Parameter],
+        on_phase: Callable[[str], None] | None,
+        saved: _SavedTensorsHooks,
+    ) -> None:
+        """One forward pass, or forward, loss, backward and optimizer step: a method each."""
+        if not training:
+            with self._autocast():
+                self.output = module(*args, **kwargs)
+            return
+        for i in range(self.micro_batches):  # gradient accumulation: forward, backward, again
+            if i:
+                self._phase(Phase.FORWARD, None)  # listeners hear of backward and optimizer
+            # the loss goes straight into backward: no frame here keeps it alive after backward
+            self._backward(self._forward(module, args, kwargs, loss, saved), params, on_phase)
+        if optimizer is not None:
+            self.factories.leave()  # the optimizer's device-less state stays on the host
+            self._optimizer_step(optimizer, params, on_phase)
+
+    def _forward(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        loss: Callable[[Any], torch.Tensor] | None,
+        saved: _SavedTensorsHooks,
+    ) -> torch.Tensor:
+        """The forward pass and the loss, with autograd's saved tensors marked."""
+        saved.push(_pack(self.recorder), _unpack)
+        try:
+            with self._autocast():
+                self.output = module(*args, **kwargs)
+                value = (loss or default_loss)(self.output)
+            return value / self.micro_batches if self.micro_batches > 1 else value
+        finally:
+            saved.restore()  # also run by the trace's undo, should an interrupt land here
+
+    def _backward(
+        self,
+        value: torch.Tensor,
+        params: list[torch.nn.Parameter],
+        on_phase: Callable[[str], None] | None,
+    ) -> None:
+        self._phase(Phase.BACKWARD, on_phase)
+        value.backward()
+        del value
+        self.recorder.callstack.sum_backward()
+        self.grad_keys = {
+            storage_key(local(p.grad)): self.param_names.get(id(p), "")
+            for p in params
+            if p.grad is not None
+        }
+
+    def _optimizer_step(
+        self,
+        optimizer: str,
+        params: list[torch.nn.Parameter],
+        on_phase: Callable[[str], None] | None,
+    ) -> None:
+        self._phase(Phase.OPTIMIZER, on_phase)
+        self.opt = OPTIMIZERS[optimizer](params)
+        self.opt.step()
+        for p, state in self.opt.state.items():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    v = local(v)
+                    if on_meta(v):
+                        self.state_keys[storage_key(v)] = self.param_names.get(id(p), "")
+                    else:
+                        self.state_other += v.numel() * v.element_size()
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        return self.autocast() if self.autocast is not None else nullcontext()
+
+    def _phase(self, name: str, on_phase: Callable[[str], None] | None) -> None:
+        """Begin a run of phase ``name`` (a micro-batch's forward or backward, or the step)."""
+        self.recorder.phase = name
+        at = len(self.recorder.storage.events)
+        self.phase_runs.append((at, name))  # every run: each micro-batch has its own
+        self.phase_starts.setdefault(name, at)  # the first run of each phase
+        if on_phase is not None:
+            on_phase(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the changes a trace makes, each with its undo step registered first (see undo.Undo)
+
+
+class ConcurrentTraceError(MetaWidgetError, RuntimeError):
+    """A module is already being traced by another thread."""
+
+
+#: id of each module being traced -> the token of the trace (its Undo); set and cleared with
+#: single dict operations, atomic under the GIL, so no lock an interrupt could leave held
+_claims: dict[int, int] = {}
+
+
+def _claim(tree: ModuleWalk, undo: Undo) -> None:
+    """Mark every module of ``tree`` as being traced, or raise if a running trace has one."""
+    token = id(undo)
+    ids = [id(m) for m in tree.modules]
+
+    def release() -> None:
+        for i in ids:
+            if _claims.get(i) == token:
+                _claims.pop(i, None)
+
+    undo.add(release)
+    for i in ids:
+        if _claims.setdefault(i, token) != token:
+            name = tree.paths[i][0]
+            where = f" (its module {name!r})" if name else ""
+            root = type(tree.modules[0]).__name__
+            raise ConcurrentTraceError(
+                f"{root}{where} is being analyzed already, by another thread "
+                "(or by a listener of the same analysis). One module cannot be traced twice at "
+                "once: its training flags and gradients would be shared. Analyze it again once "
+                "the other analysis returns, or give each thread its own model."
+            )
+
+
+_MODULE_TRAIN = torch.nn.Module.train
+_MODULE_SETATTR = torch.nn.Module.__setattr__
+
+
+def set_training(root: torch.nn.Module, mode: bool) -> None:
+    """``root.train(mode)``, as fast as a flag per module can be set: ``Module.__setattr__``
+    (Python, looking for parameters and buffers of the name first) is skipped where the class
+    keeps PyTorch's own, and a module whose class overrides ``train`` is asked to do its
+    subtree itself. A module inside itself is set once (``train`` would recurse without end)."""
+    todo, seen = [root], set()
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if type(m).train is not _MODULE_TRAIN:
+            m.train(mode)
+            continue
+        _set_flag(m, mode)
+        todo.extend(c for c in m._modules.values() if c is not None)
+
+
+def _set_flag(m: torch.nn.Module, mode: bool) -> None:
+    if type(m).__setattr__ is _MODULE_SETATTR:  # what it would end in, for a plain attribute
+        object.__setattr__(m, "training", mode)
+    else:
+        m.training = mode
+
+
+def _keep_state(
+    modules: list[torch.nn.Module], params: list[torch.nn.Parameter], undo: Undo
+) -> None:
+    """Register restoring ``training`` flags and gradients: a user's meta module is left as it
+    was (the forward, backward and optimizer step change both)."""
+    flags = [(m, m.training) for m in modules]
+    grads = [(p, p.grad) for p in params]
+
+    def restore() -> None:
+        for m, flag in flags:
+            if m.training is not flag:
+                _set_flag(m, flag)
+        for p, g in grads:
+            if p.grad is not g:
+                p.grad = g
+
+    undo.add(restore)
+
+
+def _patch_forwards(modules: Sequence[torch.nn.Module], device: str, undo: Undo) -> None:
+    """Run each module's forward under activation checkpointing (an instance attribute); the
+    undo step puts back exactly what was there, a ``forward`` the user set on the instance too."""
+    for m in modules:
+        state = vars(m)
+        had, before = "forward" in state, state.get("forward")
+
+        def restore(m: torch.nn.Module = m, had: bool = had, before: Any = before) -> None:
+            if had:
+                vars(m)["forward"] = before
+            else:
+                vars(m).pop("forward", None)  # back to the class's forward
+
+        undo.add(restore)
+        _checkpoint_forward(m, device)
+
+
+def _set_grad_enabled(enabled: bool, undo: Undo) -> None:
+    before = torch.is_grad_enabled()
+    undo.add(lambda: torch._C._set_grad_enabled(before))
+    torch._C._set_grad_enabled(enabled)
+
+
+class _SavedTensorsHooks:
+    """The saved-tensors hooks of this thread: saved when made, with the undo step popping back
+    down to the hooks then on top (also any an interrupted checkpoint left). Idempotent."""
+
+    def __init__(self, undo: Undo) -> None:
+        self.top = _top_saved_hooks()
+        undo.add(self.restore)
+
+    def push(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], Any]) -> None:
+        torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+    def restore(self) -> None:
+        while (top := _top_saved_hooks()) is not None and not _same_hooks(top, self.top):
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def _top_saved_hooks() -> tuple[Any, Any] | None:
+    return torch._C._autograd._top_saved_tensors_default_hooks(True)  # type: ignore[no-any-return]
+
+
+def _same_hooks(a: tuple[Any, Any] | None, b: tuple[Any, Any] | None) -> bool:
+    return a is b or (a is not None and b is not None and a[0] is b[0] and a[1] is b[1])
+
+
+class _GcPause:
+    """The cyclic garbage collector paused while any trace runs, in any thread.
+
+    It would scan the growing records again and again (a third of the time on a 20,000-module
+    model); reference counting still frees storages the moment they die, so the memory timeline
+    is unchanged. It is switched back on when the last trace ends, if it was on before the first.
+    Each step is ordered so that an interrupt between two lines leaves it right after ``resume``;
+    the lock is reentrant and let go of in full at the end of each, so that an interrupt landing
+    just before a ``with`` releases it cannot leave it held.
+    """
+
+    lock: ClassVar[threading.RLock] = threading.RLock()
+    holders: ClassVar[set[int]] = set()  # one token per trace running
+    enable_after: ClassVar[bool] = False
+
+    @classmethod
+    def pause(cls, token: int) -> None:
+        try:
+            with cls.lock:
+                if not cls.holders:
+                    cls.enable_after = gc.isenabled()
+                cls.holders.add(token)
+                gc.disable()
+        finally:
+            cls.let_go()
+
+    @classmethod
+    def resume(cls, token: int) -> None:
+        try:
+            with cls.lock:
+                if token in cls.holders:
+                    if cls.holders == {token} and cls.enable_after:
+                        gc.enable()  # before the token goes: an interrupt here is harmless
+                    cls.holders.discard(token)
+        finally:
+            cls.let_go()
+
+    @classmethod
+    def let_go(cls) -> None:
+        """Release the lock as often as this thread holds it."""
+        while cls.lock._is_owned():  # type: ignore[attr-defined]
+            cls.lock.release()
+
+
+def pause_gc(undo: Undo) -> None:
+    """Pause the cyclic garbage collector (see :class:`_GcPause`); ``undo`` resumes it."""
+    token = id(undo)
+    undo.add(lambda: _GcPause.resume(token))
+    _GcPause.pause(token)
+
+
+def _checkpoint_forward(m: torch.nn.Module, device: str) -> torch.nn.Module:
+    """Make ``m``'s forward run under activation checkpointing (an instance attribute).
+
+    The recomputation runs inside the autograd engine, where the function modes of the trace are
+    not active: the attention mode and meta as the default device are entered again around the
+    forward, so both runs use the same kernels and make the same tensors.
+    """
+    forward = m.forward
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with AttentionKernels(device), torch.device("meta"):
+            return forward(*args, **kwargs)
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+    m.forward = checkpointed  # type: ignore[method-assign]
+    return m
+
+
+def _pack(recorder: Recorder) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The pack hook: mark ``t`` saved, and keep it detached. Kept as itself, a saved output
+    would hold its own autograd node (``t.grad_fn``), the node holding it: a reference cycle,
+    which keeps a branch dropped in the forward pass alive until the collector runs (it is
+    paused while tracing), where a real run frees it at once, as autograd's own saved outputs
+    hold no node."""
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        recorder.storage.mark_saved(t)
+        return t.detach()
+
+    return pack
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _deepest_unfinished(calls: list[CallRecord]) -> int | None:
+    failed = [c for c in calls if c.error]
+    return max(failed, key=lambda c: c.depth).index if failed else None

@@ -1,0 +1,413 @@
+"""The recorder: one pass on meta, one :class:`~meta_widget.data.records.CallRecord` per module
+call.
+
+It composes three parts, each with one job, the way PyTorch splits its trackers (``ModTracker``
+beside ``FlopCounterMode`` and ``MemTracker``):
+
+- :class:`~meta_widget.trace.callstack.CallStack`: module pre/post hooks, the running call, autograd
+  nodes credited to calls for backward, recomputations under activation checkpointing;
+- :class:`~meta_widget.trace.storage.StorageTracker`: every storage allocated and freed, the
+  live-bytes timeline;
+- :class:`~meta_widget.trace.assume.Assumptions`: the assumption policy at work.
+
+One ``TorchDispatchMode`` hands every aten op to :meth:`Recorder.on_op`, a short pipeline over a
+plan decided once per op (:class:`OpPlan`): run it, follow assumptions, credit its FLOPs to the
+call that owns it, track the storage it returns. Records hold summaries (shapes, dtypes,
+strides, byte counts, names), never tensors or modules.
+
+Everything the recorder installs (hooks, the dispatch mode) is undone on exit, errors and
+interrupts included (see :mod:`meta_widget.undo`). Hooks only record calls made by the thread
+that opened the recorder.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.modules import module as module_globals
+from torch.nn.modules.module import register_module_forward_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
+from torch.utils.flop_counter import flop_registry
+
+from ..data.records import CallRecord
+from ..data.walk import ModuleWalk, walk
+from ..undo import DispatchModes, Undo
+from .assume import META_FIXES, Assumptions, Policy, data_dependent
+from .callstack import CallStack, Listener
+from .kernels import EXTRA_FLOPS
+from .opcache import DECOMPOSED, OpCache, static_bypass
+from .storage import StorageTracker, local
+
+__all__ = ["Listener", "OpPlan", "Recorder"]
+
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+#: FLOP formulas by overload packet: FlopCounterMode's registry, plus kernels it lacks
+_FLOPS = {**flop_registry, **EXTRA_FLOPS}
+_PRIM_DEVICE = torch.ops.prim.device.default
+#: PyTorch's tables of global forward hooks (``register_module_forward_hook``)
+_GLOBAL_FORWARD_HOOKS = module_globals._global_forward_hooks
+_GLOBAL_ALWAYS_CALLED = module_globals._global_forward_hooks_always_called
+
+
+@dataclass(frozen=True, slots=True)
+class OpPlan:
+    """How the recorder handles one aten op, decided the first time it runs."""
+
+    #: the op's name in FLOP tables and the timeline (``aten.mm``)
+    name: str
+    #: run its composite decomposition instead: it holds ops that count FLOPs (as
+    #: ``FlopCounterMode`` decomposes); elsewhere the fused kernel runs, as on a real device
+    decompose: bool
+    #: the kernel: the op itself, the assumption policy's answer, or a fixed meta kernel
+    run: Callable[..., Any]
+    #: ``FlopCounterMode``'s formula (called with ``out_val=`` the output), or None: counts 0
+    flops: Callable[..., int] | None
+    #: why the op cache never holds this op (``meta_widget.trace.opcache``), or None
+    uncached: str | None = None
+    #: bytes the target device's kernel allocates and frees inside the op (``kernels.py``), or
+    #: None: none
+    workspace: Callable[..., int] | None = None
+
+
+class _OpMode(TorchDispatchMode):
+    """The dispatch mode of a :class:`Recorder`: hands every aten op to it."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # PyTorch wraps a mode's ``__torch_dispatch__`` in ``torch._dynamo.disable`` unless this
+        # says no: 20 us per op, and a first import of ``torch._dynamo`` (a second) mid-trace.
+        # Nothing here is ever compiled.
+        return False
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return self.recorder.on_op(self, func, args, kwargs or {})
+
+
+class Recorder:
+    """Records every module call and aten op of ``module`` while active (a context manager).
+
+    >>> with Recorder(model) as rec:
+    ...     model(*args)
+    >>> rec.callstack.calls  # one CallRecord per module call, in start order
+
+    As a context manager it is as safe as ``with`` lets it be (an interrupt landing as
+    ``__exit__`` starts escapes it); ``passes.trace`` calls :meth:`open` with its :class:`Undo`
+    instead, which nothing can break off. Calls from other threads are not recorded.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        listeners: Sequence[Listener] = (),
+        existing: Sequence[torch.Tensor] = (),
+        policy: Policy | None = None,
+        tag_grad_nodes: bool = False,
+        fast: bool = True,
+        workspaces: Mapping[Any, Callable[..., int]] | None = None,
+        tree: ModuleWalk | None = None,
+    ) -> None:
+        self.root = module
+        #: the module tree as it is when the recorder is made (hooks go on these modules;
+        #: ``tree``, if the caller walked it already)
+        self.walk = tree if tree is not None else walk(module)
+        self.workspaces = workspaces or {}
+        # storage that existed before the trace (parameters, buffers, inputs) is never new
+        self.storage = StorageTracker(
+            [
+                *(p for _, p in self.walk.parameters),
+                *(b for _, b in self.walk.buffers),
+                *existing,
+            ],
+            self._free_owner,
+        )
+        tainted: set[int] = set()
+        self.callstack = CallStack(self.walk, self.storage, tainted, listeners, tag_grad_nodes)
+        self.assumptions = Assumptions(policy, self.callstack.stack, tainted, self.callstack.owner)
+        self.storage.on_free = self._forget
+        self.orphan_flops = 0
+        self.orphan_ops: dict[str, int] = {}
+        self.failed_op: str | None = None
+        self._plans: dict[Any, OpPlan] = {}
+        #: the op cache (``fast``), or None: every kernel runs
+        self.cache = OpCache() if fast else None
+        #: told of every op after it ran (``observer(func, args, out, owner)``), and FLOPs
+        #: counted on the local tensors of tensor subclasses (DTensor): a parallel trace sets
+        #: both before the first op (``meta_widget.distributed.parallel``)
+        self.observer: Callable[[Any, tuple[Any, ...], Any, CallRecord | None], None] | None = None
+        self.local_flops = False
+        #: kernels this trace runs instead of some ops (a parallel trace's, ``comms.py``)
+        self.kernels: dict[Any, Callable[..., Any]] = {}
+        self._mode: _OpMode | None = None  # made by open(), dropped by close()
+        self._modes: DispatchModes | None = None  # saved by open(), restored by close()
+        self._undo = Undo()
+
+    @property
+    def phase(self) -> str:
+        """``forward``, ``backward`` or ``optimizer``: what the events and calls are part of."""
+        return self.callstack.phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        self.callstack.phase = self.storage.phase = name
+
+    # -- installing and removing ----------------------------------------------------------------
+
+    def open(self, undo: Undo) -> None:
+        """Install the hooks and the dispatch mode; ``undo`` first gets the step removing them.
+
+        Calls are recorded from the calling thread only: hooks ignore calls from other threads
+        (dispatch modes are per thread already).
+        """
+        self.callstack.thread = threading.get_ident()
+        self._mode = _OpMode(self)
+        self._modes = DispatchModes()
+        undo.add(self.close)
+        self.storage.active = True
+        hooks = self.callstack
+        for m in self.walk.modules:
+            m.register_forward_pre_hook(hooks.pre, with_kwargs=True)
+            if m._forward_hooks:  # ours runs after the module's own (FSDP2's, the user's)
+                hooks.own_hooks.add(id(m))
+                m.register_forward_hook(hooks.post, always_call=True)
+        register_module_forward_hook(hooks.post_global, always_call=True)
+        self._mode.__enter__()
+
+    def close(self) -> None:
+        """Remove what :meth:`open` installed, however far it got. Idempotent.
+
+        Then nothing refers back to the recorder (its dispatch mode, the storage tracker's
+        callbacks and a parallel trace's observer did): it is no reference cycle, and is freed,
+        with its walk of the modules and its events, as soon as its trace drops it, not at the
+        collector's next pass.
+        """
+        self.storage.active = False
+        if self._modes is not None and self._mode is not None:
+            self._modes.restore(self._mode)
+        self._remove_hooks()
+        self._mode = self.observer = None
+        self.storage.detach()
+
+    def __enter__(self) -> Recorder:
+        undo = self._undo = Undo()
+        try:
+            self.open(undo)
+        except BaseException:
+            try:
+                undo.run()
+            finally:
+                undo.run()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._undo.run()
+        finally:
+            self._undo.run()
+
+    def _remove_hooks(self) -> None:
+        """Remove this recorder's hooks from every module and the global one: found by owner,
+        not by handle, so a hook whose handle was never kept (an interrupt inside
+        ``register_*``) goes too; the hook tables it leaves empty give their memory back."""
+        mine = [k for k, h in _GLOBAL_FORWARD_HOOKS.items() if self._owns(h)]
+        for k in mine:
+            _GLOBAL_ALWAYS_CALLED.pop(k, None)
+            _GLOBAL_FORWARD_HOOKS.pop(k, None)
+        for m in self.walk.modules:
+            for hooks, extras in (
+                (m._forward_pre_hooks, (m._forward_pre_hooks_with_kwargs,)),
+                (m._forward_hooks, (m._forward_hooks_with_kwargs, m._forward_hooks_always_called)),
+            ):
+                mine = [k for k, h in hooks.items() if self._owns(h)]
+                for k in mine:
+                    for extra in extras:
+                        extra.pop(k, None)
+                    hooks.pop(k, None)
+                for table in (hooks, *extras):
+                    if not table:
+                        # an emptied dict keeps its grown table (CPython never shrinks one):
+                        # ~1 KB per module, 110 MiB on a 100,000-module model, until cleared
+                        table.clear()
+
+    def _owns(self, hook: Any) -> bool:
+        return type(hook) is types.MethodType and hook.__self__ is self.callstack
+
+    # -- one aten op ----------------------------------------------------------------------------
+
+    def on_op(self, mode: _OpMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one aten op (or rebuild its outputs from the op cache); credit its FLOPs and new
+        storage to the call that owns it."""
+        plan = self._plans.get(func)
+        if plan is None:
+            plan = self._plans[func] = self._plan(func, args, kwargs)
+        cache = self.cache
+        if plan.decompose:
+            with mode:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                if cache is not None:
+                    cache.stats.bypass(DECOMPOSED)
+                return out
+        workspace = self._workspace(plan, args, kwargs) if plan.workspace is not None else None
+        key = hit = None
+        if cache is not None:
+            if plan.uncached is None:
+                key = cache.key(func, plan.run, plan.flops, args, kwargs)
+                if key is not None:
+                    hit = cache.lookup(key)
+            else:
+                cache.stats.bypass(plan.uncached)
+        if hit is not None:
+            out, n = hit[0](args), hit[1]
+        else:
+            out = self._run(plan, args, kwargs)
+            n = plan.flops(*args, **kwargs, out_val=out) if plan.flops is not None else 0
+            if key is not None:
+                cache.fill(key, args, out, n)  # type: ignore[union-attr]
+        assumptions = self.assumptions
+        if assumptions.tainted or assumptions.known:  # most traces assume nothing: skip the call
+            assumptions.follow(func, args, out)
+        stack = self.callstack.stack
+        if stack and stack[-1].index >= 0:  # the common case, kept inline: a forward call
+            owner: CallRecord | None = stack[-1]
+            backward = False
+        else:
+            owner, backward = self.callstack.owner()
+        if n:
+            self._count(plan, n, owner, backward)
+        self.storage.track_output(out, plan.name, owner, backward)
+        del workspace  # freed after the output is made, as inside the kernel
+        if self.observer is not None:
+            self.observer(func, args, out, owner)
+        return out
+
+    def _run(self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return plan.run(*args, **kwargs)
+        except Exception:
+            if self.failed_op is None:
+                self.failed_op = plan.name
+            raise
+
+    def _workspace(
+        self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> torch.Tensor | None:
+        """The scratch memory ``plan``'s kernel allocates on the target device (cuBLAS copies of
+        operands it cannot stride through, ``_safe_softmax``'s masks), as one tracked meta
+        tensor that lives until the op's output exists; None for none."""
+        assert plan.workspace is not None
+        n = plan.workspace(*args, **kwargs)
+        if not n:
+            return None
+        scratch = torch.empty(n, dtype=torch.uint8, device="meta")
+        owner, backward = self.callstack.owner()
+        self.storage.track(scratch, f"{plan.name} (workspace)", owner, backward)
+        return scratch
+
+    def _plan(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpPlan:
+        run: Callable[..., Any] = func
+        answered = data_dependent(func) and self.assumptions.policy is not None
+        if answered:
+            answer = self.assumptions.answer
+
+            def run(*a: Any, **k: Any) -> Any:
+                return answer(func, a, k)
+
+        elif func in META_FIXES:
+            run = META_FIXES[func]
+        elif func in self.kernels:
+            run = self.kernels[func]
+        flops = _FLOPS.get(func._overloadpacket)
+        return OpPlan(
+            name=str(func._overloadpacket),
+            decompose=_decomposition_counts(func, args, kwargs),
+            run=run,
+            flops=_on_local(flops) if flops is not None and self.local_flops else flops,
+            uncached=static_bypass(func, answered),
+            workspace=self.workspaces.get(func._overloadpacket),
+        )
+
+    def _count(self, plan: OpPlan, n: int, owner: CallRecord | None, backward: bool) -> None:
+        """Credit ``n`` FLOPs of ``plan``'s op to ``owner`` (its backward, or ops outside calls)."""
+        if not n:
+            return
+        name = plan.name
+        if backward:
+            assert owner is not None
+            owner.backward_self_flops += n
+            owner.backward_ops[name] = owner.backward_ops.get(name, 0) + n
+        elif owner is not None:
+            owner.flops += n
+            owner.self_flops += n
+            owner.ops[name] = owner.ops.get(name, 0) + n
+        else:
+            self.orphan_flops += n
+            self.orphan_ops[name] = self.orphan_ops.get(name, 0) + n
+
+    def _forget(self, key: int) -> None:
+        """A storage died: what the assumptions knew of it (an assumed shape, known values)
+        must not pass to the next storage given its key (the allocator reuses addresses)."""
+        assumptions = self.assumptions
+        if assumptions.known:
+            assumptions.known.pop(key, None)
+        assumptions.tainted.discard(key)
+
+    def _free_owner(self) -> CallRecord | None:
+        return self.callstack.owner()[0]
+
+
+def _on_local(formula: Callable[..., int]) -> Callable[..., int]:
+    """``formula`` applied to the local tensors of DTensor arguments: one device's FLOPs."""
+
+    def count(*args: Any, **kwargs: Any) -> int:
+        args, kwargs = tree_map_only(torch.Tensor, local, (args, kwargs))
+        return formula(*args, **kwargs)
+
+    return count
+
+
+class _FlopProbe(TorchDispatchMode):
+    """Sees whether any op with a FLOP formula runs (used once per composite op)."""
+
+    found = False
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        if func._overloadpacket in _FLOPS:
+            self.found = True
+        return func(*args, **(kwargs or {}))
+
+
+def _decomposition_counts(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``func`` has a composite decomposition holding ops that count FLOPs."""
+    if func is _PRIM_DEVICE or not (
+        _COMPOSITE in func.py_kernels
+        or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
+    ):
+        return False
+    if func._schema.is_mutable:
+        return True  # never run twice; decompose as FlopCounterMode does
+    probe = _FlopProbe()
+    try:
+        with probe:
+            func.decompose(*args, **kwargs)
+    except Exception:
+        return True
+    return probe.found

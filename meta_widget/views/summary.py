@@ -1,0 +1,178 @@
+"""The text summary: the module tree as a table a terminal user can read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..units import format_bytes, format_count, format_flops, format_shapes
+
+if TYPE_CHECKING:
+    from ..data.tree import ModuleNode
+    from .analyzed import Analyzed
+
+#: "Output mem": the bytes of new storage a module's outputs hold (README "What the numbers mean")
+_COLUMNS = ("Module · type", "Output shapes", "Params", "Param mem", "Output mem", "FLOPs")
+#: a training step adds the FLOPs of each module's backward
+_TRAINING_COLUMNS = (*_COLUMNS, "Bwd FLOPs")
+_SHAPES_WIDTH = 38
+
+
+def _signature(node: ModuleNode) -> tuple[object, ...]:
+    """What makes two sibling modules 'the same' for folding: structure, sizes and shapes."""
+    return (
+        node.type,
+        node.params,
+        node.param_bytes,
+        tuple(tuple(i.shape for _, i in c.outputs) for c in node.calls),
+        tuple(_signature(c) for c in node.children),
+    )
+
+
+def fold_siblings(children: list[ModuleNode]) -> list[list[ModuleNode]]:
+    """Group runs of consecutive identical siblings (``layers.0``–``layers.79``)."""
+    groups: list[list[ModuleNode]] = []
+    for child in children:
+        if groups and _signature(groups[-1][0]) == _signature(child):
+            groups[-1].append(child)
+        else:
+            groups.append([child])
+    return groups
+
+
+def _row(label: str, nodes: list[ModuleNode], training: bool = False) -> list[str]:
+    first = nodes[0]
+    shapes = [i.shape for c in first.calls for _, i in c.outputs]
+    shape_text = format_shapes(shapes) if first.calls else "--"
+    if len(first.calls) > 1:
+        shape_text = f"{len(first.calls)} calls: " + format_shapes(
+            [i.shape for _, i in first.calls[0].outputs]
+        )
+    if len(shape_text) > _SHAPES_WIDTH:
+        shape_text = shape_text[: _SHAPES_WIDTH - 1] + "…"
+    k = len(nodes)
+    flops = sum(n.flops for n in nodes)
+    act = sum(n.activation_bytes for n in nodes)
+    backward = sum(n.backward_flops for n in nodes)
+    extra = [format_flops(backward) if backward else "--"] if training else []
+    return [
+        label,
+        shape_text,
+        format_count(first.params * k) if first.params else "--",
+        format_bytes(first.param_bytes * k) if first.param_bytes else "--",
+        format_bytes(act) if act else "--",
+        format_flops(flops) if flops else "--",
+        *extra,
+    ]
+
+
+def summary_columns(analysis: Analyzed) -> tuple[str, ...]:
+    """The column names of the summary table (a training step adds backward FLOPs)."""
+    return _TRAINING_COLUMNS if analysis.traced and analysis.mode == "training" else _COLUMNS
+
+
+def summary_rows(analysis: Analyzed, depth: int | None = 3) -> list[list[str]]:
+    """The rows of the tree down to ``depth`` (None: all), repeated siblings folded: the first
+    cell is the label with its tree branches, the others follow :func:`summary_columns`."""
+    rows: list[list[str]] = []
+    training = analysis.traced and analysis.mode == "training"
+    error_path = analysis.error.module if analysis.error else None
+
+    def visit(node: ModuleNode, prefix: str, child_prefix: str) -> None:
+        mark = "  ← error here" if error_path is not None and node.path == error_path else ""
+        mark += " *" if node.assumed else ""
+        label = f"{node.name} · {node.type}" if node.path else analysis.title
+        rows.append(_row(f"{prefix}{label}{mark}", [node], training))
+        if depth is not None and node.depth >= depth:
+            return
+        groups = fold_siblings(node.children)
+        for gi, group in enumerate(groups):
+            last = gi == len(groups) - 1
+            branch, cont = ("└─ ", "   ") if last else ("├─ ", "│  ")
+            if len(group) == 1:
+                visit(group[0], child_prefix + branch, child_prefix + cont)
+            else:
+                first, end = group[0].name, group[-1].name
+                label = f"{child_prefix}{branch}{first}–{end} · {len(group)} × {group[0].type}"
+                rows.append(_row(label, group, training))
+
+    visit(analysis.root, "", "")
+    return rows
+
+
+def render_summary(analysis: Analyzed, depth: int | None = 3) -> str:
+    """The tree down to ``depth`` (None: everything), repeated siblings folded, then totals."""
+    columns = summary_columns(analysis)
+    rows = summary_rows(analysis, depth)
+    widths = [max(len(r[i]) for r in [list(columns), *rows]) for i in range(len(columns))]
+
+    def line(cells: list[str]) -> str:
+        left = cells[0].ljust(widths[0])
+        mid = cells[1].ljust(widths[1])
+        right = "  ".join(c.rjust(w) for c, w in zip(cells[2:], widths[2:], strict=True))
+        return f"{left}  {mid}  {right}".rstrip()
+
+    rule = "─" * (sum(widths) + 2 * (len(widths) - 1))
+    out = [summary_header(analysis), rule, line(list(columns)), rule]
+    out.extend(line(r) for r in rows)
+    out.append(rule)
+    out.extend(totals_lines(analysis))
+    return "\n".join(out)
+
+
+def summary_header(analysis: Analyzed) -> str:
+    """The first line: class, source, mode, and what was traced."""
+    return f"{analysis.title} ({analysis.source}) · {analysis.mode} · " + (
+        f"{len(analysis.calls)} module calls traced in {analysis.seconds:.2f} s"
+        if analysis.traced
+        else "structure only (no inputs given)"
+    )
+
+
+def totals_lines(analysis: Analyzed) -> list[str]:
+    """The lines under the table: totals, the peak by category, notes, assumptions, error.
+
+    The memory words are the README's ("What the numbers mean"): *output mem* of a module, the
+    bytes *allocated* by the whole pass (freed or not), the *peak* of live bytes and its
+    *categories*, which add up to it.
+    """
+    mem = analysis.memory
+    dtypes = ", ".join(f"{d} {format_bytes(b)}" for d, b in mem.params_by_dtype.items())
+    out = [
+        f"Parameters: {format_count(analysis.total_params)} "
+        f"(trainable {format_count(analysis.trainable_params)}) · "
+        f"parameter memory {format_bytes(mem.param_bytes)}" + (f" ({dtypes})" if dtypes else "")
+    ]
+    if mem.buffer_bytes:
+        out.append(f"Buffers: {format_bytes(mem.buffer_bytes)}")
+    if analysis.traced:
+        where = f" in {mem.peak_owner} ({mem.peak_op})" if mem.peak_owner else ""
+        out.append(
+            f"FLOPs: {format_flops(analysis.total_flops)} · inputs {format_bytes(mem.input_bytes)}"
+            f" · allocated by the forward pass {format_bytes(mem.activation_bytes)} (freed or not)"
+            f" · peak {format_bytes(mem.peak_bytes)}{where}"
+        )
+        cats = " + ".join(f"{k} {format_bytes(v)}" for k, v in mem.categories.items() if v)
+        out.append(f"Peak ({mem.peak_phase}) = {cats}")
+    if analysis.traced and analysis.mode == "training":
+        out.append(
+            f"After the step: gradients {format_bytes(mem.gradient_bytes)} · optimizer state "
+            f"{format_bytes(mem.optimizer_state_bytes)} on the device"
+            + (
+                f" (+{format_bytes(mem.optimizer_host_bytes)} on the host)"
+                if mem.optimizer_host_bytes
+                else ""
+            )
+        )
+    if analysis.checkpoint_diff is not None:
+        out.append("Checkpoint: " + str(analysis.checkpoint_diff).replace("\n", "\n  "))
+    out.extend(f"Note: {n}" for n in analysis.notes)
+    if analysis.assumptions:
+        out.append(
+            f"Assumed ({len(analysis.assumptions)} site(s); rows marked * hold assumed results; "
+            "override with assume={'file.py:LINE': value}, or strict=True):"
+        )
+        out.extend(f"  - {a}" for a in analysis.assumptions)
+    if analysis.error is not None:
+        out.append("")
+        out.append("Error: " + str(analysis.error))
+    return out
