@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "GPU",
     "Analysis",
     "BoundError",
     "CheckpointError",
+    "CheckpointPlan",
     "CommandError",
     "Comparison",
     "ConcurrentTraceError",
@@ -37,6 +39,7 @@ __all__ = [
     "OptionTypeError",
     "Options",
     "ParallelError",
+    "PlanError",
     "SourceError",
     "Sweep",
     "TraceSpec",
@@ -46,10 +49,12 @@ __all__ = [
     "checkpoint_diff",
     "compare",
     "explain",
+    "gpus",
     "inspect_checkpoint",
     "load_ipython_extension",
     "materialize",
     "max_fit",
+    "plan_checkpointing",
     "register_bound",
     "register_explanation",
     "register_source",
@@ -99,7 +104,12 @@ _WHERE = {
     "FitError": "explore.fit",
     "NothingFitsError": "explore.fit",
     "compare": "explore.comparison",
+    "gpus": "timing.gpus",
+    "GPU": "timing.gpus",
     "Comparison": "explore.comparison",
+    "plan_checkpointing": "explore.checkpointing",
+    "CheckpointPlan": "explore.checkpointing",
+    "PlanError": "explore.checkpointing",
 }
 
 if TYPE_CHECKING:
@@ -112,6 +122,7 @@ if TYPE_CHECKING:
     )
     from .cli import CommandError, UsageError
     from .distributed.parallel import ParallelError
+    from .explore.checkpointing import CheckpointPlan, PlanError, plan_checkpointing
     from .explore.comparison import Comparison, compare
     from .explore.fit import Fit, FitError, NothingFitsError, max_fit
     from .explore.sweeps import Sweep, sweep
@@ -119,6 +130,7 @@ if TYPE_CHECKING:
     from .materialize import InsufficientMemoryError, MaterializeError, materialize
     from .options import InputError, OptionError, Options, OptionTypeError, TraceSpec
     from .sources.models import SourceError, register_source
+    from .timing.gpus import GPU, gpus
     from .trace.assume import MetaValueNeeded
     from .trace.bounds import BoundError, register_bound
     from .trace.known_errors import register_explanation

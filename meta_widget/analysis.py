@@ -21,15 +21,16 @@ import torch
 from . import heavy
 from .checkpoints import CheckpointDiff, inspect_checkpoint
 from .choices import Mode
-from .data.flatten import TensorInfo
+from .data.flatten import TensorInfo, named_tensors
 from .data.records import CallRecord
 from .data.tree import ModuleNode
 from .distributed.comms import CommRecord, comms_frame, comms_totals
 from .materialize import MaterializeReport, materialize
 from .memory.report import MemoryReport
 from .options import DEFAULT_OPTIMIZER, Options, carried_optimizer
-from .pipeline import run
+from .pipeline import run, time_step
 from .sources.models import MetaModel
+from .timing.gpus import resolve_gpu
 from .trace.assume import Assumption
 from .trace.explain import Explanation
 from .trace.opcache import CacheStats
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
+    from .timing.gpus import GPU
+    from .timing.model import StepTime
     from .views.widget import MetaWidget
 
 #: how deep ``summary()`` and the widget open when ``analyze`` was given no ``depth``
@@ -76,6 +79,8 @@ class Analysis:
     traced: bool
     seconds: float
     orphan_ops: dict[str, int] = field(default_factory=dict)
+    #: the costs of ops outside any module call, by phase (``meta_widget.trace.costs``)
+    orphan_costs: dict[str, dict[tuple[str, int, int], int]] = field(default_factory=dict)
     #: where the trace assumed a value it did not have (see ``meta_widget.trace.assume``)
     assumptions: list[Assumption] = field(default_factory=list)
     #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
@@ -88,6 +93,10 @@ class Analysis:
     options: Options = field(default_factory=Options, repr=False)
     #: with ``parallel=``: the collectives rank 0 ran, in order (``comms`` is their DataFrame)
     comm_records: list[CommRecord] = field(default_factory=list)
+    #: with ``gpu=``: the step's time on that accelerator (``forward_s``, ``backward_s``,
+    #: ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``tokens_per_s``; see
+    #: ``meta_widget.timing.model``); None without ``gpu=`` or without a trace
+    time: StepTime | None = None
     #: the views made of this analysis, kept to be shown again (``widget()``'s, or the one the
     #: pipeline streamed into); not part of the result
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -150,7 +159,10 @@ class Analysis:
         """One row per module (``per="module"``, ``named_modules()`` order) or per call.
 
         Shapes are tuples of ints; ``input_shapes``/``output_shapes`` hold, per call, the shapes of
-        every tensor in the call's arguments / output.
+        every tensor in the call's arguments / output. With ``gpu=``, ``time_s`` is the time of
+        the module's calls on that GPU (forward and backward, sub-modules included; per call:
+        its own) and ``bound`` what bounds it: ``"compute"``, ``"memory"`` or ``"comm"``
+        (both None without ``gpu=``; ``meta_widget.timing.model``).
         """
         pd = heavy.pandas()
 
@@ -177,6 +189,7 @@ class Analysis:
                     "backward_flops": n.backward_flops,
                     "error": err if n.error and self._error_node() is n else None,
                     "assumed": n.assumed,
+                    **self._time_columns(n.path, n.calls),
                 }
                 for n in self.modules
             ]
@@ -198,11 +211,36 @@ class Analysis:
                     "duration_s": c.duration_s,
                     "error": err if self.error and self.error.call == c.index else None,
                     "assumed": c.assumed,
+                    **self._time_columns(c.path, [c]),
                 }
                 for c in self.calls
             ]
             return pd.DataFrame(rows)
         raise ValueError(f"per must be 'module' or 'call', not {per!r}")
+
+    def time_on(self, gpu: str | GPU) -> StepTime:
+        """The traced step timed on another accelerator (a name of ``mw.gpus()`` or an
+        ``mw.GPU``), from the same records: nothing is traced again. ``analyze(..., gpu=)``
+        gives :attr:`time` the same way."""
+        if not self.traced:
+            raise ValueError(f"{self.title} was not traced (no inputs): it has no step to time")
+        inputs = [t for _, t in named_tensors(self.options.input_data)]
+        return time_step(
+            self.calls,
+            self.orphan_costs,
+            self.comm_records,
+            resolve_gpu(gpu),
+            inputs,
+            self.options,
+            self.total_flops,
+        )
+
+    def _time_columns(self, path: str, calls: list[CallRecord]) -> dict[str, Any]:
+        """``time_s`` and ``bound`` of ``calls`` (None, None without ``gpu=``)."""
+        if self.time is None:
+            return {"time_s": None, "bound": None}
+        seconds, bound = self.time.module(path, calls)
+        return {"time_s": seconds, "bound": bound or None}
 
     def _error_node(self) -> ModuleNode | None:
         if self.error is None or self.error.call is None:
@@ -369,6 +407,7 @@ def analyze(
     param_dtype: torch.dtype | str | None = None,
     micro_batches: int = 1,
     parallel: Mapping[str, Any] | None = None,
+    gpu: str | GPU | None = None,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
     fast: bool = True,
 ) -> Analysis:
@@ -455,6 +494,13 @@ def analyze(
         wrapped (its own wrapping is traced; ``ParallelError``). Checked before any process
         group is made: at most 16,384 ranks, ``tp`` dividing the attention (and key/value)
         heads the model's config gives, ``fsdp`` at most the rows of the largest parameter.
+    gpu
+        The accelerator to time the step on: a name of ``mw.gpus()`` (``"H100"``, ``"A100-80GB"``,
+        ...) or an ``mw.GPU(...)`` of your own. ``Analysis.time`` then holds the step's time
+        (``forward_s``, ``backward_s``, ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``,
+        ``tokens_per_s``) and ``to_dataframe()`` each module's ``time_s`` and ``bound``,
+        computed from the trace's records by the model of ``docs/speed-model.md`` (nothing is
+        traced again for it). An unknown name is an ``OptionError`` listing the known ones.
     listeners
         A list of functions, each called with every :class:`CallRecord` as it completes.
     fast

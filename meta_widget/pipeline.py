@@ -27,6 +27,8 @@ from .options import OptionError, Options, check_buildable, check_listeners
 from .sources.inputs import make_inputs
 from .sources.models import MetaModel, check_tree, to_meta
 from .sources.precision import cast_inputs, with_param_dtype
+from .timing.gpus import GPU, resolve_gpu
+from .timing.model import StepTime, step_time, tokens_of
 from .trace.assume import Assumption
 from .trace.explain import Explanation, explain
 from .trace.passes import Trace, pause_gc, trace
@@ -35,7 +37,7 @@ from .undo import Undo
 if TYPE_CHECKING:
     from .views.widget import MetaWidget
 
-__all__ = ["run"]
+__all__ = ["run", "time_step"]
 
 R = TypeVar("R")
 
@@ -73,6 +75,7 @@ def _pipeline(
     listeners: Sequence[Callable[[CallRecord], None]],
 ) -> R:
     options, given_notes = options.checked()  # every option, before anything is built
+    gpu = resolve_gpu(options.gpu) if options.gpu is not None else None  # unknown: OptionError
     listeners = check_listeners(listeners)
     check_buildable(model)
     start = time.perf_counter()
@@ -136,6 +139,17 @@ def _pipeline(
     fields = _assemble(meta, nodes, input_tensors, kept, notes, diff, result, traced)
     analysis = make(
         **fields,
+        time=None
+        if gpu is None or result is None
+        else time_step(
+            result.calls,
+            result.orphan_costs,
+            comms,
+            gpu,
+            input_tensors,
+            options,
+            fields["total_flops"],
+        ),
         comm_records=comms,
         source_model=source,  # what rerun and materialize start from: the model as given
         seconds=time.perf_counter() - start,
@@ -214,11 +228,33 @@ def _assemble(
         notes=notes,
         traced=result is not None,
         orphan_ops=result.orphan_ops if result is not None else {},
+        orphan_costs=result.orphan_costs if result is not None else {},
         assumptions=result.assumptions if result is not None else [],
         checkpoint_diff=diff,
         fast_path=result.fast_path if result is not None else None,
         options=options,
     )
+
+
+def time_step(
+    calls: Sequence[CallRecord],
+    outside: dict[str, dict[tuple[str, int, int], int]],
+    comms: Sequence[Any],
+    gpu: GPU,
+    inputs: list[torch.Tensor],
+    options: Options,
+    flops: int,
+) -> StepTime:
+    """A trace's step timed on ``gpu`` from its records (``meta_widget.timing.model``): its
+    ``calls``, the costs of ops ``outside`` calls by phase, its collectives ``comms``, the
+    meta ``inputs`` (tokens per step) and the ``flops`` MFU counts."""
+    tokens, samples = tokens_of(inputs, options.micro_batches if options.training else 1)
+    fsdp = (  # the ranks processing other data: FSDP's (a wrapped model's: its groups')
+        options.parallel.fsdp
+        if options.parallel is not None
+        else max((c.group_size for c in comms if c.group == "fsdp"), default=1)
+    )
+    return step_time(calls, outside, comms, gpu, flops, tokens, samples, data_parallel=fsdp)
 
 
 def _total_flops(result: Trace | None) -> int:

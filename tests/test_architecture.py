@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sources: user objects and inputs to meta", ("sources",)),
     ("the trace", ("trace",)),
     ("the memory model", ("memory",)),
+    ("the time model", ("timing",)),
     ("past one device", ("distributed",)),
     ("the result of an analysis, as plain data", ("result",)),
     ("views", ("views",)),

@@ -15,6 +15,7 @@ import torch
 from models import SmallCNN, llama_config, real
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils.flop_counter import FlopCounterMode
 
 import meta_widget as mw
 from meta_widget.trace.autocast import COMPOSITES, CPU_POLICY, CUDA_POLICY, Autocast, policy_for
@@ -190,3 +191,60 @@ def test_a_rerun_in_inference_leaves_micro_batches_behind() -> None:
     assert b.options.micro_batches == 1 and b.options.autocast == torch.bfloat16
     assert b.mode == "inference" and len(b["0"].calls) == 1
     assert a.total_flops == 2 * a.rerun(micro_batches=1).total_flops
+
+
+def _checkpoint_blocks(model: nn.Module) -> nn.Module:
+    """``model`` with each child of its ModuleLists run under torch.utils.checkpoint, as
+    ``activation_checkpointing=True`` picks them (non-reentrant)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for m in list(model.modules()):
+        if isinstance(m, nn.ModuleList):
+            for block in m:
+                forward = block.forward
+
+                def checkpointed(*args: Any, forward: Any = forward, **kwargs: Any) -> Any:
+                    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+                block.forward = checkpointed  # type: ignore[method-assign]
+    return model
+
+
+class Blocks(nn.Module):
+    """Residual MLP blocks in a ModuleList (what ``activation_checkpointing=True`` picks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(3)
+        )
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def test_autocast_with_activation_checkpointing_runs_as_pytorch_runs_it() -> None:
+    """The recomputation in backward runs under the same autocast as the forward (as
+    torch.utils.checkpoint restores autocast's state): before, it ran without it and the
+    checkpoint refused "a different number of tensors was saved".
+
+    Truths: FlopCounterMode on the real autocast step with the same blocks checkpointed (the
+    recomputed forward included), and the peak of a real AdamW step (MemTracker), which is in
+    the optimizer step, where checkpointing changes nothing (MemTracker itself misses tensors
+    when forwards are wrapped by torch.utils.checkpoint, so it measures the plain model)."""
+    model, x = Blocks(), torch.randn(32, 64)
+    a = mw.analyze(
+        model, input_data=x, mode="training", device="cpu", autocast=torch.bfloat16,
+        activation_checkpointing=True, loss=logits_sum,
+    )  # fmt: skip
+    assert a.error is None, a.error
+    real = _checkpoint_blocks(copy.deepcopy(model))
+    with FlopCounterMode(display=False) as counter, torch.autocast("cpu", dtype=torch.bfloat16):
+        logits_sum(real(x)).backward()
+    assert a.total_flops == counter.get_total_flops()
+    assert a.memory.peak_phase == "optimizer"
+    assert a.peak_bytes == real_peak(model, x, True, torch.bfloat16)

@@ -60,6 +60,11 @@ class CallRecord:
     #: a module called inside backward (activation checkpointing recomputing it) is on the stack
     #: with index -1 and the forward call it repeats here (-1: none, e.g. never called forward)
     recompute_of: int = -1
+    #: what the ops of the call's own body cost, for a time model (``meta_widget.trace.costs``):
+    #: ``{(peak, executed FLOPs, bytes read and written): how many ops}``; views cost nothing
+    costs: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    #: the same for its backward (own body only, recomputation included, like ``backward_ops``)
+    backward_costs: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
 
 class Event(NamedTuple):

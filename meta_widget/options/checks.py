@@ -355,3 +355,24 @@ def check_micro_batches(count: Any, mode: str) -> int:
             "pass mode='training', or leave micro_batches=1."
         )
     return operator.index(count)
+
+
+# -- the accelerator the time is for --------------------------------------------------------
+
+
+def check_gpu(gpu: Any) -> Any:
+    """``gpu``: None, a name of ``mw.gpus()`` or an ``mw.GPU(...)``. Only the type is checked
+    here (the table lives with the time model, a layer above): ``meta_widget.timing.gpus.
+    resolve_gpu`` turns a name into its figures, or lists the known names, before tracing."""
+    if gpu is None:
+        return None
+    if isinstance(gpu, str):
+        if not gpu.strip():
+            raise OptionError("gpu='' names no accelerator: pass a name of mw.gpus(), e.g. 'H100'.")
+        return gpu
+    if all(hasattr(gpu, name) for name in ("memory_bytes", "hbm_bytes_per_s", "peak")):
+        return gpu  # an mw.GPU (or one like it)
+    raise OptionTypeError(
+        f"gpu must be a name of mw.gpus() (e.g. 'H100') or an mw.GPU(...), not "
+        f"{type(gpu).__name__} {show(gpu)}."
+    )

@@ -26,6 +26,7 @@ from .checks import (
     check_device,
     check_fast,
     check_flag,
+    check_gpu,
     check_grad_mode,
     check_loss,
     check_micro_batches,
@@ -146,7 +147,8 @@ class TraceSpec:
 class Options(TraceSpec):
     """The options of one analysis, as :func:`analyze` takes them (its docstring says each):
     the :class:`TraceSpec` and what the analysis around the trace takes (the inputs, the depth
-    shown, a checkpoint to compare, low-precision parameters, one rank of several devices).
+    shown, a checkpoint to compare, low-precision parameters, one rank of several devices, the
+    accelerator the step is timed on).
 
     The options an :class:`Analysis` keeps hold its meta inputs in ``input_data``, never real
     data; ``rerun`` replaces fields.
@@ -159,6 +161,9 @@ class Options(TraceSpec):
     checkpoint: Any = field(default=None, metadata=_checked_by(_alone(check_checkpoint_path)))
     param_dtype: Any = field(default=None, metadata=_checked_by(_alone(check_param_dtype)))
     parallel: Any = field(default=None, metadata=_checked_by(_alone(check_parallel)))
+    #: the accelerator ``Analysis.time`` is for: a name of ``mw.gpus()`` or an ``mw.GPU``
+    #: (timed from the records: no part of the trace)
+    gpu: Any = field(default=None, metadata=_checked_by(_alone(check_gpu)))
     #: notes about the inputs made from ``input_size``/``dtypes`` (carried over by ``rerun``)
     input_notes: tuple[str, ...] = ()
 

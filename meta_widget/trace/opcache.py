@@ -8,8 +8,9 @@ recorder keys each op by the op and its arguments' metadata (dtype, shape, strid
 offset, ``requires_grad`` of every tensor; type and value of every other argument) and, on a
 hit, builds the outputs from the recorded metadata (``empty_strided`` on meta: fresh storage, as
 the kernel would allocate), or returns the input an in-place op returns, and replays the FLOPs
-counted the first time. Everything after the kernel (assumptions, FLOP crediting, storage
-tracking) runs as on a miss, on these outputs, so the records are the same.
+and the cost (``meta_widget.trace.costs``) counted the first time. Everything after the kernel
+(assumptions, FLOP and cost crediting, storage tracking) runs as on a miss, on these outputs, so
+the records are the same.
 
 An op is run, not cached (a *bypass*, counted by reason in :class:`CacheStats`), when caching it
 could change what is recorded or would not pay:
@@ -132,6 +133,8 @@ class _Entry:
     #: the container of several outputs (tuple or list), or None for a single one
     container: type | None
     flops: int
+    #: the op's cost (``meta_widget.trace.costs``), or None: it costs nothing
+    cost: tuple[str, int, int] | None = None
 
     def build(self, args: tuple[Any, ...]) -> Any:
         outs = [_make(s, args) for s in self.specs]
@@ -216,8 +219,11 @@ class OpCache:
             return None
         return tuple(parts)
 
-    def lookup(self, key: Any) -> tuple[Callable[[tuple[Any, ...]], Any], int] | None:
-        """The output builder and FLOPs of a cached ``key``; None (counted) if it must run."""
+    def lookup(
+        self, key: Any
+    ) -> tuple[Callable[[tuple[Any, ...]], Any], int, tuple[str, int, int] | None] | None:
+        """The output builder, FLOPs and cost of a cached ``key``; None (counted) if it must
+        run."""
         entry = self._entries.get(key)
         if entry is None:
             self.stats.misses += 1
@@ -227,10 +233,18 @@ class OpCache:
             return None
         assert isinstance(entry, _Entry)
         self.stats.hits += 1
-        return entry.build, entry.flops
+        return entry.build, entry.flops, entry.cost
 
-    def fill(self, key: Any, args: tuple[Any, ...], out: Any, flops: int) -> None:
-        """Record what the op of ``key`` returned on ``args`` (``flops``: what it counted)."""
+    def fill(
+        self,
+        key: Any,
+        args: tuple[Any, ...],
+        out: Any,
+        flops: int,
+        cost: tuple[str, int, int] | None = None,
+    ) -> None:
+        """Record what the op of ``key`` returned on ``args`` (``flops`` and ``cost``: what it
+        counted)."""
         if isinstance(out, (tuple, list)):
             container: type | None = type(out)
             outs = list(out)
@@ -241,7 +255,9 @@ class OpCache:
         if len(self._entries) >= self.limit or OpCache._bytes + size > self.max_bytes:
             self.cache_clear()
             OpCache._clears += 1
-        self._entries[key] = OUTPUT if specs is None else _Entry(tuple(specs), container, flops)
+        self._entries[key] = (
+            OUTPUT if specs is None else _Entry(tuple(specs), container, flops, cost)
+        )
         OpCache._bytes += size
 
 

@@ -24,7 +24,6 @@ import torch
 # holds their traceback), and with them the tensors of the model's calls: the first analysis of
 # a process would show activations that are never freed. So it is imported before any trace.
 import torch._dynamo
-from torch.utils.checkpoint import checkpoint
 
 from ..choices import Optimizer, Phase
 from ..data.flatten import named_tensors
@@ -36,6 +35,7 @@ from ..undo import FunctionModes, Undo, interrupt_behind
 from .assume import Assumption, Policy
 from .autocast import Autocast
 from .callstack import Listener
+from .checkpointing import patch_forwards
 from .factories import DeviceLessFactories
 from .fastpath import patch_fast_paths
 from .kernels import WORKSPACES, AttentionKernels
@@ -83,6 +83,8 @@ class Trace:
     fast_path: CacheStats | None = None
     #: what the analysis should tell (tensors made without a device, see ``factories``)
     notes: list[str] = field(default_factory=list)
+    #: the costs of ops outside any module call, by phase (``meta_widget.trace.costs``)
+    orphan_costs: dict[str, dict[tuple[str, int, int], int]] = field(default_factory=dict)
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -211,6 +213,7 @@ def trace(
         state_other_bytes=run.state_other,
         fast_path=recorder.cache.stats if recorder.cache is not None else None,
         notes=run.factories.notes(),
+        orphan_costs=recorder.orphan_costs,
     )
 
 
@@ -227,7 +230,7 @@ def _setup_and_run(
     exception the model raised, if any (interrupts go through)."""
     try:
         set_training(run.recorder.root, training)
-        _patch_forwards(checkpointed if training else (), device, undo)
+        patch_forwards(checkpointed if training else (), device, run.autocast, undo)
         if not training and device != "math":  # the fused inference kernels a device runs
             patch_fast_paths(run.recorder.walk.modules, device, undo)
         undo.add(FunctionModes().restore)
@@ -451,23 +454,6 @@ def _keep_state(
     undo.add(restore)
 
 
-def _patch_forwards(modules: Sequence[torch.nn.Module], device: str, undo: Undo) -> None:
-    """Run each module's forward under activation checkpointing (an instance attribute); the
-    undo step puts back exactly what was there, a ``forward`` the user set on the instance too."""
-    for m in modules:
-        state = vars(m)
-        had, before = "forward" in state, state.get("forward")
-
-        def restore(m: torch.nn.Module = m, had: bool = had, before: Any = before) -> None:
-            if had:
-                vars(m)["forward"] = before
-            else:
-                vars(m).pop("forward", None)  # back to the class's forward
-
-        undo.add(restore)
-        _checkpoint_forward(m, device)
-
-
 def _set_grad_enabled(enabled: bool, undo: Undo) -> None:
     before = torch.is_grad_enabled()
     undo.add(lambda: torch._C._set_grad_enabled(before))
@@ -547,26 +533,6 @@ def pause_gc(undo: Undo) -> None:
     token = id(undo)
     undo.add(lambda: _GcPause.resume(token))
     _GcPause.pause(token)
-
-
-def _checkpoint_forward(m: torch.nn.Module, device: str) -> torch.nn.Module:
-    """Make ``m``'s forward run under activation checkpointing (an instance attribute).
-
-    The recomputation runs inside the autograd engine, where the function modes of the trace are
-    not active: the attention mode and meta as the default device are entered again around the
-    forward, so both runs use the same kernels and make the same tensors.
-    """
-    forward = m.forward
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with AttentionKernels(device), torch.device("meta"):
-            return forward(*args, **kwargs)
-
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(run, *args, use_reentrant=False, **kwargs)
-
-    m.forward = checkpointed  # type: ignore[method-assign]
-    return m
 
 
 def _pack(recorder: Recorder) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -11,8 +11,9 @@ beside ``FlopCounterMode`` and ``MemTracker``):
 - :class:`~meta_widget.trace.assume.Assumptions`: the assumption policy at work.
 
 One ``TorchDispatchMode`` hands every aten op to :meth:`Recorder.on_op`, a short pipeline over a
-plan decided once per op (:class:`OpPlan`): run it, follow assumptions, credit its FLOPs to the
-call that owns it, track the storage it returns. Records hold summaries (shapes, dtypes,
+plan decided once per op (:class:`OpPlan`): run it, follow assumptions, credit its FLOPs and its
+cost (:mod:`meta_widget.trace.costs`: what a time model needs) to the call that owns it, track the
+storage it returns. Records hold summaries (shapes, dtypes,
 strides, byte counts, names), never tensors or modules.
 
 Everything the recorder installs (hooks, the dispatch mode) is undone on exit, errors and
@@ -40,8 +41,9 @@ from ..data.walk import ModuleWalk, walk
 from ..undo import DispatchModes, Undo
 from .assume import META_FIXES, Assumptions, Policy, data_dependent
 from .callstack import CallStack, Listener
+from .costs import Cost, causal_index, is_convolution, is_free, op_cost
 from .kernels import EXTRA_FLOPS
-from .opcache import DECOMPOSED, OpCache, static_bypass
+from .opcache import DECOMPOSED, VIEW, OpCache, static_bypass
 from .storage import StorageTracker, local
 
 __all__ = ["Listener", "OpPlan", "Recorder"]
@@ -73,6 +75,12 @@ class OpPlan:
     #: bytes the target device's kernel allocates and frees inside the op (``kernels.py``), or
     #: None: none
     workspace: Callable[..., int] | None = None
+    #: a view or metadata op: it costs nothing (``meta_widget.trace.costs``)
+    free: bool = False
+    #: the position of ``is_causal`` in a fused attention kernel that skips masked blocks
+    causal: int | None = None
+    #: a convolution: float32 runs at the TF32 peak
+    convolution: bool = False
 
 
 class _OpMode(TorchDispatchMode):
@@ -142,6 +150,8 @@ class Recorder:
         self.storage.on_free = self._forget
         self.orphan_flops = 0
         self.orphan_ops: dict[str, int] = {}
+        #: the costs of ops outside any call, by phase (the loss, the optimizer step)
+        self.orphan_costs: dict[str, dict[Cost, int]] = {}
         self.failed_op: str | None = None
         self._plans: dict[Any, OpPlan] = {}
         #: the op cache (``fast``), or None: every kernel runs
@@ -274,12 +284,13 @@ class Recorder:
             else:
                 cache.stats.bypass(plan.uncached)
         if hit is not None:
-            out, n = hit[0](args), hit[1]
+            out, n, cost = hit[0](args), hit[1], hit[2]
         else:
             out = self._run(plan, args, kwargs)
             n = plan.flops(*args, **kwargs, out_val=out) if plan.flops is not None else 0
+            cost = self._measure(plan, args, kwargs, out, n)
             if key is not None:
-                cache.fill(key, args, out, n)  # type: ignore[union-attr]
+                cache.fill(key, args, out, n, cost)  # type: ignore[union-attr]
         assumptions = self.assumptions
         if assumptions.tainted or assumptions.known:  # most traces assume nothing: skip the call
             assumptions.follow(func, args, out)
@@ -291,6 +302,8 @@ class Recorder:
             owner, backward = self.callstack.owner()
         if n:
             self._count(plan, n, owner, backward)
+        if cost is not None:
+            self._cost(cost, owner, backward)
         self.storage.track_output(out, plan.name, owner, backward)
         del workspace  # freed after the output is made, as inside the kernel
         if self.observer is not None:
@@ -334,13 +347,17 @@ class Recorder:
         elif func in self.kernels:
             run = self.kernels[func]
         flops = _FLOPS.get(func._overloadpacket)
+        uncached = static_bypass(func, answered)
         return OpPlan(
             name=str(func._overloadpacket),
             decompose=_decomposition_counts(func, args, kwargs),
             run=run,
             flops=_on_local(flops) if flops is not None and self.local_flops else flops,
-            uncached=static_bypass(func, answered),
+            uncached=uncached,
             workspace=self.workspaces.get(func._overloadpacket),
+            free=is_free(func, uncached, VIEW),
+            causal=causal_index(func),
+            convolution=is_convolution(func),
         )
 
     def _count(self, plan: OpPlan, n: int, owner: CallRecord | None, backward: bool) -> None:
@@ -359,6 +376,26 @@ class Recorder:
         else:
             self.orphan_flops += n
             self.orphan_ops[name] = self.orphan_ops.get(name, 0) + n
+
+    def _measure(
+        self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, n: int
+    ) -> Cost | None:
+        """The cost of one op that ran (``meta_widget.trace.costs``), None for a free one."""
+        if plan.free:
+            return None
+        return op_cost(args, kwargs, out, n, plan.causal, plan.convolution, self.local_flops)
+
+    def _cost(self, cost: Cost, owner: CallRecord | None, backward: bool) -> None:
+        """Credit one op of ``cost`` to ``owner``'s backward, or to the ops outside calls of the
+        running phase."""
+        if owner is not None and not backward:  # the common case first
+            table = owner.costs
+        elif backward:
+            assert owner is not None
+            table = owner.backward_costs
+        else:
+            table = self.orphan_costs.setdefault(str(self.callstack.phase), {})
+        table[cost] = table.get(cost, 0) + 1
 
     def _forget(self, key: int) -> None:
         """A storage died: what the assumptions knew of it (an assumed shape, known values)

@@ -9,7 +9,8 @@ on the same metadata, 80 times; the op cache skips each kernel, replay skips the
 These functions (``kernels.TAPED``) are functions of their arguments' metadata: the first call
 of a key (the function, then every argument as the op cache keys them) runs and is recorded as
 usual, and its *tape* is what it added to the trace: its allocations and frees in order (by op,
-bytes, and which allocation each free releases), its FLOPs by op and how many aten ops it ran.
+bytes, and which allocation each free releases), its FLOPs by op, its ops' costs
+(``meta_widget.trace.costs``) and how many aten ops it ran.
 A later call with an equal key makes only its outputs (fresh meta storage, as the kernel would)
 and replays the tape into the running call: the same events, allocations, FLOPs and op counts,
 so every record is what running it again would have made.
@@ -70,6 +71,8 @@ class _Tape:
     flops: tuple[tuple[str, int], ...]
     #: aten ops the call ran
     ops: int
+    #: the costs its ops added to the running call: (cost, how many)
+    costs: tuple[tuple[tuple[str, int, int], int], ...] = ()
 
 
 class Tapes:
@@ -139,11 +142,13 @@ class Tapes:
         rec = self.recorder
         storage, stats = rec.storage, rec.cache.stats  # type: ignore[union-attr]
         start = (len(rec.callstack.calls), len(storage.events), len(storage.allocations))
-        ops, ran = dict(owner.ops), stats.ops
+        ops, ran, costs = dict(owner.ops), stats.ops, dict(owner.costs)
         out = run(func, args, kwargs)
         tape = None
         if self._owner() is owner:  # still inside the same call, no assumption taken
             tape = self._tape(out, args, kwargs, owner, start, ops, stats.ops - ran)
+            if tape is not None:
+                tape = _with_costs(tape, costs, owner.costs)
         self._tapes[key] = tape if tape is not None else _UNTAPED
         return out
 
@@ -232,8 +237,24 @@ class Tapes:
             ops[name] = ops.get(name, 0) + n
             owner.flops += n
             owner.self_flops += n
+        costs = owner.costs
+        for cost, count in tape.costs:
+            costs[cost] = costs.get(cost, 0) + count
         self.recorder.cache.stats.replayed += tape.ops  # type: ignore[union-attr]
         return outs[0] if tape.container is None else tape.container(outs)
+
+
+def _with_costs(
+    tape: _Tape,
+    before: dict[tuple[str, int, int], int],
+    after: dict[tuple[str, int, int], int],
+) -> _Tape:
+    """``tape`` with the costs its call added to the running call's (``after`` less
+    ``before``)."""
+    added = tuple(
+        (cost, n - before.get(cost, 0)) for cost, n in after.items() if n != before.get(cost, 0)
+    )
+    return _Tape(tape.outputs, tape.container, tape.steps, tape.flops, tape.ops, added)
 
 
 def _made(specs: Sequence[_Spec]) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..units import format_bytes, format_count, format_flops, format_shapes
 
@@ -128,6 +128,40 @@ def summary_header(analysis: Analyzed) -> str:
     )
 
 
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+
+
+def time_lines(time: Any) -> list[str]:
+    """With ``gpu=``: the step's time on it (``Analysis.time``, a ``StepTime``), its parts,
+    MFU and throughput; nothing without."""
+    if time is None:
+        return []
+    parts = [f"forward {_seconds(time.forward_s)}"]
+    if time.backward_s or time.optimizer_s:
+        parts += [
+            f"backward {_seconds(time.backward_s)}",
+            f"optimizer {_seconds(time.optimizer_s)}",
+        ]
+    if time.comm_s:
+        parts.append(
+            f"collectives {_seconds(time.comm_s)} ({_seconds(time.exposed_comm_s)} exposed)"
+        )
+    rate = (
+        f"{time.tokens_per_s:,.0f} tokens/s"
+        if time.tokens_per_s is not None
+        else f"{time.samples_per_s:,.1f} samples/s"
+        if time.samples_per_s is not None
+        else ""
+    )
+    return [
+        f"Time on {time.gpu.name}: step {_seconds(time.step_s)} = "
+        + " + ".join(parts)
+        + f" · MFU {time.mfu:.1%}"
+        + (f" · {rate}" if rate else "")
+    ]
+
+
 def totals_lines(analysis: Analyzed) -> list[str]:
     """The lines under the table: totals, the peak by category, notes, assumptions, error.
 
@@ -163,6 +197,7 @@ def totals_lines(analysis: Analyzed) -> list[str]:
                 else ""
             )
         )
+    out.extend(time_lines(getattr(analysis, "time", None)))
     if analysis.checkpoint_diff is not None:
         out.append("Checkpoint: " + str(analysis.checkpoint_diff).replace("\n", "\n  "))
     out.extend(f"Note: {n}" for n in analysis.notes)

@@ -71,6 +71,7 @@ def _ran_in_own_process(request: pytest.FixtureRequest) -> bool:
 _WATCHED = (
     ("meta_widget/trace/passes.py", ""),
     ("meta_widget/undo.py", ""),
+    ("meta_widget/trace/checkpointing.py", ""),
     ("meta_widget/sources/models.py", "_from_factory"),
     ("meta_widget/trace/recorder.py", "Recorder.__init__"),
     ("meta_widget/trace/recorder.py", "Recorder.open"),
@@ -324,7 +325,7 @@ def test_an_interrupt_at_every_step_of_a_training_analysis_leaves_nothing(
         "DispatchModes.restore",
         "FunctionModes.restore",
         "_GcPause.resume",
-        "_patch_forwards",
+        "patch_forwards",
         "_keep_state",
         "_SavedTensorsHooks.restore",
         "Module.register_forward_hook",

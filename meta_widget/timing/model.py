@@ -1,0 +1,349 @@
+"""The time of a traced step on one accelerator, from the trace's records (no re-trace).
+
+Per op (``meta_widget.trace.costs`` records each op's peak class, executed FLOPs and bytes):
+
+    time = max(FLOPs / (peak of its class * EFFICIENCY.compute),
+               bytes / (HBM bandwidth * EFFICIENCY.memory),
+               EFFICIENCY.kernel_s)
+
+An op is *compute*-bound when the first term is the larger of the first two, else *memory*-bound.
+Views and metadata ops cost nothing. Fused attention with ``is_causal`` counts half its FLOPs in
+time (the kernel skips the masked blocks); ``mfu`` keeps ``FlopCounterMode``'s FLOPs.
+
+Per collective (``a.comm_records``), ring formulas over a group of ``p`` ranks moving ``N``
+bytes (the whole tensor): all-gather, reduce-scatter and all-to-all ``(p-1)/p * N / bw``,
+all-reduce ``2 (p-1)/p * N / bw``, broadcast ``N / bw``; plus ``EFFICIENCY.collective_s``. ``bw``
+is one direction of NVLink (``nvlink_bytes_per_s / 2``) when the group's ranks share a node
+(``p * stride <= gpus_per_node``; an FSDP group's ranks are ``tp`` apart, tensor parallelism
+being the inner mesh dimension), else the network's ``network_bytes_per_s``, each times
+``EFFICIENCY.link``.
+
+Overlap, per phase (forward, backward, optimizer): FSDP's collectives (every group but ``"tp"``)
+run beside the phase's compute and only what exceeds it is exposed; tensor parallelism's sit
+between dependent matmuls and are exposed whole:
+
+    step_s = forward_s + backward_s + optimizer_s
+             + sum over phases (max(0, overlapped comm - compute) + tp comm)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ..choices import Phase
+from ..data.records import CallRecord
+from .gpus import GPU
+
+__all__ = ["EFFICIENCY", "Efficiency", "StepTime", "step_time", "tokens_of"]
+
+Cost = tuple[str, int, int]
+_FORWARD, _BACKWARD, _OPTIMIZER = Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The fractions of the datasheet figures real kernels reach: the one place they live
+    (``docs/speed-model.md`` gives their sources).
+
+    - ``compute`` 0.75: large cuBLAS / cuDNN GEMMs in BF16 reach 70-80 % of the dense Tensor
+      Core peak on A100 and H100 (about 750 of H100 SXM's 989 TFLOPS); the same for FP32 and
+      TF32, and for fused attention (FlashAttention-2 reaches 50-70 % of peak, FlashAttention-3
+      and cuDNN more).
+    - ``memory`` 0.85: streaming kernels (copies, elementwise ops, norms) reach 80-90 % of the
+      datasheet HBM bandwidth.
+    - ``link`` 0.80: NCCL's bus bandwidth in ``nccl-tests`` reaches about 80 % of a link's
+      one-direction bandwidth for large messages.
+    - ``kernel_s`` 4 us: no kernel takes less; eager PyTorch spends a few microseconds of host
+      time launching each op, which a tiny op cannot hide. Not applied to the optimizer step,
+      which the trace runs one parameter at a time (``foreach=False``) where PyTorch's default
+      ``foreach`` / ``fused`` implementations launch a few kernels for all parameters.
+    - ``collective_s`` 10 us: the fixed cost of one NCCL collective (small-message latency).
+
+    These are assumptions of the order of published figures, not measurements of this project.
+    """
+
+    compute: float = 0.75
+    memory: float = 0.85
+    link: float = 0.80
+    kernel_s: float = 4e-6
+    collective_s: float = 10e-6
+
+
+EFFICIENCY = Efficiency()
+
+
+class CommLike(Protocol):
+    """What the time model reads of a collective (``distributed.comms.CommRecord``)."""
+
+    collective: str
+    bytes: int
+    group: str
+    group_size: int
+    module: str
+    phase: str
+
+
+#: bytes moved per byte of the whole tensor, by collective, on a ring of ``p`` ranks
+_RING = {
+    "all_gather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "all_to_all": lambda p: (p - 1) / p,
+    "all_reduce": lambda p: 2 * (p - 1) / p,
+}
+#: groups whose collectives sit on the critical path (no overlap with compute)
+_BLOCKING = frozenset({"tp"})
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The time of the traced step on ``gpu`` (``meta_widget.timing.model`` has the model).
+
+    ``forward_s``, ``backward_s``, ``optimizer_s``: the compute of each phase (every op, module
+    calls and ops outside them: the loss, the optimizer step; recomputation under activation
+    checkpointing is backward's); ``comm_s``: every collective, each as if alone;
+    ``exposed_comm_s``: the part no compute hides; ``step_s``: the phases plus the exposed
+    communication. ``mfu``: ``flops / (step_s * peak_flops)``, with ``flops`` the analysis'
+    ``total_flops`` (``FlopCounterMode``'s, causal attention counted in full) and
+    ``peak_flops`` the dense peak of the precision that ran the most FLOPs. ``tokens_per_s``:
+    the job's tokens per step (batch x sequence of the integer input, times micro-batches and
+    the data-parallel ranks) over ``step_s``; None for inputs that are not tokens, whose rate
+    is ``samples_per_s`` (the batch dimension, likewise). With ``parallel=``, times are
+    rank 0's.
+    """
+
+    gpu: GPU
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    comm_s: float
+    exposed_comm_s: float
+    step_s: float
+    flops: int
+    peak_flops: float
+    mfu: float
+    tokens_per_s: float | None
+    samples_per_s: float | None
+    #: the time of the ops outside any module call (part of the phases above)
+    outside_s: float = 0.0
+    #: per call (by index): its time, forward and backward, sub-calls included
+    call_s: tuple[float, ...] = ()
+    #: per call: the part of ``call_s`` that is compute-bound
+    call_compute_s: tuple[float, ...] = ()
+    #: collective time by the module it serves (``CommRecord.module``)
+    comm_by_module: Mapping[str, float] = field(default_factory=dict)
+    efficiency: Efficiency = EFFICIENCY
+
+    def __repr__(self) -> str:
+        rate = (
+            f"{self.tokens_per_s:,.0f} tokens/s"
+            if self.tokens_per_s is not None
+            else f"{self.samples_per_s or 0:,.1f} samples/s"
+        )
+        return (
+            f"<StepTime on {self.gpu.name}: step {_ms(self.step_s)} (forward "
+            f"{_ms(self.forward_s)}, backward {_ms(self.backward_s)}, optimizer "
+            f"{_ms(self.optimizer_s)}, exposed comm {_ms(self.exposed_comm_s)}), "
+            f"MFU {self.mfu:.1%}, {rate}>"
+        )
+
+    @property
+    def compute_s(self) -> float:
+        """``forward_s + backward_s + optimizer_s``."""
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    def module(self, path: str, calls: Iterable[CallRecord]) -> tuple[float, str]:
+        """The time of a module's ``calls`` (forward and backward, sub-calls included) and what
+        bounds it: ``"compute"``, ``"memory"`` or ``"comm"`` (its collectives, those of the
+        modules under it included, take longer than its compute- or memory-bound part)."""
+        total = compute = 0.0
+        for c in calls:
+            total += self.call_s[c.index]
+            compute += self.call_compute_s[c.index]
+        memory = total - compute
+        prefix = f"{path}." if path else ""
+        comm = sum(t for m, t in self.comm_by_module.items() if m == path or m.startswith(prefix))
+        if comm > max(compute, memory):
+            return total, "comm"
+        if total == 0.0:  # no call ran an op (a container such as a ModuleList): nothing bounds it
+            return total, ""
+        return total, "compute" if compute >= memory else "memory"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def op_seconds(
+    cost: Cost, gpu: GPU, efficiency: Efficiency = EFFICIENCY, floor: float | None = None
+) -> tuple[float, bool]:
+    """The time of one op of ``cost`` on ``gpu``, and whether it is compute-bound; ``floor``:
+    the least time of an op (default ``efficiency.kernel_s``)."""
+    peak, flops, nbytes = cost
+    compute = flops / (gpu.peak(peak) * efficiency.compute) if flops else 0.0
+    memory = nbytes / (gpu.hbm_bytes_per_s * efficiency.memory)
+    least = efficiency.kernel_s if floor is None else floor
+    return max(compute, memory, least), flops > 0 and compute >= memory
+
+
+class _Timer:
+    """Sums the time of cost tables, each distinct cost timed once."""
+
+    def __init__(self, gpu: GPU, efficiency: Efficiency) -> None:
+        self.gpu, self.efficiency = gpu, efficiency
+        self.floor = efficiency.kernel_s
+        self.known: dict[Cost, tuple[float, bool]] = {}
+        self.flops_by_peak: dict[str, int] = {}
+
+    def seconds(self, costs: Mapping[Cost, int]) -> tuple[float, float]:
+        """(time, its compute-bound part) of ``costs`` (``{cost: count}``)."""
+        total = compute = 0.0
+        known, by_peak = self.known, self.flops_by_peak
+        for cost, n in costs.items():
+            timed = known.get(cost)
+            if timed is None:
+                timed = known[cost] = op_seconds(cost, self.gpu, self.efficiency, self.floor)
+            t = timed[0] * n
+            total += t
+            if timed[1]:
+                compute += t
+            if cost[1]:
+                by_peak[cost[0]] = by_peak.get(cost[0], 0) + cost[1] * n
+        return total, compute
+
+
+def collective_seconds(
+    comm: CommLike, gpu: GPU, inner: int = 1, efficiency: Efficiency = EFFICIENCY
+) -> float:
+    """The time of one collective on ``gpu`` (ring formulas; see the module docstring).
+    ``inner``: the tensor-parallel degree, the distance between an FSDP group's ranks."""
+    p = comm.group_size
+    if p <= 1 or comm.bytes <= 0:
+        return 0.0
+    stride = inner if comm.group == "fsdp" else 1
+    if p * stride <= gpu.gpus_per_node:
+        bandwidth = gpu.nvlink_bytes_per_s / 2
+    else:
+        bandwidth = gpu.network_bytes_per_s
+    share = _RING.get(comm.collective, lambda p: 1.0)(p)
+    return share * comm.bytes / (bandwidth * efficiency.link) + efficiency.collective_s
+
+
+def step_time(
+    calls: Sequence[CallRecord],
+    outside: Mapping[str, Mapping[Cost, int]],
+    comms: Sequence[CommLike],
+    gpu: GPU,
+    flops: int,
+    tokens: int | None = None,
+    samples: int | None = None,
+    data_parallel: int = 1,
+    efficiency: Efficiency = EFFICIENCY,
+) -> StepTime:
+    """The :class:`StepTime` of a trace's ``calls`` and ops ``outside`` calls (by phase), with
+    its collectives ``comms``, on ``gpu``.
+
+    ``flops``: the FLOPs ``mfu`` counts (the analysis' ``total_flops``); ``tokens`` /
+    ``samples``: what one rank's step processes; ``data_parallel``: the ranks processing other
+    data (FSDP's degree).
+    """
+    timer = _Timer(gpu, efficiency)
+    n = len(calls)
+    call_s, call_compute = [0.0] * n, [0.0] * n
+    phases = {_FORWARD: 0.0, _BACKWARD: 0.0, _OPTIMIZER: 0.0}
+    for c in calls:
+        f, fc = timer.seconds(c.costs)
+        b, bc = timer.seconds(c.backward_costs)
+        phases[_FORWARD] += f
+        phases[_BACKWARD] += b
+        call_s[c.index] += f + b
+        call_compute[c.index] += fc + bc
+    for c in reversed(calls):  # a sub-call starts after its parent: children come first
+        if c.parent >= 0:
+            call_s[c.parent] += call_s[c.index]
+            call_compute[c.parent] += call_compute[c.index]
+    outside_s = 0.0
+    optimizer = _Timer(gpu, efficiency)
+    optimizer.floor = 0.0  # the trace steps one parameter at a time; a GPU run, all at once
+    for phase, costs in outside.items():
+        t, _ = (optimizer if phase == _OPTIMIZER else timer).seconds(costs)
+        phases[phase] = phases.get(phase, 0.0) + t
+        outside_s += t
+    comm_s, exposed, by_module = _communication(comms, gpu, efficiency, phases)
+    compute_s = sum(phases.values())
+    step_s = compute_s + exposed
+    peak = _peak(timer.flops_by_peak, gpu)  # the optimizer's FLOPs (none counted) left out
+    job = max(1, data_parallel)
+    return StepTime(
+        gpu=gpu,
+        forward_s=phases[_FORWARD],
+        backward_s=phases[_BACKWARD],
+        optimizer_s=compute_s - phases[_FORWARD] - phases[_BACKWARD],
+        comm_s=comm_s,
+        exposed_comm_s=exposed,
+        step_s=step_s,
+        flops=flops,
+        peak_flops=peak,
+        mfu=flops / (step_s * peak) if step_s > 0 else 0.0,
+        tokens_per_s=tokens * job / step_s if tokens and step_s > 0 else None,
+        samples_per_s=samples * job / step_s if samples and step_s > 0 else None,
+        outside_s=outside_s,
+        call_s=tuple(call_s),
+        call_compute_s=tuple(call_compute),
+        comm_by_module=by_module,
+        efficiency=efficiency,
+    )
+
+
+def _communication(
+    comms: Sequence[CommLike], gpu: GPU, efficiency: Efficiency, compute: Mapping[str, float]
+) -> tuple[float, float, dict[str, float]]:
+    """(all collectives' time, the exposed part, time by module served) under the overlap rule
+    of the module docstring."""
+    inner = max((c.group_size for c in comms if c.group == "tp"), default=1)
+    overlapped: dict[str, float] = {}
+    blocking = 0.0
+    total = 0.0
+    by_module: dict[str, float] = {}
+    for c in comms:
+        t = collective_seconds(c, gpu, inner, efficiency)
+        total += t
+        by_module[c.module] = by_module.get(c.module, 0.0) + t
+        if c.group in _BLOCKING or c.phase not in compute:
+            blocking += t
+        else:
+            overlapped[c.phase] = overlapped.get(c.phase, 0.0) + t
+    exposed = blocking + sum(max(0.0, t - compute[p]) for p, t in overlapped.items())
+    return total, exposed, by_module
+
+
+def _peak(flops_by_peak: Mapping[str, int], gpu: GPU) -> float:
+    """The dense peak of the precision that ran the most FLOPs (BF16's when none ran)."""
+    if not flops_by_peak:
+        return gpu.peak("bf16")
+    kind = max(flops_by_peak.items(), key=lambda item: item[1])[0]
+    return gpu.peak(kind)
+
+
+def tokens_of(inputs: Iterable[Any], micro_batches: int = 1) -> tuple[int | None, int | None]:
+    """(tokens, samples) one rank's step processes: the first integer input of two or more
+    dimensions holds tokens (batch x sequence; None without one), the first input's first
+    dimension is the batch; each times ``micro_batches``."""
+    tokens = samples = None
+    for t in inputs:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if samples is None and t.dim() >= 1:
+            samples = int(t.shape[0]) * micro_batches
+        if (
+            tokens is None
+            and t.dim() >= 2
+            and not t.is_floating_point()
+            and not t.is_complex()
+            and t.dtype is not torch.bool
+        ):
+            tokens = t.numel() * micro_batches
+    return tokens, samples

@@ -1,0 +1,207 @@
+"""What each aten op costs: the numbers a time model needs after the trace
+(``meta_widget.timing``).
+
+For every op that runs a kernel the recorder credits one *cost* to the call (and phase) that owns
+it, the way it credits FLOPs: a tuple ``(peak, flops, bytes)``, kept per call as
+``{cost: count}`` (an 80-layer decoder repeats the same few dozen costs; a replayed tape and an
+op cache hit credit the cost the first run recorded):
+
+- ``peak``: which of the accelerator's peaks the op's FLOPs run at, from the dtype of its first
+  tensor argument: ``"fp32"``, ``"tf32"`` (a convolution in float32: cuDNN allows TF32 by
+  default, ``torch.backends.cudnn.allow_tf32``; a float32 matmul does not,
+  ``torch.backends.cuda.matmul.allow_tf32`` is off by default), ``"bf16"``, ``"fp16"``,
+  ``"fp8"``, ``"fp64"``, ``"int8"``; ``""`` for an op without FLOPs.
+- ``flops``: the FLOPs the kernel executes: ``FlopCounterMode``'s count, except fused attention
+  (flash, memory-efficient, cuDNN, the CPU flash kernel) with ``is_causal=True``, which skips the
+  masked blocks: half of its count. The FLOPs the analysis reports stay ``FlopCounterMode``'s.
+- ``bytes``: the bytes the op reads and writes: every tensor argument's and output's
+  ``numel * element_size`` (a DTensor's local shard in a parallel trace).
+
+Views and metadata ops cost nothing and record nothing: ops whose outputs alias their inputs
+(``view``, ``transpose``, ``expand``, ``detach``, ...; the op cache's ``"view"`` bypass), ops
+that only change metadata (``transpose_``, ``resize_``), allocation-only ops (``empty``,
+``empty_strided``, ``new_empty``), ops that return no tensor (``sym_size``, ``item``), and
+collectives (``c10d``, ``_c10d_functional``: their time comes from the trace's collectives).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .storage import local
+
+__all__ = ["PEAK_OF_DTYPE", "Cost", "causal_index", "is_convolution", "is_free", "op_cost"]
+
+#: (peak class, executed FLOPs, bytes read and written)
+Cost = tuple[str, int, int]
+
+aten = torch.ops.aten
+_Tensor = torch.Tensor
+_SEQUENCES = (list, tuple)
+
+#: the peak class of FLOPs by the dtype of the op's first tensor argument
+PEAK_OF_DTYPE: dict[torch.dtype, str] = {
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.int8: "int8",
+    torch.uint8: "int8",
+    **{
+        getattr(torch, name): "fp8"
+        for name in (
+            "float8_e4m3fn",
+            "float8_e4m3fnuz",
+            "float8_e5m2",
+            "float8_e5m2fnuz",
+            "float8_e8m0fnu",
+        )
+        if hasattr(torch, name)
+    },
+}
+
+#: convolutions: float32 runs at the TF32 peak (cuDNN's default ``allow_tf32=True``)
+_CONVOLUTIONS = frozenset(
+    {
+        aten.convolution,
+        aten._convolution,
+        aten.convolution_backward,
+        aten.cudnn_convolution,
+        aten.cudnn_convolution_transpose,
+    }
+)
+
+#: fused attention kernels whose ``is_causal`` skips the masked blocks
+_CAUSAL_SKIPPING = frozenset(
+    {
+        aten._scaled_dot_product_flash_attention,
+        aten._scaled_dot_product_flash_attention_backward,
+        aten._scaled_dot_product_efficient_attention,
+        aten._scaled_dot_product_efficient_attention_backward,
+        aten._scaled_dot_product_cudnn_attention,
+        aten._scaled_dot_product_cudnn_attention_backward,
+        aten._scaled_dot_product_flash_attention_for_cpu,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    }
+)
+
+#: ops that allocate and write nothing a kernel computes
+_ALLOCATIONS = frozenset(
+    {
+        aten.empty,
+        aten.empty_like,
+        aten.empty_strided,
+        aten.new_empty,
+        aten.new_empty_strided,
+        aten.lift_fresh,
+        aten.lift_fresh_copy,
+    }
+)
+
+
+#: namespaces of collectives: their time is the communication model's (``a.comm_records``)
+_COLLECTIVES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd"})
+
+
+def is_free(func: Any, bypass: str | None, view: str) -> bool:
+    """Whether ``func`` costs nothing here: a view (``bypass`` is the op cache's ``view``
+    reason), an op changing metadata in place (``transpose_``), an allocation only, or a
+    collective (timed from the trace's collectives, not as a kernel)."""
+    return (
+        bypass == view
+        or torch.Tag.inplace_view in func.tags
+        or func._overloadpacket in _ALLOCATIONS
+        or func.namespace in _COLLECTIVES
+    )
+
+
+def causal_index(func: Any) -> int | None:
+    """The position of ``is_causal`` in the schema of a fused attention kernel that skips masked
+    blocks, or None (any other op)."""
+    if func._overloadpacket not in _CAUSAL_SKIPPING:
+        return None
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.name == "is_causal":
+            return i
+    return None
+
+
+def is_convolution(func: Any) -> bool:
+    return func._overloadpacket in _CONVOLUTIONS
+
+
+def op_cost(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
+    flops: int,
+    causal: int | None,
+    convolution: bool,
+    on_local: bool,
+) -> Cost | None:
+    """The cost of one op that ran (see the module docstring), or None: it returned no tensor.
+
+    ``causal``: the position of ``is_causal`` (:func:`causal_index`); ``convolution``: float32
+    runs at the TF32 peak; ``on_local``: count a DTensor's local shard (a parallel trace).
+    """
+    size = _local_bytes if on_local else _bytes
+    written = size((out,))
+    if written < 0:
+        return None
+    read = max(size(args), 0)
+    if kwargs:
+        read += max(size(tuple(kwargs.values())), 0)
+    if not flops:
+        return ("", 0, read + written)
+    if causal is not None and _is_causal(args, kwargs, causal):
+        flops //= 2
+    first = _first_tensor(args)
+    peak = PEAK_OF_DTYPE.get(first.dtype, "fp32") if first is not None else "fp32"
+    if convolution and peak == "fp32":
+        peak = "tf32"
+    return (peak, flops, read + written)
+
+
+def _is_causal(args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> bool:
+    value = args[index] if len(args) > index else kwargs.get("is_causal", False)
+    return value is True
+
+
+def _first_tensor(args: tuple[Any, ...]) -> torch.Tensor | None:
+    for a in args:
+        if isinstance(a, _Tensor):
+            return a
+        if type(a) in _SEQUENCES:
+            for b in a:
+                if isinstance(b, _Tensor):
+                    return b
+    return None
+
+
+def _bytes(values: tuple[Any, ...]) -> int:
+    """Bytes of the tensors among ``values`` (one level of lists inside); -1 if there is none."""
+    n, seen = 0, False
+    for v in values:
+        if isinstance(v, _Tensor):
+            n += v.nbytes
+            seen = True
+        elif type(v) in _SEQUENCES:
+            for w in v:
+                if isinstance(w, _Tensor):
+                    n += w.nbytes
+                    seen = True
+    return n if seen else -1
+
+
+def _local_bytes(values: tuple[Any, ...]) -> int:
+    """:func:`_bytes` of the local shards of DTensors."""
+    n, seen = 0, False
+    for v in values:
+        items = v if type(v) in _SEQUENCES else (v,)
+        for w in items:
+            if isinstance(w, _Tensor):
+                n += local(w).nbytes
+                seen = True
+    return n if seen else -1
