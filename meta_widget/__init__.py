@@ -30,6 +30,7 @@ __all__ = [
     "FitError",
     "InputError",
     "InsufficientMemoryError",
+    "LayoutError",
     "MaterializeError",
     "MetaValueNeeded",
     "MetaWidget",
@@ -39,6 +40,7 @@ __all__ = [
     "OptionTypeError",
     "Options",
     "ParallelError",
+    "Plan",
     "PlanError",
     "SourceError",
     "Sweep",
@@ -54,6 +56,7 @@ __all__ = [
     "load_ipython_extension",
     "materialize",
     "max_fit",
+    "plan",
     "plan_checkpointing",
     "register_bound",
     "register_explanation",
@@ -85,6 +88,7 @@ _WHERE = {
     "OptionError": "options",
     "OptionTypeError": "options",
     "InputError": "options",
+    "LayoutError": "options",
     "SourceError": "sources.models",
     "ConcurrentTraceError": "trace.passes",
     "EstimateError": "views.estimates",
@@ -110,6 +114,8 @@ _WHERE = {
     "plan_checkpointing": "explore.checkpointing",
     "CheckpointPlan": "explore.checkpointing",
     "PlanError": "explore.checkpointing",
+    "plan": "explore.plan",
+    "Plan": "explore.plan",
 }
 
 if TYPE_CHECKING:
@@ -125,10 +131,11 @@ if TYPE_CHECKING:
     from .explore.checkpointing import CheckpointPlan, PlanError, plan_checkpointing
     from .explore.comparison import Comparison, compare
     from .explore.fit import Fit, FitError, NothingFitsError, max_fit
+    from .explore.plan import Plan, plan
     from .explore.sweeps import Sweep, sweep
     from .magics import load_ipython_extension, unload_ipython_extension
     from .materialize import InsufficientMemoryError, MaterializeError, materialize
-    from .options import InputError, OptionError, Options, OptionTypeError, TraceSpec
+    from .options import InputError, LayoutError, OptionError, Options, OptionTypeError, TraceSpec
     from .sources.models import SourceError, register_source
     from .timing.gpus import GPU, gpus
     from .trace.assume import MetaValueNeeded

@@ -48,7 +48,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_map_only
 
 from ..errors import MetaWidgetError
-from ..options import OptionError, ParallelPlan, TraceSpec
+from ..options import LayoutError, ParallelPlan, TraceSpec
 from ..trace.callstack import Listener
 from ..trace.passes import Trace, trace
 from ..trace.recorder import Recorder
@@ -281,14 +281,15 @@ def check_world(plan: ParallelPlan, module: nn.Module) -> None:
     The tensor-parallel plan and ``blocks`` are resolved here too (``ParallelError`` when they
     cannot be), so that every mistake is found before the process group is made.
 
-    Raises ``OptionError`` (the sizes themselves are bounded by ``options.check_parallel``).
+    Raises ``LayoutError``, an ``OptionError`` (the sizes themselves are bounded by
+    ``options.check_parallel``).
     """
     name = type(module).__name__
     if plan.tp > 1:
         tp_plan(module, plan)
         for field, heads in _head_counts(module) if plan.tp_plan is None else ():
             if heads % plan.tp:
-                raise OptionError(
+                raise LayoutError(
                     f"parallel tp={plan.tp} does not divide the {heads} heads of {name} "
                     f"(config.{field}): tensor parallelism gives each rank heads / tp whole "
                     f"heads. Give a tp that divides {heads}, e.g. tp={_divisor(heads, plan.tp)}."
@@ -297,7 +298,7 @@ def check_world(plan: ParallelPlan, module: nn.Module) -> None:
         fsdp_blocks(module, plan.blocks)
         rows = max((p.shape[0] for p in module.parameters() if p.ndim), default=0)
         if rows and plan.fsdp > rows:
-            raise OptionError(
+            raise LayoutError(
                 f"parallel fsdp={plan.fsdp} is more ranks than the {rows} rows of the largest "
                 f"parameter of {name}: FSDP2 shards each parameter's first dimension, so "
                 f"past {rows} ranks every rank holds one row at most and the others only "

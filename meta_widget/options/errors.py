@@ -24,6 +24,11 @@ class OptionTypeError(OptionError, TypeError):
     """An argument of the wrong type (also a ``TypeError``)."""
 
 
+class LayoutError(OptionError):
+    """A ``parallel=`` layout the model cannot take (a ``tp`` that does not divide its heads,
+    an ``fsdp`` past the rows of its largest parameter), found before any process group."""
+
+
 class InputError(OptionError):
     """The inputs given to ``analyze`` cannot be turned into model arguments."""
 

@@ -1,0 +1,388 @@
+"""``plan``: the fastest configuration of a model that fits an accelerator's memory.
+
+Every candidate is a combination of
+
+- a *layout*: an FSDP degree and a TP degree whose product is ``devices`` (every device used;
+  TP only where the model allows it: a degree ``analyze`` refuses up front, with an
+  ``OptionError`` or ``ParallelError``, is recorded with its reason and skipped);
+- *activation checkpointing* (training only): off, or every block (``True``);
+- *precision*: as given (the model's own dtype), ``autocast`` bf16, or ``param_dtype`` bf16;
+- *micro-batches* (training only): 1, and 2 (the optimizer step and, under FSDP, the
+  parameter gathers are shared by twice the tokens).
+
+Each is traced with ``analyze(..., gpu=gpu, parallel=...)``: its ``peak_bytes`` is rank 0's
+traced peak, never a formula, and its ``step_s``, ``mfu`` and ``tokens_per_s`` are
+``Analysis.time``'s. Analyses are cached by candidate, so one asked for twice is traced once.
+The fastest candidate that fits is the one with the most tokens per second (samples per second
+for inputs that are not tokens; the shortest step when neither is known).
+
+Replicated data-parallel groups (HSDP: ``devices / (fsdp * tp)`` replicas) are not candidates:
+``analyze`` does not trace them yet, and every number here is traced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ..analysis import Analysis, analyze
+from ..distributed.parallel import ParallelError
+from ..options import LayoutError, OptionError, OptionTypeError, check_budget
+from ..timing.gpus import GPU, resolve_gpu
+from ..units import format_bytes
+from .fit import NothingFitsError
+from .sweeps import ProgressFn, progress_function
+
+__all__ = ["Candidate", "Plan", "plan"]
+
+#: the precisions tried: name -> the options of ``analyze`` that give it
+PRECISIONS: dict[str, dict[str, Any]] = {
+    "as given": {},
+    "autocast bf16": {"autocast": "bfloat16"},
+    "param_dtype bf16": {"param_dtype": "bfloat16"},
+}
+#: options ``plan`` sets itself
+_OWN_OPTIONS = (
+    "parallel",
+    "activation_checkpointing",
+    "autocast",
+    "param_dtype",
+    "micro_batches",
+    "widget",
+    "gpu",
+)
+#: the columns of ``Plan.to_dataframe()``
+COLUMNS = (
+    "fsdp",
+    "tp",
+    "activation_checkpointing",
+    "precision",
+    "micro_batches",
+    "peak_bytes",
+    "fits",
+    "step_s",
+    "mfu",
+    "tokens_per_s",
+    "samples_per_s",
+    "error",
+)
+_MODES = ("training", "inference")
+
+
+@dataclass
+class Candidate:
+    """One configuration :func:`plan` traced (or could not).
+
+    Attributes
+    ----------
+    fsdp, tp
+        The layout: FSDP and tensor-parallel degrees (``fsdp * tp`` devices).
+    activation_checkpointing
+        Whether every block is checkpointed.
+    precision
+        ``"as given"``, ``"autocast bf16"`` or ``"param_dtype bf16"``.
+    micro_batches
+        Forward and backward passes per optimizer step.
+    peak_bytes
+        Rank 0's traced peak; None when the candidate could not be traced.
+    fits
+        ``peak_bytes <= budget`` (False when not traced).
+    step_s, mfu, tokens_per_s, samples_per_s
+        ``analysis.time``'s; None when not traced (``tokens_per_s`` also for inputs that are
+        not tokens).
+    error
+        Why the candidate was not traced or its trace failed; None otherwise.
+    analysis
+        The traced :class:`~meta_widget.Analysis`; None when ``analyze`` refused the layout.
+    """
+
+    fsdp: int
+    tp: int
+    activation_checkpointing: bool
+    precision: str
+    micro_batches: int
+    peak_bytes: int | None = None
+    fits: bool = False
+    step_s: float | None = None
+    mfu: float | None = None
+    tokens_per_s: float | None = None
+    samples_per_s: float | None = None
+    error: str | None = None
+    analysis: Analysis | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> tuple[int, int, bool, str, int]:
+        """What identifies the candidate: layout, checkpointing, precision, micro-batches."""
+        return (
+            self.fsdp,
+            self.tp,
+            self.activation_checkpointing,
+            self.precision,
+            self.micro_batches,
+        )
+
+    def options(self) -> dict[str, Any]:
+        """The options of ``analyze`` that give this candidate (besides the plan's own)."""
+        parallel = {name: n for name, n in (("fsdp", self.fsdp), ("tp", self.tp)) if n > 1}
+        return {
+            "parallel": parallel or None,
+            "activation_checkpointing": self.activation_checkpointing,
+            "micro_batches": self.micro_batches,
+            **PRECISIONS[self.precision],
+        }
+
+    def row(self) -> dict[str, Any]:
+        """The candidate as a row of ``Plan.to_dataframe()``."""
+        return {c: getattr(self, c) for c in COLUMNS}
+
+
+@dataclass
+class Plan:
+    """The answer of :func:`plan`: every candidate traced, and the fastest that fits.
+
+    Attributes
+    ----------
+    candidates
+        Every :class:`Candidate`, in the order tried.
+    budget
+        The memory budget per device, in bytes.
+    gpu
+        The accelerator the times are for.
+    devices
+        The number of devices.
+    mode
+        ``"training"`` or ``"inference"``.
+    """
+
+    candidates: list[Candidate]
+    budget: int
+    gpu: GPU
+    devices: int
+    mode: str
+
+    @property
+    def best(self) -> Candidate:
+        """The fastest candidate that fits: the most ``tokens_per_s`` (``samples_per_s`` for
+        inputs that are not tokens; else the least ``step_s``), the first of equals. A
+        ``Candidate`` (``meta_widget.explore.plan``): the columns of ``to_dataframe()`` as
+        attributes, and ``analysis``, the candidate traced.
+
+        Raises
+        ------
+        NothingFitsError
+            When no candidate fits the budget.
+        """
+        fitting = [c for c in self.candidates if c.fits]
+        if not fitting:
+            raise _nothing_fits(self)
+        return max(fitting, key=_speed)
+
+    @property
+    def traces(self) -> int:
+        """How many candidates were traced."""
+        return sum(c.analysis is not None for c in self.candidates)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per candidate: ``fsdp``, ``tp``, ``activation_checkpointing``,
+        ``precision``, ``micro_batches``, ``peak_bytes``, ``fits``, ``step_s``, ``mfu``,
+        ``tokens_per_s``, ``samples_per_s``, ``error``."""
+        return pd.DataFrame([c.row() for c in self.candidates], columns=list(COLUMNS))
+
+    def __repr__(self) -> str:
+        fits = sum(c.fits for c in self.candidates)
+        head = (
+            f"<Plan {len(self.candidates)} candidates on {self.devices} x {self.gpu.name}, "
+            f"{fits} fit {format_bytes(self.budget)}"
+        )
+        if not fits:
+            return head + ">"
+        b = self.best
+        return (
+            f"{head}; best fsdp={b.fsdp} tp={b.tp} checkpointing={b.activation_checkpointing} "
+            f"{b.precision} micro_batches={b.micro_batches}: {format_bytes(b.peak_bytes or 0)}, "
+            f"step {b.step_s:.4g} s>"
+        )
+
+
+def plan(
+    model: Any,
+    input_size: Any = None,
+    *,
+    gpu: str | GPU,
+    devices: int = 1,
+    budget: int | str | None = None,
+    mode: str = "training",
+    input_data: Any = None,
+    progress: bool | ProgressFn = False,
+    **analyze_options: Any,
+) -> Plan:
+    """The fastest configuration of ``model`` that fits ``budget`` on ``devices`` GPUs, every
+    candidate traced.
+
+    The candidates and how they are compared: the docstring of ``meta_widget.explore.plan``.
+
+    Parameters
+    ----------
+    model, input_size, input_data
+        As for ``analyze``; the batch given is the batch of one rank (of one micro-batch).
+    gpu
+        A name of ``mw.gpus()`` or an ``mw.GPU(...)``: the times, and the default budget.
+    devices
+        How many GPUs: the layouts are the FSDP x TP degrees whose product is ``devices``.
+    budget
+        Bytes per device (an int) or a size with a unit (``"80GiB"``, ``"80GB"``); default the
+        GPU's ``memory_bytes``.
+    mode
+        ``"training"`` (default) or ``"inference"`` (no checkpointing or micro-batch
+        candidates).
+    progress
+        ``True``: a text line per candidate on standard error; or a function
+        ``(done, total, text)``.
+    **analyze_options
+        Other options of ``analyze`` (``optimizer``, ``device``, ``dtypes``...); ``plan`` sets
+        ``parallel``, ``activation_checkpointing``, ``autocast``, ``param_dtype`` and
+        ``micro_batches`` itself.
+
+    Returns
+    -------
+    Plan
+        ``to_dataframe()`` has a row per candidate; ``best`` the fastest that fits, with its
+        ``analysis``.
+
+    Raises
+    ------
+    OptionError
+        For a gpu, devices, budget, mode or options that cannot be used.
+    NothingFitsError
+        From ``Plan.best``, when no candidate fits (``plan`` itself returns every row).
+    """
+    accelerator = resolve_gpu(gpu)
+    limit = accelerator.memory_bytes if budget is None else check_budget(budget)
+    _check(devices, mode, analyze_options)
+    report = progress_function(progress, "plan")
+    todo = candidates(devices, mode)
+    refused: dict[tuple[int, int], str] = {}  # layouts analyze refused, and why
+    cache: dict[tuple[Any, ...], Analysis] = {}
+    done: list[Candidate] = []
+
+    def run(options: dict[str, Any]) -> Analysis:
+        return analyze(
+            model,
+            input_size,
+            input_data=input_data,
+            mode=mode,
+            gpu=accelerator,
+            **options,
+            **analyze_options,
+        )
+
+    for i, c in enumerate(todo):
+        if report is not None:
+            report(i, len(todo), _label(c))
+        _trace(c, refused, cache, limit, run)
+        done.append(c)
+    if report is not None:
+        report(len(todo), len(todo), f"{len(cache)} traced")
+    return Plan(done, limit, accelerator, devices, mode)
+
+
+def candidates(devices: int, mode: str = "training") -> list[Candidate]:
+    """The candidates :func:`plan` tries on ``devices`` GPUs in ``mode``, not yet traced:
+    FSDP-first layouts (``fsdp * tp == devices``), then checkpointing, precision and
+    micro-batches."""
+    training = mode == "training"
+    layouts = [(devices // tp, tp) for tp in range(1, devices + 1) if devices % tp == 0]
+    return [
+        Candidate(fsdp, tp, checkpointing, precision, micro)
+        for fsdp, tp in layouts
+        for checkpointing in ((False, True) if training else (False,))
+        for precision in PRECISIONS
+        for micro in ((1, 2) if training else (1,))
+    ]
+
+
+def _trace(
+    c: Candidate,
+    refused: dict[tuple[int, int], str],
+    cache: dict[tuple[Any, ...], Analysis],
+    budget: int,
+    run: Callable[[dict[str, Any]], Analysis],
+) -> None:
+    """Trace ``c`` (once per key) and fill in its numbers, or record why it was not traced."""
+    layout = (c.fsdp, c.tp)
+    if layout in refused:
+        c.error = refused[layout]
+        return
+    if c.key not in cache:
+        try:
+            cache[c.key] = run(c.options())
+        except (OptionError, ParallelError) as e:
+            if not _is_layout(e):
+                raise
+            refused[layout] = c.error = f"{type(e).__name__}: {e}"
+            return
+    a = cache[c.key]
+    c.analysis = a
+    if a.error is not None:
+        c.error = f"{a.error.type}: {a.error.message}"
+        return
+    c.peak_bytes = int(a.peak_bytes)
+    c.fits = c.peak_bytes <= budget
+    time = a.time
+    if time is not None:
+        c.step_s, c.mfu = float(time.step_s), float(time.mfu)
+        c.tokens_per_s, c.samples_per_s = time.tokens_per_s, time.samples_per_s
+
+
+def _is_layout(error: Exception) -> bool:
+    """Whether ``analyze`` refused the parallel layout (not another option)."""
+    return isinstance(error, (ParallelError, LayoutError))
+
+
+def _speed(c: Candidate) -> tuple[int, float]:
+    """Larger is faster: tokens per second, else samples per second, else minus the step."""
+    if c.tokens_per_s is not None:
+        return (2, c.tokens_per_s)
+    if c.samples_per_s is not None:
+        return (1, c.samples_per_s)
+    return (0, -(c.step_s if c.step_s is not None else float("inf")))
+
+
+def _check(devices: Any, mode: Any, options: dict[str, Any]) -> None:
+    """``devices`` a positive int, ``mode`` known, none of the options ``plan`` sets."""
+    if isinstance(devices, bool) or not isinstance(devices, int):
+        raise OptionTypeError(f"devices must be an int (how many GPUs), not {devices!r}")
+    if not 1 <= devices <= 16_384:
+        raise OptionError(f"devices={devices} must be between 1 and 16,384.")
+    if mode not in _MODES:
+        raise OptionError(f"plan: mode={mode!r} must be one of {', '.join(_MODES)}.")
+    given = sorted(set(options) & set(_OWN_OPTIONS))
+    if given:
+        raise OptionError(
+            f"plan chooses {given} itself; leave them out (gpu= and devices= are plan's own "
+            "arguments)."
+        )
+
+
+def _label(c: Candidate) -> str:
+    return (
+        f"fsdp={c.fsdp} tp={c.tp} ckpt={c.activation_checkpointing} {c.precision} "
+        f"mb={c.micro_batches}"
+    )
+
+
+def _nothing_fits(p: Plan) -> NothingFitsError:
+    peaks = [c.peak_bytes for c in p.candidates if c.peak_bytes is not None]
+    smallest = (
+        f"the smallest traced peak is {format_bytes(min(peaks))} ({min(peaks):,} bytes)"
+        if peaks
+        else "no candidate could be traced (see Plan.to_dataframe()['error'])"
+    )
+    return NothingFitsError(
+        f"plan: none of the {len(p.candidates)} candidates on {p.devices} x {p.gpu.name} fits "
+        f"the budget of {format_bytes(p.budget)} ({p.budget:,} bytes) per device; {smallest}. "
+        "Try more devices, a smaller batch or sequence, or a larger budget."
+    )

@@ -1,0 +1,157 @@
+"""``mw.plan``: the best candidate is the fastest row that fits, checked against the rows and
+against its configuration traced again here with ``mw.analyze``; layouts the model does not
+allow are recorded and skipped; nothing fitting and bad arguments are errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import meta_widget as mw
+
+transformers = pytest.importorskip("transformers")
+
+PRECISION_OPTIONS: dict[str, dict[str, Any]] = {
+    "as given": {},
+    "autocast bf16": {"autocast": torch.bfloat16},
+    "param_dtype bf16": {"param_dtype": torch.bfloat16},
+}
+
+
+def tiny_llama() -> Any:
+    return transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(64, 64) for _ in range(3)])
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.head(x)
+
+
+def reanalyze(model: Any, size: Any, row: Any, **options: Any) -> mw.Analysis:
+    """``row``'s configuration traced again with ``mw.analyze`` (options spelled here)."""
+    parallel = {k: int(row[k]) for k in ("fsdp", "tp") if int(row[k]) > 1}
+    return mw.analyze(
+        model,
+        size,
+        mode="training",
+        gpu="H100",
+        parallel=parallel or None,
+        activation_checkpointing=bool(row["activation_checkpointing"]),
+        micro_batches=int(row["micro_batches"]),
+        **PRECISION_OPTIONS[row["precision"]],
+        **options,
+    )
+
+
+def check_best(p: Any, model: Any, size: Any, rate: str) -> None:
+    """``p.best`` fits, no fitting row is faster, and its configuration re-traced agrees."""
+    df = p.to_dataframe()
+    traced = df[df["peak_bytes"].notna()]
+    assert (traced["fits"] == (traced["peak_bytes"] <= p.budget)).all()
+    fitting = df[df["fits"]]
+    assert len(fitting) and (~df["fits"]).any()  # the budget separates the candidates
+    best = p.best
+    assert best.fits and best.analysis is not None
+    assert getattr(best, rate) == fitting[rate].max()
+    row = next(r for _, r in df.iterrows() if r[rate] == getattr(best, rate) and r["fits"])
+    again = reanalyze(model, size, row)
+    assert again.error is None
+    assert again.peak_bytes == best.peak_bytes <= p.budget
+    assert getattr(again.time, rate) == pytest.approx(getattr(best, rate))
+    assert not (fitting[rate] > getattr(again.time, rate) * (1 + 1e-9)).any()
+
+
+def test_best_is_the_fastest_row_that_fits_llama() -> None:
+    cfg, size = tiny_llama(), (2, 16)
+    # a budget the plain fp32 step does not fit (traced here, independently of plan)
+    plain = mw.analyze(cfg, size, mode="training", gpu="H100")
+    budget = plain.peak_bytes - 1
+    p = mw.plan(cfg, size, gpu="H100", devices=1, budget=budget)
+    df = p.to_dataframe()
+    assert len(df) == 12  # 1 layout x 2 checkpointing x 3 precisions x 2 micro-batches
+    plain_row = df[(df["precision"] == "as given") & ~df["activation_checkpointing"]]
+    plain_row = plain_row[plain_row["micro_batches"] == 1]
+    assert int(plain_row["peak_bytes"].iloc[0]) == plain.peak_bytes
+    assert not bool(plain_row["fits"].iloc[0])
+    check_best(p, cfg, size, "tokens_per_s")
+
+
+def test_layout_the_model_does_not_allow_is_skipped_with_its_reason() -> None:
+    size = (4, 64)
+    p = mw.plan(MLP, size, gpu="H100", devices=2, budget=10**9)
+    df = p.to_dataframe()
+    tp = df[df["tp"] == 2]
+    assert len(tp) == 12 and not tp["fits"].any() and tp["peak_bytes"].isna().all()
+    assert tp["error"].str.contains("ParallelError").all()
+    fsdp = df[df["fsdp"] == 2]
+    assert fsdp["error"].isna().all() and fsdp["fits"].all()
+    assert df["tokens_per_s"].isna().all()  # float inputs: samples per second
+    best = p.best
+    assert best.fsdp == 2 and best.samples_per_s == fsdp["samples_per_s"].max()
+
+
+def test_budget_separates_mlp_candidates() -> None:
+    size = (4, 64)
+    plain = mw.analyze(MLP, size, mode="training", gpu="H100", parallel={"fsdp": 2})
+    p = mw.plan(MLP, size, gpu="H100", devices=2, budget=plain.peak_bytes - 1)
+    check_best(p, MLP, size, "samples_per_s")
+
+
+def test_nothing_fits() -> None:
+    p = mw.plan(MLP, (4, 64), gpu="H100", budget=1024)
+    assert not p.to_dataframe()["fits"].any()
+    with pytest.raises(mw.NothingFitsError, match="none of the 12 candidates"):
+        _ = p.best
+
+
+def test_budget_defaults_to_the_gpu_memory_and_progress_is_reported() -> None:
+    seen: list[tuple[int, int]] = []
+    p = mw.plan(MLP, (4, 64), gpu="L4", progress=lambda d, t, _: seen.append((d, t)))
+    assert p.budget == mw.gpus().loc["L4", "memory_bytes"]
+    assert seen[0] == (0, 12) and seen[-1] == (12, 12)
+    assert p.traces == 12
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"devices": 0},
+        {"devices": "2"},
+        {"devices": True},
+        {"mode": "eval"},
+        {"budget": "lots"},
+        {"budget": -5},
+        {"gpu": "not-a-gpu"},
+        {"parallel": {"fsdp": 2}},
+        {"autocast": torch.bfloat16},
+        {"micro_batches": 2},
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any]) -> None:
+    args: dict[str, Any] = {"gpu": "H100", **kwargs}
+    with pytest.raises(mw.OptionError):
+        mw.plan(MLP, (4, 64), **args)
+
+
+def test_inference_has_no_checkpointing_or_micro_batch_candidates() -> None:
+    p = mw.plan(MLP, (4, 64), gpu="H100", mode="inference")
+    df = p.to_dataframe()
+    assert len(df) == 3 and not df["activation_checkpointing"].any()
+    assert (df["micro_batches"] == 1).all() and df["fits"].all()
