@@ -8,6 +8,7 @@
  * `[]`, so that a partial or newer payload still renders what it can.
  */
 import { decodeComms } from "./comms";
+import { decodeTime } from "./timing";
 import {
   STATUSES,
   VERSION,
@@ -364,6 +365,8 @@ export function decodePayload(raw: unknown): Analysis | null {
     dict,
     comms: decodeComms(raw.comms),
   };
+  const time = decodeTime(raw.time);
+  if (time) a.time = time;
   const c = decodeCallColumns(raw.calls);
   for (let j = 0; j < c.module.length; j++) placeCall(a, decodeCallRow(dict, c, j, j));
   sumBackward(a.calls);

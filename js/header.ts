@@ -7,6 +7,7 @@ import { errorBlock, h } from "./details";
 import { formatBytes, formatCount, formatExact, formatFlops } from "./format";
 import type { Analysis } from "./protocol";
 import { RERUN_WAIT_MS, rerunUnanswered, type Session } from "./session";
+import { stepText, stepTitle } from "./timing";
 import type { Aggregate } from "./tree";
 
 /** The parameter memory shown: its label (the dtype, if not as recorded) and its bytes. */
@@ -101,6 +102,7 @@ function totals(a: Analysis, rootAgg: Aggregate | undefined, params: ParamMemory
       ],
     );
   }
+  if (a.time) items.push(["step", stepText(a.time), stepTitle(a.time)]);
   return items;
 }
 

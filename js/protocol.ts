@@ -7,6 +7,7 @@
  */
 
 import type { Comm } from "./comms";
+import type { StepTime } from "./timing";
 
 export const VERSION = 1;
 
@@ -286,6 +287,8 @@ export interface Analysis {
   dict: Dictionaries;
   /** A parallel trace's collectives (`analyze(..., parallel=...)`, see comms.ts). */
   comms?: Comm[];
+  /** The step time on a GPU (`analyze(..., gpu=...)`, see timing.ts); absent without one. */
+  time?: StepTime;
 }
 
 export interface StartMessage {

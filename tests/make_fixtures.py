@@ -3,7 +3,8 @@
 - ``js/fixtures/gpt2-tiny.json``: the payload of a tiny GPT-2 analysis.
 - ``js/fixtures/gpt2-tiny.messages.json``: the messages streamed while tracing it.
 - ``js/fixtures/failing.json``: the payload of an analysis whose trace failed in a submodule.
-- ``js/fixtures/gpt2-tiny.training.json``: the payload of a training step of the tiny GPT-2.
+- ``js/fixtures/gpt2-tiny.training.json``: the payload of a training step of the tiny GPT-2,
+  timed on an H100 (its ``time``).
 - ``js/fixtures/choices.json``: the fixed name sets (``meta_widget.choices``) the front end's
   constants must equal.
 """
@@ -76,7 +77,9 @@ def samples() -> dict[str, Any]:
         stream.add(rec)
     stream.finish(a)
     failing = mw.analyze(Failing("shape"), input_size=(2, 4))
-    training = mw.analyze(gpt2_config(), input_size=(1, 8), mode="training", optimizer="adamw")
+    training = mw.analyze(
+        gpt2_config(), input_size=(1, 8), mode="training", optimizer="adamw", gpu="H100"
+    )
     return {
         "gpt2-tiny.json": a.to_payload(),
         "gpt2-tiny.messages.json": capture.sent,

@@ -302,3 +302,18 @@ def test_the_recorded_gpt2_sample_agrees_with_torch() -> None:
     root = got["calls"][0]
     assert [t[:2] for t in root["inputs"].values()] == [((1, 8), "int64")]
     assert root["outputs"]["logits"][:2] == (tuple(logits.shape), "float32")
+
+
+def test_the_time_on_a_gpu_is_sent_only_with_gpu_and_equals_the_analysis() -> None:
+    from models import gpt2_config
+
+    import meta_widget as mw
+
+    a = mw.analyze(gpt2_config(), input_size=(1, 8), mode="training", gpu="H100")
+    time = json.loads(json.dumps(a.to_payload()))["time"]
+    assert time["gpu"] == "H100" and time["memory_bytes"] == 80 * 2**30  # H100 SXM: 80 GB HBM3
+    assert time["step_s"] == a.time.step_s and time["mfu"] == a.time.mfu
+    df = a.to_dataframe()
+    assert time["modules"]["time_s"] == df["time_s"].tolist()
+    assert time["modules"]["bound"] == [b if isinstance(b, str) else "" for b in df["bound"]]
+    assert "time" not in mw.analyze(gpt2_config(), input_size=(1, 8)).to_payload()

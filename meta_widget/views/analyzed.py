@@ -69,6 +69,10 @@ class Analyzed(Protocol):
     def options(self) -> Options: ...
 
     @property
+    def time(self) -> Any:
+        """a ``meta_widget.timing.model.StepTime`` (``analyze(..., gpu=)``) or None"""
+
+    @property
     def comm_records(self) -> list[CommRecord]: ...
 
     @property

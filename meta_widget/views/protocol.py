@@ -77,6 +77,11 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "checkpoint": {...} (only with analyze(..., checkpoint=path): CheckpointDiff.to_dict()),
       "comms": {"point": [timeline index], "collective": [...], "bytes": [...], "group": [...],
                 "module": [...], "phase": [...]}  (only with analyze(..., parallel=...)),
+      "time": {"gpu": str, "memory_bytes": int, "step_s", "forward_s", "backward_s",
+               "optimizer_s", "comm_s", "mfu", "tokens_per_s": float | null,
+               "modules": {"time_s": [float], "bound": ["compute" | "memory" | "comm" | ""]}}
+              (only with analyze(..., gpu=...): meta_widget.timing.model.StepTime; per module
+              row, its calls' time forward and backward and what bounds it),
       "notes": [str],
       "assumptions": [{"kind", "op", "value", "module", "call", "file", "line", "code",
                        "count", "site", "stack", "module_type", "backward"}],
@@ -361,7 +366,31 @@ def encode_analysis(a: Analyzed) -> dict[str, Any]:
     payload["assumptions"] = [x.to_dict() for x in a.assumptions]
     if a.checkpoint_diff is not None:
         payload["checkpoint"] = a.checkpoint_diff.to_dict()
+    if a.time is not None:
+        payload["time"] = encode_time(a)
     return payload
+
+
+def encode_time(a: Analyzed) -> dict[str, Any]:
+    """``payload["time"]``: the step time on ``analyze(..., gpu=)``'s GPU (``a.time``, a
+    ``meta_widget.timing.model.StepTime``) and each module row's time and bound."""
+    t = a.time
+    per_module = [t.module(n.path, n.calls) for n in a.modules]
+    return {
+        "gpu": t.gpu.name,
+        "memory_bytes": t.gpu.memory_bytes,
+        "step_s": t.step_s,
+        "forward_s": t.forward_s,
+        "backward_s": t.backward_s,
+        "optimizer_s": t.optimizer_s,
+        "comm_s": t.comm_s,
+        "mfu": t.mfu,
+        "tokens_per_s": t.tokens_per_s,
+        "modules": {
+            "time_s": [seconds for seconds, _ in per_module],
+            "bound": [bound for _, bound in per_module],
+        },
+    }
 
 
 def encode_module_memory(a: Analyzed) -> dict[str, list[Any]]:
