@@ -322,8 +322,10 @@ def unwrapped_meta(module: nn.Module) -> MetaModel:
             memo[id(p)] = nn.Parameter(full, requires_grad=p.requires_grad)
     states = {id(m): _own_state(m) for m in module.modules()}
     # as sources.meta_copy: stand-ins for real tensors and storages, other data shared as it is
-    for key, value in stand_ins(reachable(list(states.values())), {}).items():
-        memo.setdefault(key, value)
+    # (the parameters have theirs already: full-size, not this rank's shards)
+    found = reachable(list(states.values()))
+    found.tensors = [(path, t) for path, t in found.tensors if id(t) not in memo]
+    memo.update(stand_ins(found, {}))
     originals = set(memo)
     for m in module.modules():
         shells[id(m)].__dict__.update(copy.deepcopy(states[id(m)], memo))
