@@ -278,6 +278,7 @@ export class App {
     const sel = s.selectedKey ? (this.rowOfKey.get(s.selectedKey) ?? -1) : -1;
     this.view.setSort(s.sort.column, s.sort.descending);
     this.view.setTraining(this.aggs.some((g) => g.backwardFlops > 0));
+    this.view.setTime(a?.time !== undefined);
     this.view.setRows(this.rows, sel);
     this.toolbar.render(s, treeDepth(this.tree));
     this.renderHeader();

@@ -10,6 +10,7 @@
  */
 import uPlot from "uplot";
 import { barText, barTotal, shownParts, type MemoryBars } from "./bars";
+import { BUDGET_ROOM, axisTop, budgetInView, budgetItem, budgetLegend, drawBudgetLine, type Budget } from "./budget";
 import { BYTE_INCRS, cssVar, palette } from "./charts";
 import { formatBytes } from "./format";
 
@@ -73,7 +74,8 @@ export class MemoryChart {
     }
   }
 
-  setData(bars: MemoryBars, width: number): void {
+  /** Draw `bars`; `budget`: the GPU's memory as a dashed line (see `budget.ts`), or null. */
+  setData(bars: MemoryBars, width: number, budget: Budget | null = null): void {
     this.bars = bars;
     this.plot?.destroy();
     this.plot = null;
@@ -98,6 +100,8 @@ export class MemoryChart {
       bars.modules.map((_m, i) => parts.slice(0, k + 1).reduce((s, x) => s + (bars[x.key][i] ?? 0), 0)),
     );
     const totals = bars.modules.map((_, i) => barTotal(bars, i));
+    const largest = Math.max(0, ...totals);
+    if (budget) this.legend.append(budgetItem(budgetLegend(largest, budget)));
     const xs = bars.modules.map((_, i) => i);
     const self = this;
     const barSeries = (k: number): uPlot.Series => ({
@@ -112,13 +116,15 @@ export class MemoryChart {
     const order = parts.map((_, k) => parts.length - 1 - k);
     const opts: uPlot.Options = {
       width: Math.max(320, width),
-      height: n * BAR_HEIGHT + 50,
+      height: n * BAR_HEIGHT + 50 + (budgetInView(largest, budget) ? BUDGET_ROOM : 0),
+      // room above the bars for the budget line's label
+      ...(budgetInView(largest, budget) ? { padding: [BUDGET_ROOM, null, null, null] as uPlot.Padding } : {}),
       legend: { show: false },
       cursor: { x: false, y: false, drag: { x: false, y: false }, points: { show: false } },
       scales: {
         x: { time: false, ori: 1, dir: -1, range: () => [-0.5, n - 0.5] },
         // room on the right for each bar's total
-        y: { ori: 0, dir: 1, range: (_u, _min, max) => [0, max > 0 ? max * 1.22 : 1] },
+        y: { ori: 0, dir: 1, range: (_u, _min, max) => [0, axisTop(max, budget, 1.22)] },
       },
       axes: [
         {
@@ -178,6 +184,7 @@ export class MemoryChart {
               ctx.fillText(text, u.valToPos(t, "y", true) + 4 * dpr, u.valToPos(i, "x", true));
             });
             ctx.restore();
+            if (budgetInView(largest, budget)) drawBudgetLine(u, "y", budget.bytes, budget.label, p.peak, font);
           },
           (u) => {
             if (self.selected < 0) return;

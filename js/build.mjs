@@ -2,7 +2,7 @@
 //   widget.js      ES module for anywidget (`export default { render }`)
 //   standalone.js  IIFE defining window.metaWidget.renderStandalone(el, payload)
 //   widget.css     styles for both (uPlot's CSS included)
-//   explore.js/css the "what fits" and comparison views (meta_widget/explore_view.py)
+//   explore.js/css the "what fits", comparison and plan views (meta_widget/explore/view.py)
 // `node js/build.mjs --watch` rebuilds on change (use with ANYWIDGET_HMR=1).
 import * as esbuild from "esbuild";
 import { fileURLToPath } from "node:url";

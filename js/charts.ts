@@ -8,6 +8,7 @@
  * Also here: the dtype what-if for parameter memory (pure, unit tested).
  */
 import uPlot from "uplot";
+import { axisTop, budgetInView, budgetItem, budgetLegend, drawBudgetLine, type Budget } from "./budget";
 import { formatBytes } from "./format";
 import { MEMORY_CATEGORIES, PRECISIONS, type Analysis, type Memory, type ModuleInfo, type PrecisionName } from "./protocol";
 import { peakOwner } from "./decode";
@@ -379,6 +380,7 @@ export class TimelineChart {
     width: number,
     base?: { bytes: number; leftOut: boolean },
     bands: readonly StackBand[] = [],
+    budget: Budget | null = null,
   ): void {
     this.plot?.destroy();
     this.plot = null;
@@ -397,6 +399,9 @@ export class TimelineChart {
     }
     const p = palette(this.el);
     const peakI = timelinePeak(bytes);
+    // the budget on this axis: above the constant band when the timeline leaves it out
+    const line = budget && { ...budget, bytes: budget.bytes - (base?.leftOut ? base.bytes : 0) };
+    if (line) this.legend.append(budgetItem(budgetLegend(bytes[peakI] ?? 0, line)));
     const spans = phaseSpans(a);
     const phaseAt = (i: number): string => spans.find((s) => i >= s.start && i < s.end)?.phase ?? "";
     const peakPhase = a.memory.peakPhase || phaseAt(peakI);
@@ -421,7 +426,7 @@ export class TimelineChart {
       cursor: { drag: { x: true, y: false }, points: { size: 6 } },
       scales: {
         x: { time: false },
-        y: { range: (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] },
+        y: { range: (_u, _min, max) => [0, axisTop(max, line, 1.15)] },
       },
       axes: [
         {
@@ -519,6 +524,7 @@ export class TimelineChart {
         draw: [
           (u) => {
             drawModuleStrip(u, runs, p, cssVar(self.el, "--mw-font", "sans-serif"));
+            if (budgetInView(bytes[peakI] ?? 0, line)) drawBudgetLine(u, "y", line.bytes, line.label, p.peak, cssVar(self.el, "--mw-font", "sans-serif"));
             if (peakI < 0) return;
             const ctx = u.ctx;
             const dpr = uPlot.pxRatio;

@@ -7,6 +7,7 @@
 import { MemoryChart } from "./barchart";
 import { foldBars, largestBars, memoryBars } from "./bars";
 import { TimelineChart, renderCategoryBar } from "./charts";
+import { gpuBudget } from "./budget";
 import { renderComms } from "./comms";
 import { peakOwner } from "./decode";
 import { copyText, h, renderDetails } from "./details";
@@ -156,7 +157,7 @@ export class Panels {
     );
     if (p) this.categoryEl.prepend(h("div", "mw-precision-note", p.note));
     bars.activations = bars.activations.map((b) => ctx.outputBytes(b));
-    this.memoryChart.setData(bars, this.width());
+    this.memoryChart.setData(bars, this.width(), gpuBudget(a));
     const sel = ctx.selected;
     if (sel) this.memoryChart.select(sel.kind === "module" ? sel.module : (sel.members[0] as number));
   }
@@ -190,6 +191,7 @@ export class Panels {
       this.width(),
       { bytes: base, leftOut },
       bands,
+      gpuBudget(a),
     );
     renderComms(this.commsEl, a.comms ?? [], a.timeline.bytes.length, this.width(), formatBytes);
   }

@@ -344,7 +344,7 @@ export type PrecisionName = (typeof PRECISIONS)[number];
 export const KERNEL_MESSAGE_TYPES = ["start", "calls", "phase", "done", "error", "ready"] as const;
 export const VIEW_MESSAGE_TYPES = ["hello", "select", "rerun"] as const;
 /** The exploration widget's views (`choices.ExploreKind`; `explore.ts`). */
-export const EXPLORE_KINDS = ["fit", "compare"] as const;
+export const EXPLORE_KINDS = ["fit", "compare", "plan"] as const;
 export type ExploreKind = (typeof EXPLORE_KINDS)[number];
 export const PHASES = ["forward", "backward", "optimizer"] as const;
 export const DEVICES = ["cuda", "cpu", "math"] as const;
@@ -408,3 +408,45 @@ export interface ComparePayload {
   rows: CompareRow[];
 }
 
+
+/** One candidate of `mw.plan` (`plan_view.plan_payload`); numbers null when not traced. */
+export interface PlanCandidate {
+  /** Its place in `plan.candidates`: what `{type: "open", index}` asks for. */
+  index: number;
+  replicate: number;
+  fsdp: number;
+  tp: number;
+  checkpointing: boolean;
+  precision: string;
+  microBatches: number;
+  /** Rank 0's traced peak. */
+  peakBytes: number | null;
+  fits: boolean;
+  stepS: number | null;
+  mfu: number | null;
+  tokensPerS: number | null;
+  samplesPerS: number | null;
+  /** Why it was not traced, or how its trace failed. */
+  error: string | null;
+  /** The kernel has an analysis to open for it. */
+  openable: boolean;
+}
+
+/** The plan view of `mw.plan`. */
+export interface PlanPayload {
+  title: string;
+  gpu: string;
+  devices: number;
+  mode: string;
+  /** Bytes per device. */
+  budget: number;
+  /** Index of the fastest candidate that fits; null when none fits. */
+  best: number | null;
+  candidates: PlanCandidate[];
+}
+
+/** Front end -> kernel, from the plan view: show candidate `index`'s analysis (`view.OPEN`). */
+export interface OpenMessage {
+  type: "open";
+  index: number;
+}

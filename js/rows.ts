@@ -8,7 +8,8 @@ import { checkpointMarker } from "./checkpoint";
 import { formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
 import type { Analysis, CallInfo, ModuleInfo } from "./protocol";
 import { nodeName, nodeType, nodeValues, type Aggregate, type Row, type Tree } from "./tree";
-import type { Cell, RowCells } from "./treeview";
+import type { Cell, RowCells, TimeCell } from "./columns";
+import { formatSeconds } from "./timing";
 
 /** The largest value of each column: its inline bars are fractions of it. */
 export interface Scales {
@@ -16,6 +17,8 @@ export interface Scales {
   paramBytes: number;
   acts: number;
   flops: number;
+  /** The largest module time (1 without `time`). */
+  time: number;
 }
 
 /** What the cells are computed from (rebuilt when the analysis, the dtype or the rows change). */
@@ -36,14 +39,15 @@ export interface RowContext {
 /** Largest values, for the inline bars (computed once per aggregate or dtype change). */
 export function computeScales(a: Analysis | null, aggs: readonly Aggregate[], paramBytes: (m: ModuleInfo) => number): Scales {
   const root = a?.modules[0];
-  if (!a || !root) return { params: 1, paramBytes: 1, acts: 1, flops: 1 };
+  if (!a || !root) return { params: 1, paramBytes: 1, acts: 1, flops: 1, time: 1 };
   let acts = 0;
   let flops = 0;
   for (const g of aggs) {
     if (g.activationBytes > acts) acts = g.activationBytes;
     if (g.flops > flops) flops = g.flops;
   }
-  return { params: root.params || 1, paramBytes: paramBytes(root) || 1, acts: acts || 1, flops: flops || 1 };
+  const time = Math.max(0, ...(a.time?.moduleS ?? []));
+  return { params: root.params || 1, paramBytes: paramBytes(root) || 1, acts: acts || 1, flops: flops || 1, time: time || 1 };
 }
 
 /** Module row i was called, or something below it was. */
@@ -74,6 +78,27 @@ function shapesCell(calls: CallInfo[], which: "inputs" | "outputs"): Cell {
 }
 
 const CONTAINER_HINT = "not called itself (a container): see its children";
+
+/**
+ * The Time cell of a node: its seconds on the GPU and what bounds it (a folded group: the
+ * bound of its slowest member); undefined without `analysis.time`.
+ */
+export function timeCell(a: Analysis, members: readonly number[], seconds: number, shown: boolean, scale: number): TimeCell | undefined {
+  const t = a.time;
+  if (!t) return undefined;
+  let slowest = members[0] ?? 0;
+  for (const i of members) if ((t.moduleS[i] ?? 0) > (t.moduleS[slowest] ?? 0)) slowest = i;
+  const bound = shown ? (t.bound[slowest] ?? "") : "";
+  const many = members.length > 1 ? `, summed over ${members.length} modules` : "";
+  return {
+    text: shown ? formatSeconds(seconds) : "–",
+    title: shown
+      ? `${formatSeconds(seconds)} on ${t.gpu}${bound ? ` (${bound}-bound)` : ""}: forward and backward, sub-modules included${many}`
+      : CONTAINER_HINT,
+    fraction: seconds / scale,
+    bound,
+  };
+}
 
 /** The cells of one row. */
 export function describeRow(ctx: RowContext, row: Row): RowCells {
@@ -124,6 +149,7 @@ export function describeRow(ctx: RowContext, row: Row): RowCells {
           : `${formatExact(v.flops)} FLOPs`,
       fraction: v.flops / s.flops,
     },
+    time: timeCell(a, node.kind === "module" ? [node.module] : node.members, v.time, shown, s.time),
   };
 }
 

@@ -72,6 +72,7 @@ describe("folding repeated identical siblings", () => {
       activationBytes: 384,
       flops: 1536,
       backwardFlops: 0,
+      time: 0, // no GPU: no time
       calls: 3,
       error: false,
       assumed: false,

@@ -181,7 +181,7 @@ export function buildTree(a: Analysis, minRun = 2): Tree {
 // Values of a node (module or group sum)
 // ---------------------------------------------------------------------------------------------
 
-export type SortColumn = "order" | "name" | "params" | "paramBytes" | "activationBytes" | "flops";
+export type SortColumn = "order" | "name" | "params" | "paramBytes" | "activationBytes" | "flops" | "time";
 
 export interface NodeValues {
   params: number;
@@ -190,6 +190,8 @@ export interface NodeValues {
   /** Forward FLOPs, plus the backward's in a training step (see `Aggregate.flops`). */
   flops: number;
   backwardFlops: number;
+  /** Estimated seconds on the GPU (`analysis.time`, sub-modules included); 0 without one. */
+  time: number;
   calls: number;
   error: boolean;
   assumed: boolean;
@@ -209,11 +211,14 @@ export function nodeValues(
     activationBytes: 0,
     flops: 0,
     backwardFlops: 0,
+    time: 0,
     calls: 0,
     error: false,
     assumed: false,
   };
+  const seconds = tree.analysis.time?.moduleS;
   for (const i of members) {
+    v.time += seconds?.[i] ?? 0;
     const m = tree.analysis.modules[i] as ModuleInfo;
     const g = aggs[i];
     v.params += m.params;
@@ -340,7 +345,7 @@ function sortNumber(
   opts: FlattenOptions,
 ): number {
   const v = nodeValues(tree, node, opts.aggs ?? [], opts.paramBytes);
-  if (v.calls > 0 || (column !== "flops" && column !== "activationBytes")) return v[column];
+  if (v.calls > 0 || (column !== "flops" && column !== "activationBytes" && column !== "time")) return v[column];
   let sum = 0;
   for (const c of node.children) sum += sortNumber(tree, c, column, opts);
   return sum;

@@ -5,40 +5,14 @@
  * The view knows nothing about payloads: the app hands it the flattened rows and a `describe`
  * function that returns the text of a row's cells. Every string goes through `textContent`.
  */
+import { COLUMNS, DROP_ORDER, cellValues, columnLayout, type Cell, type RowCells } from "./columns";
 import { visibleWindow, type Row, type SortColumn } from "./tree";
+
+export { OUTPUT_MEM_HINT, columnLayout, type Cell, type RowCells } from "./columns";
 
 export const ROW_HEIGHT = 26;
 /** Rows rendered beyond each edge of the viewport. */
 const OVERSCAN = 4;
-
-export interface Cell {
-  text: string;
-  /** Full value for the tooltip. */
-  title?: string;
-  /** 0..1: width of the inline proportional bar. */
-  fraction?: number;
-}
-
-export interface RowCells {
-  name: string;
-  type: string;
-  /** Shown as "×3" when a module ran more than once. */
-  calls: number;
-  error: boolean;
-  /** Its numbers rest on an assumption the trace made. */
-  assumed: boolean;
-  /** Not called yet (while streaming) or never called. */
-  dim: boolean;
-  /** Checkpoint problems of its parameters (missing, mis-shaped): the marker's tooltip; "" none. */
-  checkpoint?: string;
-  group: boolean;
-  inputs: Cell;
-  outputs: Cell;
-  params: Cell;
-  paramBytes: Cell;
-  activationBytes: Cell;
-  flops: Cell;
-}
 
 export interface TreeViewHandlers {
   describe(row: Row, index: number): RowCells;
@@ -47,104 +21,6 @@ export interface TreeViewHandlers {
   /** `deep`: open everything below, folded groups and all their members (Alt+click). */
   onToggle(index: number, open?: boolean, deep?: boolean): void;
   onSort(column: SortColumn): void;
-}
-
-interface Column {
-  key: keyof RowCells | "name";
-  label: string;
-  sort?: SortColumn;
-  numeric?: boolean;
-  bar?: string;
-  /** What the column holds: its header's tooltip. */
-  hint?: string;
-}
-
-/** The one definition of the output-memory column (README "What the numbers mean"). */
-export const OUTPUT_MEM_HINT =
-  "Output mem: bytes of new storage this module's outputs hold, summed over its calls (views and " +
-  "returned inputs hold none). Not the memory used inside the module, and not what is live at the " +
-  "peak: the memory tab shows the peak by category.";
-
-const COLUMNS: Column[] = [
-  { key: "name", label: "Module", sort: "name" },
-  { key: "inputs", label: "Input shapes" },
-  { key: "outputs", label: "Output shapes" },
-  { key: "params", label: "Params", sort: "params", numeric: true, bar: "params" },
-  { key: "paramBytes", label: "Param mem", sort: "paramBytes", numeric: true, bar: "params" },
-  {
-    key: "activationBytes",
-    label: "Output mem",
-    sort: "activationBytes",
-    numeric: true,
-    bar: "acts",
-    hint: OUTPUT_MEM_HINT,
-  },
-  { key: "flops", label: "FLOPs", sort: "flops", numeric: true, bar: "flops" },
-];
-
-/** Widths of the numeric columns (params, param mem, activations, FLOPs), pixels. */
-const FIXED_COLUMNS = [80, 98, 110, 104];
-/** The module, input-shape and output-shape columns: minimum widths and shares of the rest. */
-const FLEX_MIN = [220, 130, 130];
-const FLEX_SHARE = [2.4, 1, 1];
-const sum = (xs: number[]): number => xs.reduce((x, y) => x + y, 0);
-
-/** How far below its minimum width a table keeps the columns it shows (a scrollbar's width). */
-const SLACK = 24;
-
-/** Columns left out, in this order, of a table narrower than all columns' minimums. */
-export type DroppedColumn = "inputs" | "outputs";
-const DROP_ORDER: DroppedColumn[] = ["inputs", "outputs"];
-
-export interface ColumnLayout {
-  /** `grid-template-columns` in whole pixels. */
-  template: string;
-  /** Shape columns left out (their values stay in the Details panel). */
-  hidden: DroppedColumn[];
-  /** Below this the table scrolls sideways. */
-  minWidth: number;
-}
-
-/**
- * The columns of a table `width` wide, computed once per width instead of by the layout engine
- * for every row: the numbers keep their widths; the module and shape columns share what is left
- * 2.4 : 1 : 1, never below their minimums. A narrow table (a notebook beside a side panel) leaves
- * out the input shapes, then the output shapes, before it scrolls sideways.
- */
-export function columnLayout(width: number, shown: number | null = null): ColumnLayout {
-  const fixed = sum(FIXED_COLUMNS);
-  let dropped = 0;
-  const need = (d: number): number => fixed + sum(FLEX_MIN.slice(0, FLEX_MIN.length - d));
-  // a column on screen (`shown`: how many were left out before) stays until the table is
-  // SLACK px narrower than it needs, squeezing the module column: a scrollbar that comes and
-  // goes (the tree's, the page's, the notebook's) does not make columns come and go
-  const kept = (d: number): boolean => shown !== null && d <= shown;
-  const room = (d: number): number => need(d) - (kept(d) ? SLACK : 0);
-  while (dropped < DROP_ORDER.length && width < room(dropped)) dropped += 1;
-  // the module column is first; input shapes (index 1) go before output shapes (index 2)
-  const keep = [0, 1, 2].filter((i) => i === 0 || i > dropped);
-  const mins = keep.map((i) => FLEX_MIN[i] as number);
-  const squeeze = kept(dropped) ? Math.max(0, Math.min(SLACK, need(dropped) - width)) : 0;
-  mins[0] = (mins[0] as number) - squeeze;
-  const shares = keep.map((i) => FLEX_SHARE[i] as number);
-  const free = Math.max(0, width - fixed);
-  let flex = shares.map((s) => Math.floor((free * s) / sum(shares)));
-  // a column below its minimum takes its minimum; the others share the rest
-  if (flex.some((x, i) => x < (mins[i] as number))) {
-    const floor = mins.map((m, i) => Math.max(m, flex[i] as number));
-    const over = sum(floor) - free;
-    if (over > 0) {
-      const room = floor.map((x, i) => x - (mins[i] as number));
-      const total = sum(room);
-      flex = floor.map((x, i) => (total > 0 ? x - Math.ceil((over * (room[i] as number)) / total) : x));
-      flex = flex.map((x, i) => Math.max(mins[i] as number, x));
-    } else flex = floor;
-  }
-  return {
-    template: [...flex, ...FIXED_COLUMNS].map((x) => `${x}px`).join(" "),
-    hidden: DROP_ORDER.slice(0, dropped),
-    minWidth: need(dropped) - squeeze,
-  };
 }
 
 function div(cls: string, text?: string): HTMLDivElement {
@@ -233,6 +109,7 @@ export class TreeView {
   private resizeObs: ResizeObserver | null = null;
   private colsWidth = -1;
   private nameHead!: HTMLDivElement;
+  private timeShown = false;
 
   constructor(
     parent: HTMLElement,
@@ -293,6 +170,18 @@ export class TreeView {
       : "Sort siblings by this column (click again to reverse, a third time to reset)";
   }
 
+  /** Show the Time column (an analysis timed on a GPU) or leave it out. */
+  setTime(on: boolean): void {
+    if (on === this.timeShown) return;
+    this.timeShown = on;
+    this.el.classList.toggle("mw-has-time", on);
+    const last = this.colsWidth > 0 ? this.colsWidth + 2 : 0;
+    this.colsWidth = -1;
+    this.layoutColumns(this.el.clientWidth || last);
+    this.version += 1;
+    this.render();
+  }
+
   get sort(): { column: SortColumn; descending: boolean } {
     return this.sortState;
   }
@@ -340,7 +229,7 @@ export class TreeView {
     // how many columns the last layout left out (none yet: null)
     const before = this.colsWidth > 0 ? DROP_ORDER.filter((c) => this.el.classList.contains(`mw-hide-${c}`)).length : null;
     this.colsWidth = w;
-    const layout = columnLayout(w, before);
+    const layout = columnLayout(w, before, this.timeShown);
     this.el.style.setProperty("--mw-cols", layout.template);
     this.el.style.setProperty("--mw-min-width", `${layout.minWidth}px`);
     for (const col of DROP_ORDER) {
@@ -554,7 +443,7 @@ export class TreeView {
     this.mark(r, "err", d.error);
     this.mark(r, "assumed", d.assumed);
     this.mark(r, "ckpt", Boolean(d.checkpoint), undefined, `Checkpoint:\n${d.checkpoint ?? ""}`);
-    const values = [d.inputs, d.outputs, d.params, d.paramBytes, d.activationBytes, d.flops];
+    const values = cellValues(d);
     for (let k = 0; k < values.length; k++) {
       const c = r.cells[k] as RowEl["cells"][number];
       const v = values[k] as Cell;
@@ -570,6 +459,10 @@ export class TreeView {
         }
       }
     }
+    // the Time cell's tag: what bounds the module (CSS draws it from the attribute)
+    const timeCell = r.cells[values.length - 1];
+    const bound = d.time?.bound ?? "";
+    if (timeCell && timeCell.el.dataset.bound !== bound) timeCell.el.dataset.bound = bound;
   }
 
   /** Tooltips are made when the pointer reaches a cell, not for every row scrolled past. */
@@ -587,7 +480,7 @@ export class TreeView {
       return;
     }
     const k = r.cells.findIndex((c) => c.el === target);
-    const v = [d.inputs, d.outputs, d.params, d.paramBytes, d.activationBytes, d.flops][k];
+    const v = cellValues(d)[k];
     if (k >= 0 && v) target.title = v.title ?? v.text;
   };
 }

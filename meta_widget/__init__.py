@@ -28,10 +28,14 @@ __all__ = [
     "EstimateError",
     "Fit",
     "FitError",
+    "HubError",
     "InputError",
     "InsufficientMemoryError",
+    "KVCache",
     "LayoutError",
     "MaterializeError",
+    "MeasureError",
+    "Measured",
     "MetaValueNeeded",
     "MetaWidget",
     "MetaWidgetError",
@@ -42,6 +46,7 @@ __all__ = [
     "ParallelError",
     "Plan",
     "PlanError",
+    "RemoteCodeError",
     "SourceError",
     "Sweep",
     "TraceSpec",
@@ -56,6 +61,7 @@ __all__ = [
     "load_ipython_extension",
     "materialize",
     "max_fit",
+    "measure",
     "plan",
     "plan_checkpointing",
     "register_bound",
@@ -90,6 +96,8 @@ _WHERE = {
     "InputError": "options",
     "LayoutError": "options",
     "SourceError": "sources.models",
+    "HubError": "sources.hub",
+    "RemoteCodeError": "sources.hub",
     "ConcurrentTraceError": "trace.passes",
     "EstimateError": "views.estimates",
     "ParallelError": "distributed.parallel",
@@ -110,11 +118,15 @@ _WHERE = {
     "compare": "explore.comparison",
     "gpus": "timing.gpus",
     "GPU": "timing.gpus",
+    "KVCache": "memory.kv_cache",
     "Comparison": "explore.comparison",
     "plan_checkpointing": "explore.checkpointing",
     "CheckpointPlan": "explore.checkpointing",
     "PlanError": "explore.checkpointing",
     "plan": "explore.plan",
+    "measure": "explore.measure",
+    "Measured": "explore.measure",
+    "MeasureError": "explore.measure",
     "Plan": "explore.plan",
 }
 
@@ -131,11 +143,14 @@ if TYPE_CHECKING:
     from .explore.checkpointing import CheckpointPlan, PlanError, plan_checkpointing
     from .explore.comparison import Comparison, compare
     from .explore.fit import Fit, FitError, NothingFitsError, max_fit
+    from .explore.measure import Measured, MeasureError, measure
     from .explore.plan import Plan, plan
     from .explore.sweeps import Sweep, sweep
     from .magics import load_ipython_extension, unload_ipython_extension
     from .materialize import InsufficientMemoryError, MaterializeError, materialize
+    from .memory.kv_cache import KVCache
     from .options import InputError, LayoutError, OptionError, Options, OptionTypeError, TraceSpec
+    from .sources.hub import HubError, RemoteCodeError
     from .sources.models import SourceError, register_source
     from .timing.gpus import GPU, gpus
     from .trace.assume import MetaValueNeeded

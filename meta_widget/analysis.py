@@ -26,6 +26,8 @@ from .data.records import CallRecord
 from .data.tree import ModuleNode
 from .distributed.comms import CommRecord, comms_frame, comms_totals
 from .materialize import MaterializeReport, materialize
+from .memory.kv_cache import KVCache
+from .memory.moe import MoE
 from .memory.report import MemoryReport
 from .options import DEFAULT_OPTIMIZER, Options, carried_optimizer
 from .pipeline import run, time_step
@@ -59,7 +61,8 @@ class Analysis:
     Numbers (definitions in the README):
 
     - ``total_params``: parameters, each tensor once (tied weights once); ``trainable_params``
-      those with ``requires_grad``.
+      those with ``requires_grad``; ``active_params`` what one token uses (a mixture of
+      experts: the shared parameters and ``k/E`` of the routed experts; else all).
     - ``total_flops``: FLOPs as ``torch.utils.flop_counter.FlopCounterMode`` counts them on the
       same meta inputs (matmuls, convolutions, attention; elementwise ops count 0).
     - ``param_bytes``: parameter bytes at their dtypes; ``activation_bytes``: every byte of
@@ -97,6 +100,12 @@ class Analysis:
     #: ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``tokens_per_s``; see
     #: ``meta_widget.timing.model``); None without ``gpu=`` or without a trace
     time: StepTime | None = None
+    #: with ``mode="generate"``: the KV cache ``generate()`` returned (``bytes``,
+    #: ``bytes_per_token``, ``by_layer``, ``paged(budget)``); None in other modes
+    kv_cache: KVCache | None = None
+    #: a mixture of experts: its routed expert groups (``meta_widget.memory.moe``); None for a
+    #: dense model
+    moe: MoE | None = None
     #: the views made of this analysis, kept to be shown again (``widget()``'s, or the one the
     #: pipeline streamed into); not part of the result
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -115,6 +124,16 @@ class Analysis:
     @property
     def trainable_params(self) -> int:
         return self.root.trainable_params
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token uses: all of them in a dense model; in a mixture of
+        experts, the shared ones plus ``k`` of each layer's ``E`` routed experts (``k/E`` of
+        their parameters), routing assumed balanced (``meta_widget.memory.moe``)."""
+        return self._active(self.root)
+
+    def _active(self, node: ModuleNode) -> int:
+        return node.params if self.moe is None else self.moe.active(node.path, node.params)
 
     @property
     def param_bytes(self) -> int:
@@ -162,7 +181,8 @@ class Analysis:
         every tensor in the call's arguments / output. With ``gpu=``, ``time_s`` is the time of
         the module's calls on that GPU (forward and backward, sub-modules included; per call:
         its own) and ``bound`` what bounds it: ``"compute"``, ``"memory"`` or ``"comm"``
-        (both None without ``gpu=``; ``meta_widget.timing.model``).
+        (both None without ``gpu=``; ``meta_widget.timing.model``). ``active_params``: the
+        module's parameters one token uses (less than ``params`` only over routed experts).
         """
         pd = heavy.pandas()
 
@@ -182,6 +202,7 @@ class Analysis:
                     "output_shapes": [shapes(c.outputs) for c in n.calls],
                     "params": n.params,
                     "trainable_params": n.trainable_params,
+                    "active_params": self._active(n),
                     "param_bytes": n.param_bytes,
                     "buffer_bytes": n.buffer_bytes,
                     "activation_bytes": n.activation_bytes,
@@ -410,6 +431,11 @@ def analyze(
     gpu: str | GPU | None = None,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
     fast: bool = True,
+    new_tokens: int | None = None,
+    cache_implementation: str | None = None,
+    max_length: int | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ) -> Analysis:
     """Analyze ``model`` on the meta device: its tree, shapes, parameters, FLOPs and memory.
 
@@ -418,7 +444,11 @@ def analyze(
     model
         An ``nn.Module`` on any device (analyzed through meta stand-ins; never moved, changed or
         left with hooks), a class or zero-argument function that builds one (built on meta), or
-        a transformers config (built with its model class on meta). One already wrapped by
+        a transformers config (built with its model class on meta), a Hugging Face Hub id
+        (``"org/name"``: its ``config.json`` alone, from the cache or the Hub, built on meta;
+        a string naming an existing file or folder is a checkpoint path instead), a
+        ``torch.export`` program or a ``torch.compile``d module (their module is traced). One
+        already wrapped by
         FSDP2's ``fully_shard`` and/or ``parallelize_module`` under a fake process group is
         traced as it stands, as rank ``dist.get_rank()`` (``meta_widget.distributed.wrapped``).
     input_size
@@ -431,9 +461,16 @@ def analyze(
         name ``"long"``). Default float32; integer ids for models whose first layer is an
         embedding, with a note.
     mode
-        ``"inference"`` (``eval()``, no autograd, one forward pass) or ``"training"``
+        ``"inference"`` (``eval()``, no autograd, one forward pass), ``"training"``
         (``train()``: forward, loss, backward and one optimizer step, each a phase of the
-        memory timeline; refused inside ``torch.inference_mode()``, where autograd is off).
+        memory timeline; refused inside ``torch.inference_mode()``, where autograd is off) or
+        ``"generate"``: transformers' own ``model.generate()`` on the token ids of
+        ``input_size=(batch, prompt_len)``, greedy, exactly ``new_tokens`` new tokens, its
+        prefill and each decode step marked on the timeline; ``Analysis.kv_cache`` is the
+        cache it returns and ``peak_bytes`` the peak of the whole ``generate()``. The stopping
+        check is answered by the token count (a recorded assumption). A model without
+        ``generate()`` (not a ``GenerationMixin``) is an ``OptionError``. See
+        ``docs/serving.md``.
     optimizer
         In training: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd-momentum"`` or None
         (no step). Given in inference, it is not used, and ``notes`` says so.
@@ -488,7 +525,9 @@ def analyze(
         (``meta_widget.distributed.parallel``):
         ``{"fsdp": 8}`` (FSDP2's ``fully_shard`` on each block, then the root),
         ``{"tp": 2}`` (``parallelize_module`` with the config's tensor-parallel plan) or both,
-        ``{"fsdp": 4, "tp": 2}``; optional ``"blocks"`` (what ``fully_shard`` wraps) and
+        ``{"fsdp": 4, "tp": 2}``; HSDP, ``{"replicate": 2, "fsdp": 4}`` (``fully_shard`` on
+        a 2-D mesh: shards over ``fsdp`` ranks in ``replicate`` replicas, the gradients
+        all-reduced across them); optional ``"blocks"`` (what ``fully_shard`` wraps) and
         ``"tp_plan"`` (``{path: "colwise" | "rowwise"}``). Memory, FLOPs and ``comms`` are then
         those of rank 0; the batch given is the batch of one rank. Not for a model already
         wrapped (its own wrapping is traced; ``ParallelError``). Checked before any process
@@ -508,6 +547,11 @@ def analyze(
         again, its outputs are rebuilt from the op cache (``Analysis.fast_path`` counts hits,
         misses and why ops were not cached). ``False``: every kernel runs. The results are the
         same either way.
+    revision
+        A Hub id's branch, tag or commit (default ``main``).
+    trust_remote_code
+        ``False`` (default): a Hub model whose config needs code from its repository is
+        refused (``RemoteCodeError``); ``True`` runs that code, as transformers does.
 
     Returns
     -------
@@ -529,5 +573,23 @@ def analyze(
     options = Options(**{f.name: given[f.name] for f in fields(Options) if f.name in given})
     if isinstance(model, (str, os.PathLike)):
         options.checked()  # the same checks, for the same messages
-        return inspect_checkpoint(model)  # type: ignore[return-value]
+        hub = _hub_model(model, options)
+        if hub is None:  # a path: the checkpoint's view
+            return inspect_checkpoint(model)  # type: ignore[return-value]
+        model = hub
     return run(model, options, Analysis, widget, listeners)
+
+
+def _hub_model(model: str | os.PathLike[str], options: Options) -> Any:
+    """A string that is no file or folder here and is a Hub id: its ``HubModel`` (see
+    ``meta_widget.sources.hub``); None for anything else (a checkpoint path)."""
+    if not isinstance(model, str) or os.path.lexists(model):
+        return None
+    try:
+        from .sources import hub  # huggingface_hub: only for a string that is no path
+    except ImportError:
+        return None  # no huggingface_hub: a missing path, which inspect_checkpoint says
+    repo = hub.hub_id(model)
+    if repo is None:
+        return None
+    return hub.HubModel(repo, options.revision, options.trust_remote_code)

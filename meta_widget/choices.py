@@ -112,6 +112,7 @@ class ExploreKind(_Choice):
 
     FIT = "fit"
     COMPARE = "compare"
+    PLAN = "plan"
 
 
 class KernelMessage(_Choice):

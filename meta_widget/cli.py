@@ -3,6 +3,7 @@
 meta-widget examples/llama_70b.py:config --input 1,4096 --html llama.html
 meta-widget torch.nn:Transformer --input 10,2,512 --input 12,2,512
 meta-widget models:Net --input 1,3,32,32     (models.py in the current folder)
+meta-widget meta-llama/Llama-3.1-8B --input 1,4096   (a Hub id: its config.json only)
 
 Every mistake (a bad option, a name that does not import, an object that is not a model, a file
 that cannot be written) is one line on stderr and a nonzero exit: 2 for the command line, 1 for
@@ -158,7 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Analyze a PyTorch model on the meta device: tree, shapes, FLOPs, memory.",
         allow_abbrev=False,
     )
-    parser.add_argument("model", help="module:attr of an nn.Module, class, factory or config")
+    parser.add_argument(
+        "model",
+        help="module:attr of an nn.Module, class, factory or config, or a Hugging Face Hub id "
+        "(org/name: its config.json only)",
+    )
     parser.add_argument(
         "--input",
         action="append",
@@ -177,10 +182,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--depth", type=int, default=3, help="depth of the printed tree")
     parser.add_argument("--html", metavar="PATH", help="write a standalone HTML report here")
     parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON here")
+    parser.add_argument("--revision", help="a Hub id's branch, tag or commit (default main)")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let a Hub model's own code (its config's auto_map) run, as transformers does",
+    )
     parser.add_argument(
         "--debug", action="store_true", help="show Python tracebacks instead of one-line errors"
     )
     return parser
+
+
+def _is_hub_id(spec: str) -> bool:
+    """A model given as ``org/name`` (no ``:attr``, no file of that name): a Hub id."""
+    if ":" in spec or os.path.exists(spec):
+        return False
+    try:
+        from .sources.hub import hub_id  # huggingface_hub: only for such a name
+    except ImportError:
+        return False
+    return hub_id(spec) is not None
 
 
 def _fail(message: str, status: int) -> NoReturn:
@@ -218,12 +240,14 @@ def _run(args: argparse.Namespace) -> int:
     for path, option in ((args.html, "--html"), (args.json, "--json")):
         if path:
             _check_writable(path, option)
-    model = load_object(args.model)
+    model = args.model if _is_hub_id(args.model) else load_object(args.model)
     analysis = analyze(
         model,
         input_size=(shapes if len(shapes) != 1 else shapes[0]) if shapes else None,
         dtypes=dtypes,
         mode=args.mode,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
     )
     print(analysis.summary(args.depth))
     if args.html:

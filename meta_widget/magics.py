@@ -2,7 +2,8 @@
 
 - ``%meta EXPR [--input 1,3,224,224 ...] [--dtype long ...] [--mode inference|training]
   [--depth N]``: evaluates ``EXPR`` in the notebook's namespace (an ``nn.Module``, a class, a
-  factory, a transformers config, or the path of a checkpoint) and returns its analysis (or the
+  factory, a transformers config, a Hugging Face Hub id ``org/name`` with ``[--revision R]
+  [--trust-remote-code]``, or the path of a checkpoint) and returns its analysis (or the
   checkpoint's :class:`~meta_widget.checkpoints.CheckpointInfo`), shown as the widget when the
   magic ends the cell: ``a = %meta model --input 1,3,224,224`` keeps it.
 - ``%%meta [--input ...]``: runs the cell under ``torch.device("meta")`` (a 70B model is built for
@@ -49,7 +50,7 @@ __all__ = ["load_ipython_extension", "parse_magic_line", "unload_ipython_extensi
 
 USAGE = (
     "%meta EXPR [--input SHAPE ...] [--dtype DTYPE ...] [--mode inference|training] [--depth N]"
-    " | %%meta [same options] with code in the cell"
+    " [--revision R] [--trust-remote-code] | %%meta [same options] with code in the cell"
 )
 _OPTION_START = re.compile(r"(?:^|\s)(--?[A-Za-z])")
 
@@ -65,6 +66,8 @@ def _parser() -> _Parser:
     p.add_argument("--dtype", action="append", default=[], metavar="DTYPE")
     p.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.INFERENCE.value)
     p.add_argument("--depth", type=int, default=None)
+    p.add_argument("--revision", default=None)
+    p.add_argument("--trust-remote-code", action="store_true")
     return p
 
 
@@ -78,6 +81,9 @@ class MagicArgs:
     mode: str = "inference"
     depth: int | None = None
     given: list[str] = field(default_factory=list)
+    #: a Hub id's branch, tag or commit, and whether its own code may run
+    revision: str | None = None
+    trust_remote_code: bool = False
 
 
 def parse_magic_line(line: str) -> MagicArgs:
@@ -104,12 +110,22 @@ def parse_magic_line(line: str) -> MagicArgs:
         mode=ns.mode,
         depth=ns.depth,
         given=given,
+        revision=ns.revision,
+        trust_remote_code=ns.trust_remote_code,
     )
 
 
 def _analyze(obj: Any, args: MagicArgs, what: str) -> Any:
     try:
-        return analyze(obj, args.input_size, dtypes=args.dtypes, mode=args.mode, depth=args.depth)
+        return analyze(
+            obj,
+            args.input_size,
+            dtypes=args.dtypes,
+            mode=args.mode,
+            depth=args.depth,
+            revision=args.revision,
+            trust_remote_code=args.trust_remote_code,
+        )
     except OptionError as exc:
         raise UsageError(f"%meta: {exc}") from None
     except SourceError:
@@ -131,6 +147,17 @@ def _inspect(path: str, args: MagicArgs) -> Any:
         return inspect_checkpoint(path)
     except CheckpointError as exc:
         raise UsageError(f"%meta: {exc}") from None
+
+
+def _is_hub_id(text: str) -> bool:
+    """``org/name`` that is no file or folder here: a Hugging Face Hub id."""
+    if os.path.exists(text):
+        return False
+    try:
+        from .sources.hub import hub_id  # huggingface_hub: only for such a name
+    except ImportError:
+        return False
+    return hub_id(text) is not None
 
 
 def meta_magic(shell: InteractiveShell, line: str, cell: str | None = None) -> Any:
@@ -155,10 +182,14 @@ def _line(shell: InteractiveShell, args: MagicArgs) -> Any:
     except (NameError, SyntaxError, AttributeError) as exc:
         if os.path.exists(args.expr):
             return _inspect(args.expr, args)
+        if _is_hub_id(args.expr):  # %meta org/name, unquoted
+            return _analyze(args.expr, args, repr(args.expr))
         raise UsageError(
             f"%meta: cannot evaluate {args.expr!r} ({type(exc).__name__}: {exc}); give a name or "
             "expression of the notebook, or a checkpoint path in quotes."
         ) from None
+    if isinstance(obj, str) and _is_hub_id(obj):
+        return _analyze(obj, args, repr(args.expr))
     if isinstance(obj, (str, os.PathLike)):
         return _inspect(os.fspath(obj), args)
     return _analyze(obj, args, repr(args.expr))

@@ -22,15 +22,18 @@ from .data.flatten import named_tensors
 from .data.records import CallRecord
 from .data.tree import ModuleNode, build_tree
 from .data.walk import walk
+from .memory.kv_cache import KVCache
+from .memory.moe import BALANCED_NOTE, find_moe
 from .memory.report import memory_report
 from .options import OptionError, Options, check_buildable, check_listeners
 from .sources.inputs import make_inputs
 from .sources.models import MetaModel, check_tree, to_meta
 from .sources.precision import cast_inputs, with_param_dtype
 from .timing.gpus import GPU, resolve_gpu
-from .timing.model import StepTime, step_time, tokens_of
+from .timing.model import StepTime, generation_time, step_time, tokens_of
 from .trace.assume import Assumption
 from .trace.explain import Explanation, explain
+from .trace.generate import check_generates
 from .trace.passes import Trace, pause_gc, trace
 from .undo import Undo
 
@@ -182,6 +185,10 @@ def _check_against(module: torch.nn.Module, options: Options) -> None:
     the modules ``activation_checkpointing`` names, and ``parallel=``'s degrees
     (``meta_widget.distributed.parallel.check_world``); a mismatch is an ``OptionError``."""
     _check_checkpointed(module, options.activation_checkpointing)
+    if options.generating:
+        check_generates(module)
+        if options.parallel is not None:
+            raise OptionError("mode='generate' traces one device: parallel= is not supported.")
     if options.parallel is not None:
         from .distributed import parallel  # FSDP2 and DTensor: ~1 s, only for parallel=
 
@@ -216,7 +223,13 @@ def _assemble(
             options.training,
         )
         notes = [*notes, *result.notes]
+        if result.kv_cache is not None:  # the peak's phase: prefill or decode
+            report.peak_phase = _peak_phase(report)
+    moe = find_moe(module)
+    if moe is not None:
+        notes = [*notes, BALANCED_NOTE]
     return dict(
+        moe=moe,
         title=type(module).__name__,
         source=meta.source,
         mode=options.mode,
@@ -233,7 +246,19 @@ def _assemble(
         checkpoint_diff=diff,
         fast_path=result.fast_path if result is not None else None,
         options=options,
+        kv_cache=KVCache.of(result.kv_cache, report.param_bytes + report.buffer_bytes)
+        if result is not None and result.kv_cache is not None
+        else None,
     )
+
+
+def _peak_phase(report: Any) -> str | None:
+    """The phase of the timeline's peak (its first point at the peak's bytes)."""
+    peak = report.peak_bytes
+    for i, (live, _, _) in enumerate(report.timeline):
+        if live == peak:
+            return report.timeline_phases()[i]  # type: ignore[no-any-return]
+    return report.peak_phase  # type: ignore[no-any-return]
 
 
 def time_step(
@@ -250,11 +275,27 @@ def time_step(
     meta ``inputs`` (tokens per step) and the ``flops`` MFU counts."""
     tokens, samples = tokens_of(inputs, options.micro_batches if options.training else 1)
     fsdp = (  # the ranks processing other data: FSDP's (a wrapped model's: its groups')
-        options.parallel.fsdp
-        if options.parallel is not None
-        else max((c.group_size for c in comms if c.group == "fsdp"), default=1)
+        options.parallel.data_parallel if options.parallel is not None else _data_parallel(comms)
     )
-    return step_time(calls, outside, comms, gpu, flops, tokens, samples, data_parallel=fsdp)
+    step = step_time(calls, outside, comms, gpu, flops, tokens, samples, data_parallel=fsdp)
+    if options.generating and samples:  # prefill, each decode step, tokens made per second
+        return generation_time(step, calls, samples, _new_tokens(options, inputs))
+    return step
+
+
+def _new_tokens(options: Options, inputs: list[torch.Tensor]) -> int:
+    """The tokens ``generate()`` made per sequence (``new_tokens``, or from ``max_length``)."""
+    if options.new_tokens is not None:
+        return options.new_tokens
+    prompt = next((int(t.shape[1]) for t in inputs if t.dim() == 2), 0)
+    return max(1, (options.max_length or 0) - prompt)
+
+
+def _data_parallel(comms: Sequence[Any]) -> int:
+    """The ranks processing other data in a wrapped model's trace: its FSDP group's times its
+    replica group's (HSDP), from the groups its collectives ran on."""
+    sizes = {c.group: c.group_size for c in comms}
+    return sizes.get("fsdp", 1) * sizes.get("replicate", 1)
 
 
 def _total_flops(result: Trace | None) -> int:

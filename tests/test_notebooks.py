@@ -21,6 +21,9 @@ def test_the_tutorials_are_there_and_saved_without_outputs() -> None:
         "03-checkpoints-without-loading",
         "04-debugging-with-meta",
         "05-what-fits",
+        "06-past-one-gpu",
+        "07-plan",
+        "08-serving",
     ):
         assert name in names
     for path in NOTEBOOKS:

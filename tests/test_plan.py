@@ -46,7 +46,7 @@ class MLP(nn.Module):
 
 def reanalyze(model: Any, size: Any, row: Any, **options: Any) -> mw.Analysis:
     """``row``'s configuration traced again with ``mw.analyze`` (options spelled here)."""
-    parallel = {k: int(row[k]) for k in ("fsdp", "tp") if int(row[k]) > 1}
+    parallel = {k: int(row[k]) for k in ("replicate", "fsdp", "tp") if int(row[k]) > 1}
     return mw.analyze(
         model,
         size,
@@ -97,6 +97,8 @@ def test_layout_the_model_does_not_allow_is_skipped_with_its_reason() -> None:
     size = (4, 64)
     p = mw.plan(MLP, size, gpu="H100", devices=2, budget=10**9)
     df = p.to_dataframe()
+    # 3 layouts (fsdp 2; 2 HSDP replicas; tp 2) x 2 checkpointing x 3 precisions x 2 micro-batches
+    assert len(df) == 36
     tp = df[df["tp"] == 2]
     assert len(tp) == 12 and not tp["fits"].any() and tp["peak_bytes"].isna().all()
     assert tp["error"].str.contains("ParallelError").all()
@@ -142,6 +144,13 @@ def test_budget_defaults_to_the_gpu_memory_and_progress_is_reported() -> None:
         {"parallel": {"fsdp": 2}},
         {"autocast": torch.bfloat16},
         {"micro_batches": 2},
+        {"micro_batches": [0]},
+        {"precisions": ["fp8"]},
+        {"activation_checkpointing": "yes"},
+        {"layouts": [{"fsdp": 4}]},
+        {"layouts": [{"dp": 2}]},
+        {"layouts": {"fsdp": 2}},
+        {"mode": "inference", "micro_batches": [1, 2]},
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any]) -> None:
@@ -155,3 +164,42 @@ def test_inference_has_no_checkpointing_or_micro_batch_candidates() -> None:
     df = p.to_dataframe()
     assert len(df) == 3 and not df["activation_checkpointing"].any()
     assert (df["micro_batches"] == 1).all() and df["fits"].all()
+
+
+def test_hsdp_layouts_are_candidates_and_each_axis_can_be_narrowed() -> None:
+    cfg, size = tiny_llama(), (2, 16)
+    p = mw.plan(
+        cfg,
+        size,
+        gpu="H100",
+        devices=4,
+        layouts=[{"fsdp": 4}, {"replicate": 2, "fsdp": 2}, {"replicate": 4}],
+        activation_checkpointing=[True],
+        precisions=["param_dtype bf16"],
+        micro_batches=[1],
+    )
+    df = p.to_dataframe()
+    assert list(zip(df["replicate"], df["fsdp"], df["tp"], strict=True)) == [
+        (1, 4, 1),
+        (2, 2, 1),
+        (4, 1, 1),
+    ]
+    assert df["error"].isna().all() and p.traces == 3
+    for _, row in df.iterrows():  # each row is its configuration traced by analyze itself
+        again = reanalyze(cfg, size, row)
+        assert again.peak_bytes == row["peak_bytes"]
+        assert again.time is not None and again.time.tokens_per_s == row["tokens_per_s"]
+    # the replicas all-reduce the gradients: more data-parallel ranks, the same per-rank work
+    replicas = df.set_index("replicate")
+    assert replicas.loc[4, "peak_bytes"] > replicas.loc[1, "peak_bytes"]  # unsharded weights
+
+
+def test_default_layouts_use_every_device_and_keep_tensor_parallelism_in_a_node() -> None:
+    from meta_widget.explore.plan import default_layouts
+    from meta_widget.timing.gpus import resolve_gpu
+
+    layouts = default_layouts(64, resolve_gpu("H100"))
+    assert all(r * f * t == 64 for r, f, t in layouts)
+    assert max(t for _, _, t in layouts) == 8  # 8 GPUs per H100 node
+    assert len(layouts) == len(set(layouts)) == 7 + 6 + 5 + 4  # tp 1, 2, 4, 8
+    assert len(mw.explore.plan.candidates(8)) == 10 * 12  # 10 layouts of 8 devices

@@ -25,8 +25,13 @@ _SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pt
 
 _MAX_INDEX_BYTES = 100_000_000  # a real index is ~100 KB even for a 400B model
 
+#: endings of checkpoint files: a missing path ending so is never taken for a Hub id
+_ENDINGS = (".pt", ".pth", ".bin", ".safetensors", ".json", ".ckpt")
 
-def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
+
+def inspect_checkpoint(
+    path: str | os.PathLike[str], *, revision: str | None = None
+) -> CheckpointInfo:
     """Read a checkpoint's tensor names, shapes, dtypes and bytes, never its tensor data.
 
     Parameters
@@ -37,7 +42,12 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
         folder: ``model.safetensors.index.json``, ``model.safetensors``, ``pytorch_model.bin``).
         Files an index names, and the file picked in a folder, must stay inside that folder
         (symlinks are resolved); in a Hugging Face cache snapshot they may also be its repo's
-        ``blobs``.
+        ``blobs``. A string that is no file or folder here and is a Hugging Face Hub id
+        (``"org/name"``) names that model's safetensors: their headers are read from the
+        Hugging Face cache (offline too), else from the Hub (``get_safetensors_metadata``:
+        headers only, no weights).
+    revision
+        A Hub id's branch, tag or commit (default ``main``); not used for a path.
 
     Returns
     -------
@@ -52,8 +62,19 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
         folder, or a shard index disagrees with its shards.
     UnsafeCheckpointError
         A pickle would run code when loaded (nothing was run).
+    HubError
+        A Hub id whose safetensors are neither in the cache nor reachable (offline, no such
+        repository, no safetensors weights).
     """
     path = os.fspath(path)
+    if isinstance(path, str) and not os.path.lexists(path) and not path.endswith(_ENDINGS):
+        try:  # huggingface_hub: loaded only for a name that is no path, and optional
+            from .hub import inspect_hub, is_hub_id
+        except ImportError:
+            pass  # no huggingface_hub: a missing path, said below
+        else:
+            if is_hub_id(path):
+                return inspect_hub(path, revision, inspect_checkpoint)
     try:
         if os.path.isdir(path):
             path = _pick_in_folder(path)

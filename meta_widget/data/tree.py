@@ -72,6 +72,18 @@ class ModuleNode:
             yield from child.walk()
 
 
+def held_bytes(t: torch.Tensor) -> int:
+    """The bytes holding ``t``'s data: ``numel * element_size``; for a tensor subclass that
+    packs its data into inner tensors (torchao's quantized weights: int8 or packed int4 data,
+    scales, zero points), the bytes of those inner tensors. A DTensor counts its global size
+    here (``meta_widget.memory.report`` counts its local shard)."""
+    if not hasattr(type(t), "__tensor_flatten__") or type(t).__name__ == "DTensor":
+        return t.numel() * t.element_size()
+    names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    inner = (getattr(t, name) for name in names)
+    return sum(held_bytes(v) for v in inner if hasattr(v, "element_size"))
+
+
 def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[ModuleNode]:
     """Nodes for ``module.named_modules()``, with subtree parameter counts (each tensor once).
 
@@ -138,7 +150,7 @@ def _subtree_totals(module: torch.nn.Module, tree: ModuleWalk) -> dict[int, _Tot
             if p is not None:
                 k = p.numel()
                 n += k
-                nbytes += k * p.element_size()
+                nbytes += held_bytes(p)
                 if p.requires_grad:
                     trainable += k
                 if p.is_floating_point():
@@ -225,7 +237,7 @@ def _own_tensors(
         if p is not None:
             params[id(p)] = (
                 p.numel(),
-                p.numel() * p.element_size(),
+                held_bytes(p),
                 p.is_floating_point(),
                 p.requires_grad,
             )

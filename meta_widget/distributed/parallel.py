@@ -68,6 +68,9 @@ __all__ = [
     "trace_rank",
 ]
 
+#: the dimensions of a ``parallel=`` world's device mesh, outermost first: replicas (HSDP),
+#: FSDP shards, tensor parallelism (innermost: its ranks are neighbours, on one node)
+MESH_DIMS = ("replicate", "fsdp", "tp")
 #: transformers' tensor-parallel style names -> the ``torch.distributed`` style they stand for
 TP_STYLES: dict[str, Callable[[], ParallelStyle]] = {
     "colwise": ColwiseParallel,
@@ -120,7 +123,9 @@ class World:
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
             dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
-            self.mesh = init_device_mesh("cpu", (plan.fsdp, plan.tp), mesh_dim_names=("fsdp", "tp"))
+            self.mesh = init_device_mesh(
+                "cpu", (plan.replicate, plan.fsdp, plan.tp), mesh_dim_names=MESH_DIMS
+            )
         except BaseException:
             self.__exit__()  # a group registered before the failure is destroyed too
             raise
@@ -162,14 +167,16 @@ class World:
         assert self.mesh is not None
         if self.plan.tp > 1:
             parallelize_module(copied, self.mesh["tp"], tp_plan(copied, self.plan))
-        if self.plan.fsdp > 1:
-            mesh = self.mesh["fsdp"]
+        if self.plan.fsdp > 1 or self.plan.replicate > 1:
+            # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second
+            mesh = self.mesh["replicate", "fsdp"] if self.plan.replicate > 1 else self.mesh["fsdp"]
             for block in fsdp_blocks(copied, self.plan.blocks):
                 fully_shard(block, mesh=mesh)
             fully_shard(copied, mesh=mesh)
+        sizes = (self.plan.replicate, self.plan.fsdp, self.plan.tp)
         groups = {
             str(self.mesh[name].get_group().group_name): (name, size)
-            for name, size in (("fsdp", self.plan.fsdp), ("tp", self.plan.tp))
+            for name, size in zip(MESH_DIMS, sizes, strict=True)
             if size > 1
         }
         self.watcher = CommWatcher(groups)
@@ -294,7 +301,7 @@ def check_world(plan: ParallelPlan, module: nn.Module) -> None:
                     f"(config.{field}): tensor parallelism gives each rank heads / tp whole "
                     f"heads. Give a tp that divides {heads}, e.g. tp={_divisor(heads, plan.tp)}."
                 )
-    if plan.fsdp > 1:
+    if plan.fsdp > 1 or plan.replicate > 1:
         fsdp_blocks(module, plan.blocks)
         rows = max((p.shape[0] for p in module.parameters() if p.ndim), default=0)
         if rows and plan.fsdp > rows:

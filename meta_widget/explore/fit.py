@@ -128,7 +128,9 @@ def max_fit(
     progress
         ``True``: a text line per trace on standard error; or a function ``(done, total, text)``.
     **options
-        ``analyze``'s options (``mode``, ``device``, ``optimizer``, ``dtypes``...).
+        ``analyze``'s options (``mode``, ``device``, ``optimizer``, ``dtypes``...). With
+        ``mode="generate", new_tokens=N``: the most concurrent sequences (``vary="batch"``) or
+        the longest prompt (``vary="seq"``) whose whole ``generate()`` peaks within the budget.
 
     Raises
     ------

@@ -2,27 +2,29 @@
 
 Every candidate is a combination of
 
-- a *layout*: an FSDP degree and a TP degree whose product is ``devices`` (every device used;
-  TP only where the model allows it: a degree ``analyze`` refuses up front, with an
-  ``OptionError`` or ``ParallelError``, is recorded with its reason and skipped);
+- a *layout*: HSDP replicas x FSDP degree x TP degree whose product is ``devices`` (every
+  device used; by default every such layout with ``tp`` at most the GPU's ``gpus_per_node``,
+  tensor parallelism across nodes being what nobody runs). A layout ``analyze`` refuses up
+  front (``LayoutError``, ``ParallelError``: tp not dividing the heads, fsdp past the rows of
+  the largest parameter) is recorded with its reason and not traced;
 - *activation checkpointing* (training only): off, or every block (``True``);
 - *precision*: as given (the model's own dtype), ``autocast`` bf16, or ``param_dtype`` bf16;
 - *micro-batches* (training only): 1, and 2 (the optimizer step and, under FSDP, the
   parameter gathers are shared by twice the tokens).
+
+``plan``'s ``layouts=``, ``activation_checkpointing=``, ``precisions=`` and
+``micro_batches=`` narrow (or widen) each axis.
 
 Each is traced with ``analyze(..., gpu=gpu, parallel=...)``: its ``peak_bytes`` is rank 0's
 traced peak, never a formula, and its ``step_s``, ``mfu`` and ``tokens_per_s`` are
 ``Analysis.time``'s. Analyses are cached by candidate, so one asked for twice is traced once.
 The fastest candidate that fits is the one with the most tokens per second (samples per second
 for inputs that are not tokens; the shortest step when neither is known).
-
-Replicated data-parallel groups (HSDP: ``devices / (fsdp * tp)`` replicas) are not candidates:
-``analyze`` does not trace them yet, and every number here is traced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,17 +47,12 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "param_dtype bf16": {"param_dtype": "bfloat16"},
 }
 #: options ``plan`` sets itself
-_OWN_OPTIONS = (
-    "parallel",
-    "activation_checkpointing",
-    "autocast",
-    "param_dtype",
-    "micro_batches",
-    "widget",
-    "gpu",
-)
+_OWN_OPTIONS = ("parallel", "autocast", "param_dtype", "widget", "gpu")
+#: the names a layout of ``plan(layouts=...)`` may give
+MESH = ("replicate", "fsdp", "tp")
 #: the columns of ``Plan.to_dataframe()``
 COLUMNS = (
+    "replicate",
     "fsdp",
     "tp",
     "activation_checkpointing",
@@ -78,8 +75,9 @@ class Candidate:
 
     Attributes
     ----------
-    fsdp, tp
-        The layout: FSDP and tensor-parallel degrees (``fsdp * tp`` devices).
+    fsdp, tp, replicate
+        The layout: FSDP and tensor-parallel degrees, in ``replicate`` HSDP replicas
+        (``replicate * fsdp * tp`` devices).
     activation_checkpointing
         Whether every block is checkpointed.
     precision
@@ -112,13 +110,18 @@ class Candidate:
     samples_per_s: float | None = None
     error: str | None = None
     analysis: Analysis | None = field(default=None, repr=False)
+    replicate: int = 1
 
     @property
-    def key(self) -> tuple[int, int, bool, str, int]:
+    def layout(self) -> tuple[int, int, int]:
+        """(replicate, fsdp, tp)."""
+        return (self.replicate, self.fsdp, self.tp)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
         """What identifies the candidate: layout, checkpointing, precision, micro-batches."""
         return (
-            self.fsdp,
-            self.tp,
+            *self.layout,
             self.activation_checkpointing,
             self.precision,
             self.micro_batches,
@@ -126,7 +129,8 @@ class Candidate:
 
     def options(self) -> dict[str, Any]:
         """The options of ``analyze`` that give this candidate (besides the plan's own)."""
-        parallel = {name: n for name, n in (("fsdp", self.fsdp), ("tp", self.tp)) if n > 1}
+        sizes = (("replicate", self.replicate), ("fsdp", self.fsdp), ("tp", self.tp))
+        parallel = {name: n for name, n in sizes if n > 1}
         return {
             "parallel": parallel or None,
             "activation_checkpointing": self.activation_checkpointing,
@@ -186,10 +190,20 @@ class Plan:
         return sum(c.analysis is not None for c in self.candidates)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per candidate: ``fsdp``, ``tp``, ``activation_checkpointing``,
+        """One row per candidate: ``replicate``, ``fsdp``, ``tp``, ``activation_checkpointing``,
         ``precision``, ``micro_batches``, ``peak_bytes``, ``fits``, ``step_s``, ``mfu``,
         ``tokens_per_s``, ``samples_per_s``, ``error``."""
         return pd.DataFrame([c.row() for c in self.candidates], columns=list(COLUMNS))
+
+    def widget(self) -> Any:
+        """The plan view (``meta_widget.explore.plan_view``): step time against peak per
+        candidate, the budget line, the best marked; clicking a candidate opens its analysis."""
+        from .plan_view import plan_widget  # anywidget: ~0.5 s, loaded on first use
+
+        return plan_widget(self)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget()._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
         fits = sum(c.fits for c in self.candidates)
@@ -201,9 +215,7 @@ class Plan:
             return head + ">"
         b = self.best
         return (
-            f"{head}; best fsdp={b.fsdp} tp={b.tp} checkpointing={b.activation_checkpointing} "
-            f"{b.precision} micro_batches={b.micro_batches}: {format_bytes(b.peak_bytes or 0)}, "
-            f"step {b.step_s:.4g} s>"
+            f"{head}; best {_label(b)}: {format_bytes(b.peak_bytes or 0)}, step {b.step_s:.4g} s>"
         )
 
 
@@ -216,6 +228,10 @@ def plan(
     budget: int | str | None = None,
     mode: str = "training",
     input_data: Any = None,
+    layouts: Sequence[Mapping[str, int]] | None = None,
+    activation_checkpointing: Sequence[bool] | None = None,
+    precisions: Sequence[str] | None = None,
+    micro_batches: Sequence[int] | None = None,
     progress: bool | ProgressFn = False,
     **analyze_options: Any,
 ) -> Plan:
@@ -231,20 +247,29 @@ def plan(
     gpu
         A name of ``mw.gpus()`` or an ``mw.GPU(...)``: the times, and the default budget.
     devices
-        How many GPUs: the layouts are the FSDP x TP degrees whose product is ``devices``.
+        How many GPUs: each layout's ``replicate * fsdp * tp`` is ``devices``.
     budget
         Bytes per device (an int) or a size with a unit (``"80GiB"``, ``"80GB"``); default the
         GPU's ``memory_bytes``.
     mode
         ``"training"`` (default) or ``"inference"`` (no checkpointing or micro-batch
         candidates).
+    layouts
+        The layouts to try, each a dict of ``replicate``, ``fsdp`` and ``tp`` (missing ones
+        1) whose product is ``devices``, e.g. ``[{"fsdp": 8}, {"replicate": 2, "fsdp": 4}]``;
+        default every such layout with ``tp <= gpu.gpus_per_node``.
+    activation_checkpointing
+        The settings to try (training): default ``(False, True)``.
+    precisions
+        Names of ``meta_widget.explore.plan.PRECISIONS`` to try: default all three.
+    micro_batches
+        Micro-batch counts to try (training): default ``(1, 2)``.
     progress
         ``True``: a text line per candidate on standard error; or a function
         ``(done, total, text)``.
     **analyze_options
         Other options of ``analyze`` (``optimizer``, ``device``, ``dtypes``...); ``plan`` sets
-        ``parallel``, ``activation_checkpointing``, ``autocast``, ``param_dtype`` and
-        ``micro_batches`` itself.
+        ``parallel``, ``autocast`` and ``param_dtype`` itself.
 
     Returns
     -------
@@ -255,16 +280,19 @@ def plan(
     Raises
     ------
     OptionError
-        For a gpu, devices, budget, mode or options that cannot be used.
+        For a gpu, devices, budget, mode, axis or options that cannot be used.
     NothingFitsError
         From ``Plan.best``, when no candidate fits (``plan`` itself returns every row).
     """
     accelerator = resolve_gpu(gpu)
     limit = accelerator.memory_bytes if budget is None else check_budget(budget)
     _check(devices, mode, analyze_options)
+    space = Space.checked(
+        devices, mode, accelerator, layouts, activation_checkpointing, precisions, micro_batches
+    )
     report = progress_function(progress, "plan")
-    todo = candidates(devices, mode)
-    refused: dict[tuple[int, int], str] = {}  # layouts analyze refused, and why
+    todo = space.candidates()
+    refused: dict[tuple[int, int, int], str] = {}  # layouts analyze refused, and why
     cache: dict[tuple[Any, ...], Analysis] = {}
     done: list[Candidate] = []
 
@@ -289,30 +317,137 @@ def plan(
     return Plan(done, limit, accelerator, devices, mode)
 
 
-def candidates(devices: int, mode: str = "training") -> list[Candidate]:
-    """The candidates :func:`plan` tries on ``devices`` GPUs in ``mode``, not yet traced:
-    FSDP-first layouts (``fsdp * tp == devices``), then checkpointing, precision and
-    micro-batches."""
-    training = mode == "training"
-    layouts = [(devices // tp, tp) for tp in range(1, devices + 1) if devices % tp == 0]
+@dataclass(frozen=True)
+class Space:
+    """The axes :func:`plan` combines, checked: layouts ``(replicate, fsdp, tp)``,
+    checkpointing settings, precision names and micro-batch counts."""
+
+    layouts: tuple[tuple[int, int, int], ...]
+    checkpointing: tuple[bool, ...]
+    precisions: tuple[str, ...]
+    micro_batches: tuple[int, ...]
+
+    @classmethod
+    def checked(
+        cls,
+        devices: int,
+        mode: str,
+        gpu: GPU,
+        layouts: Sequence[Mapping[str, int]] | None,
+        checkpointing: Sequence[bool] | None,
+        precisions: Sequence[str] | None,
+        micro_batches: Sequence[int] | None,
+    ) -> Space:
+        """The axes given (or their defaults) checked against ``devices`` and ``mode``."""
+        training = mode == "training"
+        if not training and (checkpointing is not None or micro_batches is not None):
+            raise OptionError(
+                "plan: activation_checkpointing= and micro_batches= are axes of training; "
+                f"leave them out with mode={mode!r}."
+            )
+        return cls(
+            _layouts(layouts, devices, gpu),
+            _axis(
+                "activation_checkpointing",
+                checkpointing,
+                (False, True) if training else (False,),
+                bool,
+            ),
+            _axis("precisions", precisions, tuple(PRECISIONS), str, PRECISIONS),
+            _axis("micro_batches", micro_batches, (1, 2) if training else (1,), int),
+        )
+
+    def candidates(self) -> list[Candidate]:
+        """Every combination, not yet traced: layouts (FSDP-first), then checkpointing,
+        precision and micro-batches."""
+        return [
+            Candidate(fsdp, tp, checkpointing, precision, micro, replicate=replicate)
+            for replicate, fsdp, tp in self.layouts
+            for checkpointing in self.checkpointing
+            for precision in self.precisions
+            for micro in self.micro_batches
+        ]
+
+
+def candidates(devices: int, mode: str = "training", gpu: str | GPU = "H100") -> list[Candidate]:
+    """The candidates :func:`plan` tries by default on ``devices`` GPUs in ``mode``, not yet
+    traced."""
+    return Space.checked(devices, mode, resolve_gpu(gpu), None, None, None, None).candidates()
+
+
+def default_layouts(devices: int, gpu: GPU) -> list[tuple[int, int, int]]:
+    """Every ``(replicate, fsdp, tp)`` with product ``devices`` and ``tp <= gpus_per_node``:
+    by tp, then fewest replicas (plain FSDP first)."""
+    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
     return [
-        Candidate(fsdp, tp, checkpointing, precision, micro)
-        for fsdp, tp in layouts
-        for checkpointing in ((False, True) if training else (False,))
-        for precision in PRECISIONS
-        for micro in ((1, 2) if training else (1,))
+        (replicate, devices // tp // replicate, tp)
+        for tp in divisors
+        if tp <= max(1, gpu.gpus_per_node)
+        for replicate in divisors
+        if (devices // tp) % replicate == 0
     ]
+
+
+def _layouts(
+    given: Sequence[Mapping[str, int]] | None, devices: int, gpu: GPU
+) -> tuple[tuple[int, int, int], ...]:
+    if given is None:
+        return tuple(default_layouts(devices, gpu))
+    if isinstance(given, (str, Mapping)) or not isinstance(given, Sequence) or not given:
+        raise OptionTypeError(
+            f"plan: layouts must be a non-empty list of dicts, not {given!r}: e.g. "
+            '[{"fsdp": 8}, {"replicate": 2, "fsdp": 4}, {"fsdp": 4, "tp": 2}].'
+        )
+    found = tuple(_layout(layout, devices) for layout in given)
+    return tuple(dict.fromkeys(found))
+
+
+def _layout(layout: Any, devices: int) -> tuple[int, int, int]:
+    """One layout of ``plan(layouts=...)`` checked: (replicate, fsdp, tp), product ``devices``."""
+    known = isinstance(layout, Mapping) and set(layout) <= set(MESH)
+    sizes = tuple(layout.get(k, 1) for k in MESH) if known else ()
+    if not sizes or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes
+    ):
+        raise OptionError(
+            f"plan: layout {layout!r} must map replicate, fsdp and tp to whole numbers >= 1."
+        )
+    replicate, fsdp, tp = sizes
+    if replicate * fsdp * tp != devices:
+        raise OptionError(
+            f"plan: layout {layout!r} uses {replicate * fsdp * tp} devices, not the "
+            f"devices={devices} every candidate uses (replicate x fsdp x tp)."
+        )
+    return replicate, fsdp, tp
+
+
+def _axis(
+    name: str, given: Sequence[Any] | None, default: tuple[Any, ...], kind: type, known: Any = None
+) -> tuple[Any, ...]:
+    """One axis given (or its default), each value of ``kind`` (and in ``known``), no repeats."""
+    if given is None:
+        return default
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence) or not given:
+        raise OptionTypeError(
+            f"plan: {name} must be a non-empty list or tuple (e.g. {list(default)}), not {given!r}."
+        )
+    for value in given:
+        bad = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if bad or (known is not None and value not in known) or (kind is int and value < 1):
+            allowed = f"one of {list(known)}" if known is not None else f"a {kind.__name__}"
+            raise OptionError(f"plan: {name} holds {value!r}; each must be {allowed}.")
+    return tuple(dict.fromkeys(given))
 
 
 def _trace(
     c: Candidate,
-    refused: dict[tuple[int, int], str],
+    refused: dict[tuple[int, int, int], str],
     cache: dict[tuple[Any, ...], Analysis],
     budget: int,
     run: Callable[[dict[str, Any]], Analysis],
 ) -> None:
     """Trace ``c`` (once per key) and fill in its numbers, or record why it was not traced."""
-    layout = (c.fsdp, c.tp)
+    layout = c.layout
     if layout in refused:
         c.error = refused[layout]
         return
@@ -362,15 +497,15 @@ def _check(devices: Any, mode: Any, options: dict[str, Any]) -> None:
     given = sorted(set(options) & set(_OWN_OPTIONS))
     if given:
         raise OptionError(
-            f"plan chooses {given} itself; leave them out (gpu= and devices= are plan's own "
-            "arguments)."
+            f"plan chooses {given} itself; leave them out (the layouts, precisions, "
+            "activation_checkpointing and micro_batches to try are plan's own arguments)."
         )
 
 
 def _label(c: Candidate) -> str:
     return (
-        f"fsdp={c.fsdp} tp={c.tp} ckpt={c.activation_checkpointing} {c.precision} "
-        f"mb={c.micro_batches}"
+        f"replicate={c.replicate} fsdp={c.fsdp} tp={c.tp} "
+        f"checkpointing={c.activation_checkpointing} {c.precision} micro_batches={c.micro_batches}"
     )
 
 

@@ -32,6 +32,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from ..choices import MemoryCategory, Phase
+from ..data.tree import held_bytes
 from ..data.walk import walk
 from ..trace.storage import local
 from ..units import DTYPE_BYTES
@@ -148,7 +149,10 @@ def unique_bytes(tensors: Sequence[torch.Tensor]) -> dict[str, int]:
         seen.add(id(t))
         name = _dtype_name(t)
         held = local(t)
-        n = held.untyped_storage().nbytes() if held is not t else t.numel() * t.element_size()
+        if type(t).__name__ != "DTensor":
+            n = held_bytes(t)  # a quantized weight: its inner tensors
+        else:
+            n = held.untyped_storage().nbytes() if held is not t else t.numel() * t.element_size()
         out[name] = out.get(name, 0) + n
     return out
 

@@ -15,26 +15,35 @@ from .errors import MAX_RANKS, OptionError, OptionTypeError, show
 # -- parallel --------------------------------------------------------------------------------
 
 _PARALLEL_EXAMPLE = (
-    'e.g. parallel={"fsdp": 8}, {"tp": 2}, {"fsdp": 4, "tp": 2}, with optional "blocks" '
-    '(module paths or class names fully_shard wraps) and "tp_plan" ({path: "colwise"})'
+    'e.g. parallel={"fsdp": 8}, {"tp": 2}, {"fsdp": 4, "tp": 2}, {"replicate": 2, "fsdp": 4} '
+    '(HSDP), with optional "blocks" (module paths or class names fully_shard wraps) and '
+    '"tp_plan" ({path: "colwise"})'
 )
 
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """``parallel=`` checked: FSDP2 over ``fsdp`` ranks and/or tensor parallelism over ``tp``
-    (``fsdp * tp`` ranks in all, this trace is rank 0), the modules ``fully_shard`` wraps
-    (``blocks``: None, each child of the outermost ``ModuleList``s) and the TP plan (``tp_plan``:
-    None, the transformers config's)."""
+    """``parallel=`` checked: FSDP2 over ``fsdp`` ranks and/or tensor parallelism over ``tp``,
+    in ``replicate`` replicas (HSDP: ``fully_shard`` on a 2-D mesh, parameters sharded over
+    ``fsdp`` ranks and replicated ``replicate`` times; ``replicate * fsdp * tp`` ranks in all,
+    this trace is rank 0), the modules ``fully_shard`` wraps (``blocks``: None, each child of
+    the outermost ``ModuleList``s) and the TP plan (``tp_plan``: None, the transformers
+    config's)."""
 
     fsdp: int = 1
     tp: int = 1
     blocks: tuple[str, ...] | None = None
     tp_plan: tuple[tuple[str, str], ...] | None = None
+    replicate: int = 1
 
     @property
     def world(self) -> int:
-        return self.fsdp * self.tp
+        return self.replicate * self.fsdp * self.tp
+
+    @property
+    def data_parallel(self) -> int:
+        """The ranks that process other data: every replica's shard group."""
+        return self.replicate * self.fsdp
 
 
 def check_parallel(parallel: Any) -> ParallelPlan | None:
@@ -47,7 +56,7 @@ def check_parallel(parallel: Any) -> ParallelPlan | None:
         raise OptionTypeError(
             f"parallel must be a dict, not {type(parallel).__name__}: {_PARALLEL_EXAMPLE}."
         )
-    unknown = sorted(set(map(str, parallel)) - {"fsdp", "tp", "blocks", "tp_plan"})
+    unknown = sorted(set(map(str, parallel)) - {"replicate", "fsdp", "tp", "blocks", "tp_plan"})
     if unknown:
         raise OptionError(f"parallel has unknown keys {unknown}: {_PARALLEL_EXAMPLE}.")
     sizes = _parallel_sizes(parallel)
@@ -69,13 +78,14 @@ def check_parallel(parallel: Any) -> ParallelPlan | None:
                 'e.g. {"layers.*.up": "colwise", "layers.*.down": "rowwise"}.'
             )
         plan = tuple(plan.items())
-    return ParallelPlan(sizes["fsdp"], sizes["tp"], blocks, plan)
+    return ParallelPlan(sizes["fsdp"], sizes["tp"], blocks, plan, sizes["replicate"])
 
 
 def _parallel_sizes(parallel: Mapping[str, Any]) -> dict[str, int]:
-    """``fsdp`` and ``tp`` checked: whole numbers of devices, 2 to ``MAX_RANKS`` in all."""
+    """``replicate``, ``fsdp`` and ``tp`` checked: whole numbers of devices, 2 to ``MAX_RANKS``
+    in all."""
     sizes = {}
-    for key in ("fsdp", "tp"):
+    for key in ("replicate", "fsdp", "tp"):
         value = parallel.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
             raise OptionError(
@@ -89,15 +99,15 @@ def _parallel_sizes(parallel: Mapping[str, Any]) -> dict[str, int]:
                 f"degree of one job, {_PARALLEL_EXAMPLE}."
             )
         sizes[key] = int(value)
-    world = sizes["fsdp"] * sizes["tp"]
+    world = sizes["replicate"] * sizes["fsdp"] * sizes["tp"]
     if world < 2:
         raise OptionError(
-            f"parallel={show(dict(parallel))} is one device: give fsdp or tp > 1 "
+            f"parallel={show(dict(parallel))} is one device: give replicate, fsdp or tp > 1 "
             f"({_PARALLEL_EXAMPLE}), or leave parallel out."
         )
     if world > MAX_RANKS:
         raise OptionError(
-            f"parallel={show(dict(parallel))} is {world} ranks (fsdp x tp), more than "
+            f"parallel={show(dict(parallel))} is {world} ranks (replicate x fsdp x tp), more than "
             f"{MAX_RANKS}, the most a parallel= trace stands for: lower fsdp or tp."
         )
     return sizes

@@ -10,6 +10,7 @@ check), ``analyze``'s signature and docstring, and the code where it acts.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -36,10 +37,11 @@ from .checks import (
     check_param_dtype,
     checkpoint_selection,
 )
+from .errors import OptionError, OptionTypeError, show
 from .parallel import check_parallel
 from .shapes import input_dtypes, input_shapes
 
-__all__ = ["Options", "TraceSpec"]
+__all__ = ["GENERATE", "Options", "TraceSpec"]
 
 #: a field's check: (the given value, the fields checked before it, notes) -> the checked value
 Check = Callable[[Any, Mapping[str, Any], list[str]], Any]
@@ -55,10 +57,80 @@ def _alone(check: Callable[[Any], Any]) -> Check:
     return lambda value, _before, _notes: check(value)
 
 
+#: ``mode="generate"``: transformers' own ``generate()`` traced, prefill and decode steps
+#: (``meta_widget.trace.generate``); not a member of ``choices.Mode`` yet, which the front end
+#: shares (its widget view comes later)
+GENERATE = "generate"
+
+#: the largest ``new_tokens``: each decode step is traced
+MAX_NEW_TOKENS = 1_000_000
+
+
 def _mode(value: Any, _before: Mapping[str, Any], _notes: list[str]) -> str:
-    mode = check_mode(value)
+    if value == GENERATE:
+        return GENERATE
+    try:
+        mode = check_mode(value)
+    except OptionError as exc:
+        raise type(exc)(f"{exc} (or {GENERATE!r})") from None
     check_grad_mode(mode)
     return mode
+
+
+def _count(value: Any, name: str) -> int | None:
+    """None, or an int of 1 or more."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise OptionTypeError(f"{name} must be an int of 1 or more, or None, not {show(value)}")
+    if not 1 <= int(value) <= MAX_NEW_TOKENS:
+        raise OptionError(f"{name} must be from 1 to {MAX_NEW_TOKENS:,}, not {int(value)}")
+    return int(value)
+
+
+def _new_tokens(value: Any, before: Mapping[str, Any], notes: list[str]) -> int | None:
+    """``new_tokens``: how many tokens ``generate()`` makes (``mode="generate"``)."""
+    count = _count(value, "new_tokens")
+    if count is not None and before["mode"] != GENERATE:
+        notes.append(f"new_tokens={count} was not used: only mode='generate' generates tokens.")
+    return count
+
+
+def _cache_implementation(value: Any, before: Mapping[str, Any], notes: list[str]) -> str | None:
+    """``cache_implementation``: a name ``generate()`` takes (``"static"``, ``"dynamic"``...),
+    checked by transformers itself when the trace runs."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise OptionTypeError(
+            f"cache_implementation must be a name generate() takes (e.g. 'static', 'dynamic') "
+            f"or None, not {show(value)}"
+        )
+    if before["mode"] != GENERATE:
+        notes.append(f"cache_implementation={value!r} was not used: only mode='generate' has one.")
+    return value
+
+
+def _max_length(value: Any, before: Mapping[str, Any], _notes: list[str]) -> int | None:
+    """``max_length``: the length (prompt and new tokens) ``generate()`` stops at; in
+    ``mode="generate"`` one of it and ``new_tokens`` is needed."""
+    length = _count(value, "max_length")
+    if before["mode"] == GENERATE and length is None and before["new_tokens"] is None:
+        raise OptionError(
+            "mode='generate' needs new_tokens=N (the tokens generate() makes, exactly N) or "
+            "max_length=L (prompt and new tokens together)."
+        )
+    return length
+
+
+def _revision(value: Any) -> str | None:
+    """``revision``: a Hub id's branch, tag or commit name, or None (``main``)."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise OptionTypeError(
+            f"revision must be a branch, tag or commit of the Hub repository (a non-empty "
+            f"string) or None, not {show(value)}"
+        )
+    return value
 
 
 def _dtypes(value: Any, before: Mapping[str, Any], _notes: list[str]) -> Any:
@@ -71,7 +143,9 @@ def _dtypes(value: Any, before: Mapping[str, Any], _notes: list[str]) -> Any:
 @dataclass(frozen=True)
 class TraceSpec:
     """What one trace runs (``analyze``'s docstring says each option in full): a forward pass
-    (``mode="inference"``) or a training step with its ``optimizer`` and ``loss``; the
+    (``mode="inference"``), a training step with its ``optimizer`` and ``loss``, or
+    transformers' ``generate()`` (``mode="generate"``, ``new_tokens``, ``cache_implementation``,
+    ``max_length``); the
     ``device`` whose attention kernel is accounted; the assumption policy (``strict``,
     ``assume``, ``assume_nonzero``); the op cache (``fast``); ``autocast``; ``micro_batches``;
     the modules run under ``activation_checkpointing``."""
@@ -104,10 +178,21 @@ class TraceSpec:
     activation_checkpointing: bool | str | Sequence[str] = field(
         default=False, metadata=_checked_by(_alone(checkpoint_selection))
     )
+    #: ``mode="generate"``: the tokens ``generate()`` makes (exactly), its cache and length
+    new_tokens: int | None = field(default=None, metadata=_checked_by(_new_tokens))
+    cache_implementation: str | None = field(
+        default=None, metadata=_checked_by(_cache_implementation)
+    )
+    max_length: int | None = field(default=None, metadata=_checked_by(_max_length))
 
     @property
     def training(self) -> bool:
         return self.mode == Mode.TRAINING
+
+    @property
+    def generating(self) -> bool:
+        """``mode="generate"``: transformers' ``generate()`` is traced."""
+        return self.mode == GENERATE
 
     def checked(self) -> tuple[Any, list[str]]:
         """Every field checked, in order, and the notes a given option leaves (an optimizer
@@ -164,6 +249,12 @@ class Options(TraceSpec):
     #: the accelerator ``Analysis.time`` is for: a name of ``mw.gpus()`` or an ``mw.GPU``
     #: (timed from the records: no part of the trace)
     gpu: Any = field(default=None, metadata=_checked_by(_alone(check_gpu)))
+    #: a Hugging Face Hub id's branch, tag or commit (``meta_widget.sources.hub``)
+    revision: str | None = field(default=None, metadata=_checked_by(_alone(_revision)))
+    #: whether a Hub model's own code (its config's ``auto_map``) may run
+    trust_remote_code: bool = field(
+        default=False, metadata=_checked_by(_alone(lambda v: check_flag(v, "trust_remote_code")))
+    )
     #: notes about the inputs made from ``input_size``/``dtypes`` (carried over by ``rerun``)
     input_notes: tuple[str, ...] = ()
 

@@ -1,3 +1,9 @@
 """What the user has, turned into a meta module and meta inputs: modules, classes,
-factories, transformers configs; inputs after torchinfo's conventions; low-precision copies.
+factories, transformers configs, exported and compiled programs (``programs``), Hugging Face
+Hub ids (``hub``, loaded with huggingface_hub when a string is analyzed); inputs after
+torchinfo's conventions; low-precision copies.
 """
+
+from . import programs  # registers its sources
+
+__all__ = ["programs"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .. import heavy
 from ..data.walk import TreeFault, modules, tree_fault
@@ -338,11 +339,26 @@ def stand_in(t: torch.Tensor, storages: dict[int, Any]) -> torch.Tensor:
         out = torch.empty(0, dtype=t.dtype, device="meta").set_(
             meta, t.storage_offset(), t.shape, t.stride()
         )
-    else:  # sparse, quantized or a tensor subclass: a dense stand-in of the same shape
+    elif is_traceable_wrapper_subclass(t) and type(t).__name__ != "DTensor":
+        out = _subclass_stand_in(t, storages)  # torchao's quantized weights: packed as they are
+    else:  # sparse, quantized or another tensor subclass: a dense stand-in of the same shape
         out = torch.empty(t.shape, dtype=t.dtype, device="meta")
     if isinstance(t, torch.nn.Parameter):
         return torch.nn.Parameter(out, requires_grad=t.requires_grad)
     return out.requires_grad_(t.requires_grad)
+
+
+def _subclass_stand_in(t: torch.Tensor, storages: dict[int, Any]) -> torch.Tensor:
+    """A tensor subclass holding its data in inner tensors (torchao's ``Int8Tensor``,
+    ``Int4Tensor``...), rebuilt around meta stand-ins of those: the same class, its packed
+    bytes kept; a dense stand-in where the class cannot be rebuilt so."""
+    names, context = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    try:
+        inner = {n: stand_in(getattr(t, n), storages) for n in names}
+        out = type(t).__tensor_unflatten__(inner, context, t.shape, t.stride())  # type: ignore[attr-defined]
+    except (RuntimeError, TypeError, ValueError, AttributeError, NotImplementedError):
+        return torch.empty(t.shape, dtype=t.dtype, device="meta")
+    return out  # type: ignore[no-any-return]
 
 
 def stand_ins(found: Reachable, storages: dict[int, Any]) -> dict[int, Any]:

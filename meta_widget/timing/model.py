@@ -14,8 +14,9 @@ Per collective (``a.comm_records``), ring formulas over a group of ``p`` ranks m
 bytes (the whole tensor): all-gather, reduce-scatter and all-to-all ``(p-1)/p * N / bw``,
 all-reduce ``2 (p-1)/p * N / bw``, broadcast ``N / bw``; plus ``EFFICIENCY.collective_s``. ``bw``
 is one direction of NVLink (``nvlink_bytes_per_s / 2``) when the group's ranks share a node
-(``p * stride <= gpus_per_node``; an FSDP group's ranks are ``tp`` apart, tensor parallelism
-being the inner mesh dimension), else the network's ``network_bytes_per_s``, each times
+(``p * stride <= gpus_per_node``; the mesh is replicate x fsdp x tp, tensor parallelism
+innermost, so an FSDP group's ranks are ``tp`` apart and an HSDP replica group's ``fsdp * tp``),
+else the network's ``network_bytes_per_s``, each times
 ``EFFICIENCY.link``.
 
 Overlap, per phase (forward, backward, optimizer): FSDP's collectives (every group but ``"tp"``)
@@ -29,7 +30,7 @@ between dependent matmuls and are exposed whole:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -38,7 +39,7 @@ from ..choices import Phase
 from ..data.records import CallRecord
 from .gpus import GPU
 
-__all__ = ["EFFICIENCY", "Efficiency", "StepTime", "step_time", "tokens_of"]
+__all__ = ["EFFICIENCY", "Efficiency", "StepTime", "generation_time", "step_time", "tokens_of"]
 
 Cost = tuple[str, int, int]
 _FORWARD, _BACKWARD, _OPTIMIZER = Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value
@@ -113,6 +114,12 @@ class StepTime:
     the data-parallel ranks) over ``step_s``; None for inputs that are not tokens, whose rate
     is ``samples_per_s`` (the batch dimension, likewise). With ``parallel=``, times are
     rank 0's.
+
+    In ``mode="generate"`` the step is the whole ``generate()``: ``prefill_s`` is the prefill's
+    forward pass (the time to the first token), ``per_token_s`` the rest over the decode steps
+    (``new_tokens - 1``; the ops outside the model's forward, e.g. each step's argmax, are
+    counted there), and ``tokens_per_s`` the tokens made (batch x ``new_tokens``) over
+    ``step_s``; ``decode_tokens_per_s`` the batch over ``per_token_s``.
     """
 
     gpu: GPU
@@ -136,8 +143,25 @@ class StepTime:
     #: collective time by the module it serves (``CommRecord.module``)
     comm_by_module: Mapping[str, float] = field(default_factory=dict)
     efficiency: Efficiency = EFFICIENCY
+    #: ``mode="generate"``: the prefill (time to the first token) and each decode step
+    prefill_s: float | None = None
+    per_token_s: float | None = None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """``mode="generate"``: tokens made per second while decoding (batch / ``per_token_s``)."""
+        if not self.per_token_s or not self.samples_per_s:
+            return None
+        return self.samples_per_s * self.step_s / self.per_token_s
 
     def __repr__(self) -> str:
+        if self.prefill_s is not None:
+            per = _ms(self.per_token_s) if self.per_token_s is not None else "-"
+            return (
+                f"<StepTime on {self.gpu.name}: generate {_ms(self.step_s)} (prefill "
+                f"{_ms(self.prefill_s)}, {per} per output token), "
+                f"{self.tokens_per_s or 0:,.0f} tokens/s>"
+            )
         rate = (
             f"{self.tokens_per_s:,.0f} tokens/s"
             if self.tokens_per_s is not None
@@ -216,14 +240,18 @@ class _Timer:
 
 
 def collective_seconds(
-    comm: CommLike, gpu: GPU, inner: int = 1, efficiency: Efficiency = EFFICIENCY
+    comm: CommLike,
+    gpu: GPU,
+    strides: Mapping[str, int] | None = None,
+    efficiency: Efficiency = EFFICIENCY,
 ) -> float:
     """The time of one collective on ``gpu`` (ring formulas; see the module docstring).
-    ``inner``: the tensor-parallel degree, the distance between an FSDP group's ranks."""
+    ``strides``: the distance between a group's ranks by mesh dimension (an FSDP group's ranks
+    are ``tp`` apart, a replica group's ``fsdp * tp``; 1 when not given)."""
     p = comm.group_size
     if p <= 1 or comm.bytes <= 0:
         return 0.0
-    stride = inner if comm.group == "fsdp" else 1
+    stride = (strides or {}).get(comm.group, 1)
     if p * stride <= gpu.gpus_per_node:
         bandwidth = gpu.nvlink_bytes_per_s / 2
     else:
@@ -298,18 +326,46 @@ def step_time(
     )
 
 
+def generation_time(
+    step: StepTime, calls: Sequence[CallRecord], batch: int, new_tokens: int
+) -> StepTime:
+    """``step`` (a whole traced ``generate()``) with its prefill, time per output token and
+    tokens made per second (see :class:`StepTime`): the prefill is the first call of the root
+    module, each later one a decode step."""
+    roots = [c for c in calls if c.parent < 0]
+    prefill = step.call_s[roots[0].index] if roots else 0.0
+    decode = max(0.0, step.step_s - prefill)
+    per_token = decode / (new_tokens - 1) if new_tokens > 1 else None
+    made = batch * new_tokens
+    return replace(
+        step,
+        prefill_s=prefill,
+        per_token_s=per_token,
+        tokens_per_s=made / step.step_s if step.step_s > 0 else None,
+        samples_per_s=batch / step.step_s if step.step_s > 0 else None,
+    )
+
+
+def mesh_strides(comms: Sequence[CommLike]) -> dict[str, int]:
+    """How far apart a group's ranks are, by mesh dimension (replicate, fsdp, tp: tensor
+    parallelism innermost), from the group sizes the collectives ran on."""
+    size = {c.group: c.group_size for c in comms}
+    tp, fsdp = size.get("tp", 1), size.get("fsdp", 1)
+    return {"tp": 1, "fsdp": tp, "replicate": fsdp * tp}
+
+
 def _communication(
     comms: Sequence[CommLike], gpu: GPU, efficiency: Efficiency, compute: Mapping[str, float]
 ) -> tuple[float, float, dict[str, float]]:
     """(all collectives' time, the exposed part, time by module served) under the overlap rule
     of the module docstring."""
-    inner = max((c.group_size for c in comms if c.group == "tp"), default=1)
+    strides = mesh_strides(comms)
     overlapped: dict[str, float] = {}
     blocking = 0.0
     total = 0.0
     by_module: dict[str, float] = {}
     for c in comms:
-        t = collective_seconds(c, gpu, inner, efficiency)
+        t = collective_seconds(c, gpu, strides, efficiency)
         total += t
         by_module[c.module] = by_module.get(c.module, 0.0) + t
         if c.group in _BLOCKING or c.phase not in compute:

@@ -21,7 +21,7 @@ from ..choices import Phase
 from ..data.flatten import TensorInfo, describe_inputs, named_tensors
 from ..data.records import CallRecord
 from ..data.walk import ModuleWalk
-from .storage import StorageTracker, inner_tensors, on_meta, storage_key
+from .storage import StorageTracker, inner_tensors, storage_key
 
 __all__ = ["CallStack", "Listener"]
 
@@ -157,7 +157,9 @@ class CallStack:
             else list(named_tensors(output, caches=not self.stack))
         )
         rec.outputs = [TensorInfo.named(name, t) for name, t in named]
-        keys = {storage_key(x) for _, t in named for x in inner_tensors(t) if on_meta(x)}
+        keys = {
+            storage_key(x) for _, t in named for x in inner_tensors(t) if self._storage.tracks(x)
+        }
         rec.activation_bytes = self._storage.new_bytes(keys, rec.start_event)
         if self._tainted and not keys.isdisjoint(self._tainted):
             rec.assumed = True

@@ -3,7 +3,9 @@
 Inference: ``eval()``, ``torch.no_grad()``, one forward pass. Training: ``train()``, a forward pass,
 the loss (``loss(output)``, or the sum of every floating output), ``backward()``, and one
 optimizer step, each recorded as a phase of the live-bytes timeline (``forward``, ``backward``,
-``optimizer``). Everything is undone afterwards, whatever interrupts it: hooks, modes, grad
+``optimizer``). Generate (``mode="generate"``): ``eval()``, ``no_grad()``, transformers'
+``generate()`` (``meta_widget.trace.generate``), its prefill and decode steps marked on the
+timeline. Everything is undone afterwards, whatever interrupts it: hooks, modes, grad
 mode, ``training`` flags, patched forwards, gradients and the garbage collector switch.
 """
 
@@ -38,11 +40,12 @@ from .callstack import Listener
 from .checkpointing import patch_forwards
 from .factories import DeviceLessFactories
 from .fastpath import patch_fast_paths
+from .generate import CacheSummary, Generation, StopChecks
 from .kernels import WORKSPACES, AttentionKernels
 from .opcache import CacheStats
 from .recorder import Recorder
 from .replay import Tapes
-from .storage import local, on_meta, storage_key
+from .storage import local, storage_key
 
 OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
     Optimizer.ADAMW: lambda ps: torch.optim.AdamW(ps, foreach=False),
@@ -85,6 +88,8 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     #: the costs of ops outside any module call, by phase (``meta_widget.trace.costs``)
     orphan_costs: dict[str, dict[tuple[str, int, int], int]] = field(default_factory=dict)
+    #: ``mode="generate"``: the cache ``generate()`` returned (``meta_widget.trace.generate``)
+    kv_cache: CacheSummary | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -152,11 +157,14 @@ def trace(
         raise ValueError(
             f"optimizer must be one of {sorted(OPTIMIZERS)} or None, not {optimizer!r}"
         )
+    generation = Generation(spec) if spec.generating else None
     recorder = Recorder(
         module,
         listeners,
         [t for _, t in named_tensors((args, kwargs))],
-        policy=Policy.of(spec.strict, spec.assume, spec.assume_nonzero),
+        policy=Policy.of(spec.strict, spec.assume, spec.assume_nonzero)
+        if generation is None
+        else StopChecks.of_spec(spec, generation),
         tag_grad_nodes=training,
         fast=spec.fast,
         workspaces=WORKSPACES.get(device),
@@ -168,6 +176,7 @@ def trace(
         default_device,
     )
     run.micro_batches = spec.micro_batches
+    run.generation = generation
     checkpointed = spec.checkpointed(module)
     start = time.perf_counter()
     tree = recorder.walk
@@ -195,6 +204,11 @@ def trace(
     stack, storage = recorder.callstack, recorder.storage
     if exception is not None and stack.error_call is None and stack.calls:
         stack.error_call = _deepest_unfinished(stack.calls)
+    if generation is not None:  # the timeline marked: prefill, then each decode step
+        run.phase_runs = list(generation.runs)
+        run.phase_starts = {}
+        for at, name in generation.runs:
+            run.phase_starts.setdefault(name, at)
     return Trace(
         calls=stack.calls,
         events=storage.events,
@@ -214,6 +228,7 @@ def trace(
         fast_path=recorder.cache.stats if recorder.cache is not None else None,
         notes=run.factories.notes(),
         orphan_costs=recorder.orphan_costs,
+        kv_cache=generation.cache if generation is not None else None,
     )
 
 
@@ -277,6 +292,7 @@ class _Run:
         self.output: Any = None  # outlives the recorder: the timeline ends with the outputs
         self.opt: Any = None
         self.factories = DeviceLessFactories(default_device)
+        self.generation: Generation | None = None  # mode="generate": its generate()
 
     def step(
         self,
@@ -293,7 +309,10 @@ class _Run:
         """One forward pass, or forward, loss, backward and optimizer step: a method each."""
         if not training:
             with self._autocast():
-                self.output = module(*args, **kwargs)
+                if self.generation is not None:
+                    self.output = self.generation.run(self.recorder, module, args, kwargs)
+                else:
+                    self.output = module(*args, **kwargs)
             return
         for i in range(self.micro_batches):  # gradient accumulation: forward, backward, again
             if i:
@@ -351,7 +370,7 @@ class _Run:
             for v in state.values():
                 if isinstance(v, torch.Tensor):
                     v = local(v)
-                    if on_meta(v):
+                    if self.recorder.storage.tracks(v):
                         self.state_keys[storage_key(v)] = self.param_names.get(id(p), "")
                     else:
                         self.state_other += v.numel() * v.element_size()

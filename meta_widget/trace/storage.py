@@ -75,6 +75,18 @@ class StorageTracker:
         self._existing = {storage_key(x) for t in existing for x in inner_tensors(t) if on_meta(x)}
         #: told the key of each storage that dies: a later storage may get the same key
         self.on_free: Callable[[int], None] | None = None
+        #: storages on every device are tracked, not only meta's (a real run: ``track_real``)
+        self.real = False
+
+    def track_real(self, existing: Iterable[torch.Tensor]) -> None:
+        """Track storages on every device from now on (``mw.measure``'s real run), ``existing``
+        (the real parameters, buffers and inputs) being there before and never new."""
+        self.real = True
+        self._existing |= {storage_key(x) for t in existing for x in inner_tensors(t)}
+
+    def tracks(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage is one this tracker follows (on meta, or any in a real run)."""
+        return self.real or on_meta(t)
 
     def detach(self) -> None:
         """Drop the callbacks (the recorder's methods) once the trace is over and nothing is
@@ -86,7 +98,7 @@ class StorageTracker:
     def track(self, t: torch.Tensor, op: str, call: CallRecord | None, backward: bool) -> None:
         """Note new storage of an op's output, allocated for ``call`` (a backward one: for its
         backward, which the forward's ``alloc_bytes`` leaves out)."""
-        if not t.is_meta and type(t) is not FakeTensor:
+        if not t.is_meta and type(t) is not FakeTensor and not self.real:
             if is_traceable_wrapper_subclass(t):
                 for inner in inner_tensors(t):
                     self.track(inner, op, call, backward)
@@ -168,7 +180,7 @@ class StorageTracker:
 
     def mark_saved(self, t: torch.Tensor) -> None:
         """Note that autograd saved ``t`` for the backward pass (a saved-tensors pack hook)."""
-        if on_meta(t):
+        if self.tracks(t):
             entry = self._live.get(storage_key(t))
             if entry is not None:
                 entry[0].saved = True

@@ -1,0 +1,140 @@
+/**
+ * The plan view of `mw.plan`, drawn from the Python side's own payload of a real plan (the tiny
+ * Llama on 2 H100s in 300 KiB: `python tests/test_explore_view.py` writes
+ * `js/fixtures/plan.json`), and the analysis the kernel sends back when a point is clicked (the
+ * recorded training sample stands in for it).
+ */
+import { afterEach, describe, expect, it } from "vitest";
+import { draw } from "./explore";
+import training from "./fixtures/gpt2-tiny.training.json";
+import { decodePlan, planVerdict, sortCandidates } from "./plan";
+import { candidateText, isDrawn, ticks, xRange } from "./planchart";
+import type { PlanCandidate } from "./protocol";
+import { fakeModel } from "./testmodel";
+
+const files = import.meta.glob<{ default: unknown }>("./fixtures/plan.json", { eager: true });
+const raw = files["./fixtures/plan.json"]?.default as Record<string, unknown> & { candidates: Record<string, unknown>[] };
+
+/** The sample with one more candidate, refused before any trace (as a layout `analyze` refuses). */
+function withRefused(): Record<string, unknown> {
+  const refused = {
+    ...raw.candidates[0],
+    index: raw.candidates.length,
+    tp: 2,
+    fsdp: 1,
+    peakBytes: null,
+    fits: false,
+    stepS: null,
+    mfu: null,
+    tokensPerS: null,
+    samplesPerS: null,
+    error: "LayoutError: tp=2 does not divide the 3 heads",
+    openable: false,
+  };
+  return { ...raw, candidates: [...raw.candidates, refused] };
+}
+
+let el: HTMLElement;
+afterEach(() => el?.remove());
+
+function show(payload: unknown) {
+  el = document.createElement("div");
+  document.body.append(el);
+  const model = fakeModel(payload);
+  const cleanup = draw(el, "plan", payload, model as never);
+  return { model, cleanup };
+}
+
+describe("the plan view", () => {
+  const plan = decodePlan(raw)!;
+  const traced = plan.candidates.filter(isDrawn);
+
+  it("draws every candidate traced: fitting ones filled, the others hollow, the best ringed", () => {
+    show(raw);
+    const dots = [...el.querySelectorAll<SVGCircleElement>(".mw-plan-dot")];
+    expect(dots).toHaveLength(traced.length);
+    const fits = traced.filter((c) => c.peakBytes <= plan.budget).length; // 300 KiB
+    expect(el.querySelectorAll(".mw-plan-dot.mw-plan-in")).toHaveLength(fits);
+    expect(el.querySelectorAll(".mw-plan-dot.mw-plan-out")).toHaveLength(traced.length - fits);
+    expect(fits).toBeGreaterThan(0);
+    expect(fits).toBeLessThan(traced.length);
+    // the best: the most tokens per second among those that fit
+    const fastest = traced.filter((c) => c.fits).sort((a, b) => (b.tokensPerS ?? 0) - (a.tokensPerS ?? 0))[0]!;
+    const ring = el.querySelector(".mw-plan-best-ring")!.closest("g")!;
+    expect(ring.getAttribute("data-index")).toBe(String(fastest.index));
+    expect(el.querySelector(".mw-plan-verdict")!.textContent).toContain(`Fastest that fits: ${fastest.fsdp > 1 ? `fsdp=${fastest.fsdp}` : ""}`);
+  });
+
+  it("puts the budget where its bytes are, as a vertical dashed line", () => {
+    show(raw);
+    const line = el.querySelector<SVGLineElement>(".mw-plan-budget")!;
+    expect(line.getAttribute("x1")).toBe(line.getAttribute("x2"));
+    // every filled point is left of it, every hollow one right of it
+    const x = Number(line.getAttribute("x1"));
+    for (const d of el.querySelectorAll(".mw-plan-dot.mw-plan-in")) expect(Number(d.getAttribute("cx"))).toBeLessThanOrEqual(x);
+    for (const d of el.querySelectorAll(".mw-plan-dot.mw-plan-out")) expect(Number(d.getAttribute("cx"))).toBeGreaterThan(x);
+    expect(el.textContent).toContain("budget 300 KiB");
+    // far above every peak (the default budget, a GPU's memory), it is an arrow at the edge
+    expect(xRange({ ...plan, budget: 80 * 2 ** 30 }).budgetShown).toBe(false);
+  });
+
+  it("says the candidate on hover: layout, checkpointing, precision, micro-batches, peak, step, MFU", () => {
+    show(raw);
+    const c = traced[0]!;
+    const g = el.querySelector(`.mw-plan-point[data-index="${c.index}"]`)!;
+    g.dispatchEvent(new MouseEvent("mouseenter"));
+    const tip = el.querySelector(".mw-plan-tip")!.textContent!;
+    expect(tip).toBe(`#${c.index} ${candidateText(c)}`);
+    expect(tip).toMatch(/^#0 fsdp=2 · no checkpointing · as given · 1 micro-batch: peak 259 KiB · step 1 ms · MFU 0.0034%$/);
+  });
+
+  it("asks the kernel for a clicked candidate's analysis and shows it below when it comes", () => {
+    const { model, cleanup } = show(raw);
+    const c = traced[traced.length - 1]!;
+    (el.querySelector(`.mw-plan-point[data-index="${c.index}"]`) as SVGGElement).dispatchEvent(new MouseEvent("click"));
+    expect(model.sent).toEqual([{ type: "open", index: c.index }]);
+    expect(el.querySelector(".mw-plan-detail-head")!.textContent).toMatch(/^Opening candidate/);
+    // the kernel's answer: the detail trait
+    model.set("detail", { index: c.index, payload: training });
+    model.emit("change:detail");
+    expect(el.querySelector(".mw-plan-detail-head")!.textContent).toBe(`Candidate #${c.index}: ${candidateText(c)}`);
+    const detail = el.querySelector(".mw-plan-detail")!;
+    expect(detail.querySelector(".mw-table")).not.toBeNull(); // the analysis widget's tree
+    expect(detail.textContent).toContain("MFU"); // its header: the step on the H100
+    expect(el.querySelector(`tr[data-index="${c.index}"]`)!.classList.contains("mw-plan-opened")).toBe(true);
+    // a row of the table opens too
+    (el.querySelector(`tr[data-index="${traced[0]!.index}"]`) as HTMLElement).click();
+    expect(model.sent.at(-1)).toEqual({ type: "open", index: traced[0]!.index });
+    cleanup();
+    expect(model.count()).toBe(0);
+  });
+
+  it("lists the candidates not traced with their reason, and draws them not", () => {
+    show(withRefused());
+    expect(el.querySelectorAll(".mw-plan-dot")).toHaveLength(traced.length);
+    expect(el.querySelectorAll(".mw-plan-table tr.mw-plan-row")).toHaveLength(traced.length);
+    const failed = [...el.querySelectorAll(".mw-plan-failed li")].map((li) => li.textContent);
+    expect(failed).toEqual([`#${traced.length} tp=2 · no checkpointing · as given · 1 micro-batch: LayoutError: tp=2 does not divide the 3 heads`]);
+  });
+
+  it("sorts the table by a column", () => {
+    show(raw);
+    const th = [...el.querySelectorAll<HTMLElement>(".mw-plan-table th")].find((e) => e.textContent === "step")!;
+    th.click();
+    const steps = (): number[] =>
+      [...el.querySelectorAll<HTMLElement>(".mw-plan-table tr.mw-plan-row")].map((tr) => plan.candidates[Number(tr.dataset.index)]!.stepS!);
+    expect(steps()).toEqual([...traced.map((c) => c.stepS)].sort((a, b) => a - b));
+    [...el.querySelectorAll<HTMLElement>(".mw-plan-table th")].find((e) => e.textContent === "step")!.click();
+    expect(steps()).toEqual([...traced.map((c) => c.stepS)].sort((a, b) => b - a));
+    const byPeak = sortCandidates(traced as PlanCandidate[], 5, false).map((c) => c.peakBytes);
+    expect(byPeak).toEqual([...traced.map((c) => c.peakBytes)].sort((a, b) => a - b));
+  });
+
+  it("keeps names as text and refuses what is not a plan", () => {
+    show({ ...raw, gpu: "<img src=x onerror=alert(1)>" });
+    expect(el.querySelector("img")).toBeNull();
+    expect(planVerdict(decodePlan({ ...raw, best: null })!)).toMatch(/none fits\.$/);
+    expect(decodePlan({ rows: [] })).toBeNull();
+    expect(ticks(1e-3).at(-1)).toBeLessThanOrEqual(1e-3);
+  });
+});

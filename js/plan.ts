@@ -1,0 +1,233 @@
+/**
+ * The plan view of `mw.plan` (`meta_widget/explore/plan_view.py`): the answer in one line,
+ * the chart of every candidate traced (`planchart.ts`), a table of them (click a header to
+ * sort), the candidates not traced with their reason, and below, the analysis of the
+ * candidate the user opened. Opening (a click on a point or a row) sends
+ * `{type: "open", index}`; the kernel answers with the `detail` trait (`{index, payload}`),
+ * drawn here by the analysis widget's own view (`App`, no kernel behind it). Text only
+ * through `textContent`.
+ */
+import { App } from "./app";
+import { decodePayload } from "./decode";
+import { h } from "./details";
+import { formatBytes } from "./format";
+import { candidateText, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
+import type { PlanCandidate, PlanPayload } from "./protocol";
+import { formatSeconds } from "./timing";
+
+type Obj = Record<string, unknown>;
+const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
+const numOrNull = (v: unknown): number | null => (typeof v === "number" && Number.isFinite(v) ? v : null);
+const int = (v: unknown, fallback = 1): number => (typeof v === "number" && Number.isInteger(v) ? v : fallback);
+
+function decodeCandidate(raw: Obj, i: number): PlanCandidate {
+  return {
+    index: int(raw.index, i),
+    replicate: int(raw.replicate),
+    fsdp: int(raw.fsdp),
+    tp: int(raw.tp),
+    checkpointing: raw.checkpointing === true,
+    precision: typeof raw.precision === "string" ? raw.precision : "",
+    microBatches: int(raw.microBatches),
+    peakBytes: numOrNull(raw.peakBytes),
+    fits: raw.fits === true,
+    stepS: numOrNull(raw.stepS),
+    mfu: numOrNull(raw.mfu),
+    tokensPerS: numOrNull(raw.tokensPerS),
+    samplesPerS: numOrNull(raw.samplesPerS),
+    error: typeof raw.error === "string" ? raw.error : null,
+    openable: raw.openable === true,
+  };
+}
+
+/** The payload as sent by `plan_view.plan_payload`, or null. */
+export function decodePlan(raw: unknown): PlanPayload | null {
+  if (!isObj(raw) || !Array.isArray(raw.candidates) || typeof raw.budget !== "number") return null;
+  return {
+    title: typeof raw.title === "string" ? raw.title : "model",
+    gpu: typeof raw.gpu === "string" ? raw.gpu : "GPU",
+    devices: int(raw.devices),
+    mode: typeof raw.mode === "string" ? raw.mode : "training",
+    budget: raw.budget,
+    best: numOrNull(raw.best),
+    candidates: raw.candidates.filter(isObj).map(decodeCandidate),
+  };
+}
+
+/** The answer in one line: the best candidate, or that none fits. */
+export function planVerdict(p: PlanPayload): string {
+  const traced = p.candidates.filter(isDrawn);
+  const fit = traced.filter((c) => c.fits).length;
+  const head = `${p.candidates.length} candidates on ${p.devices} × ${p.gpu}, ${traced.length} traced, ${fit} fit ${formatBytes(p.budget)} per device`;
+  const best = p.candidates.find((c) => c.index === p.best);
+  if (!best || !isDrawn(best)) return `${head}; none fits.`;
+  const rate = best.tokensPerS !== null ? `, ${Math.round(best.tokensPerS).toLocaleString("en-US")} tokens/s` : "";
+  return `${head}. Fastest that fits: ${layoutText(best)}, ${best.checkpointing ? "checkpointing" : "no checkpointing"}, ${best.precision}, ${best.microBatches} micro-batch${best.microBatches === 1 ? "" : "es"}: step ${formatSeconds(best.stepS)}${rate}, peak ${formatBytes(best.peakBytes)}.`;
+}
+
+interface TableColumn {
+  label: string;
+  text: (c: PlanCandidate) => string;
+  /** What it sorts by; absent: not sortable. */
+  value?: (c: PlanCandidate) => number | string;
+  numeric?: boolean;
+}
+
+const or = (v: number | null, f: (n: number) => string): string => (v === null ? "–" : f(v));
+
+const TABLE: TableColumn[] = [
+  { label: "#", text: (c) => String(c.index), value: (c) => c.index, numeric: true },
+  { label: "layout", text: layoutText, value: layoutText },
+  { label: "checkpointing", text: (c) => (c.checkpointing ? "yes" : "no"), value: (c) => Number(c.checkpointing) },
+  { label: "precision", text: (c) => c.precision, value: (c) => c.precision },
+  { label: "micro-batches", text: (c) => String(c.microBatches), value: (c) => c.microBatches, numeric: true },
+  { label: "peak", text: (c) => or(c.peakBytes, formatBytes), value: (c) => c.peakBytes ?? Infinity, numeric: true },
+  { label: "fits", text: (c) => (c.fits ? "yes" : "no"), value: (c) => Number(c.fits) },
+  { label: "step", text: (c) => or(c.stepS, formatSeconds), value: (c) => c.stepS ?? Infinity, numeric: true },
+  { label: "MFU", text: (c) => or(c.mfu, (m) => `${(m * 100).toPrecision(2)}%`), value: (c) => c.mfu ?? -1, numeric: true },
+  {
+    label: "tokens/s",
+    text: (c) => or(c.tokensPerS, (t) => Math.round(t).toLocaleString("en-US")),
+    value: (c) => c.tokensPerS ?? -1,
+    numeric: true,
+  },
+];
+
+/** `rows` sorted by column `k` (`descending`), equal ones in their order. */
+export function sortCandidates(rows: readonly PlanCandidate[], k: number, descending: boolean): PlanCandidate[] {
+  const value = TABLE[k]?.value;
+  if (!value) return [...rows];
+  return rows
+    .map((c, i) => ({ c, i, v: value(c) }))
+    .sort((a, b) => {
+      const d = a.v < b.v ? -1 : a.v > b.v ? 1 : 0;
+      return (descending ? -d : d) || a.i - b.i;
+    })
+    .map((e) => e.c);
+}
+
+export interface PlanHandlers {
+  /** Ask for candidate `index`'s analysis (the kernel answers with `detail`). */
+  onOpen(index: number): void;
+}
+
+export interface PlanView {
+  /** Show the `detail` trait: `{index, payload}`, or `{}` (nothing opened). */
+  showDetail(detail: unknown): void;
+  destroy(): void;
+}
+
+/** Render the plan view into `el` (replacing what was there). */
+export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandlers): PlanView {
+  el.replaceChildren();
+  const root = h("div", "mw-root mw-plan");
+  root.append(h("div", "mw-plan-title", `Plan: ${p.title}, ${p.mode} on ${p.devices} × ${p.gpu}`));
+  root.append(h("div", "mw-plan-verdict", planVerdict(p)));
+  const tip = h("div", "mw-plan-tip", "Hover a point for its candidate; click one to open its analysis.");
+  let opened = -1;
+  const table = h("table", "mw-plan-table");
+  const open = (c: PlanCandidate): void => {
+    if (!c.openable) return;
+    opened = c.index;
+    mark();
+    detailHead.textContent = `Opening candidate #${c.index}: ${candidateText(c)}…`;
+    handlers.onOpen(c.index);
+  };
+  const chart = planChart(p, {
+    onHover: (c) => (tip.textContent = c ? `#${c.index} ${candidateText(c)}` : "Hover a point for its candidate; click one to open its analysis."),
+    onOpen: open,
+  });
+  root.append(legend(p), chart, tip);
+  const sort = { column: -1, descending: false };
+  const drawTable = (): void => {
+    const rows = sort.column < 0 ? p.candidates.filter(isDrawn) : sortCandidates(p.candidates.filter(isDrawn), sort.column, sort.descending);
+    table.replaceChildren(tableHead(sort, (k) => {
+      sort.descending = sort.column === k ? !sort.descending : false;
+      sort.column = k;
+      drawTable();
+    }));
+    for (const c of rows) table.append(tableRow(c, p.best, open));
+    mark();
+  };
+  const mark = (): void => {
+    for (const e of root.querySelectorAll("[data-index]")) {
+      e.classList.toggle("mw-plan-opened", Number(e.getAttribute("data-index")) === opened);
+    }
+  };
+  drawTable();
+  const scroller = h("div", "mw-plan-table-wrap");
+  scroller.append(table);
+  root.append(h("div", "mw-plan-subhead", "Candidates traced (click a header to sort, a row to open its analysis)"), scroller);
+  const failed = p.candidates.filter((c) => !isDrawn(c));
+  if (failed.length) {
+    root.append(h("div", "mw-plan-subhead", `Not traced or failed (${failed.length})`));
+    const list = h("ul", "mw-plan-failed");
+    for (const c of failed) list.append(h("li", "", `#${c.index} ${candidateText(c)}`));
+    root.append(list);
+  }
+  const detailHead = h("div", "mw-plan-detail-head");
+  const detailHost = h("div", "mw-plan-detail");
+  root.append(detailHead, detailHost);
+  el.append(root);
+  let app: App | null = null;
+  return {
+    showDetail(detail: unknown): void {
+      app?.destroy();
+      app = null;
+      detailHost.replaceChildren();
+      const index = isObj(detail) ? numOrNull(detail.index) : null;
+      const c = p.candidates.find((x) => x.index === index);
+      const analysis = isObj(detail) ? decodePayload(detail.payload) : null;
+      if (!c || !analysis) {
+        if (opened < 0) detailHead.textContent = "";
+        return;
+      }
+      opened = c.index;
+      mark();
+      detailHead.textContent = `Candidate #${c.index}: ${candidateText(c)}`;
+      app = new App(detailHost);
+      app.setAnalysis(analysis);
+      app.render();
+    },
+    destroy(): void {
+      app?.destroy();
+      app = null;
+    },
+  };
+}
+
+/** The precisions' colors, and what filled and hollow mean. */
+function legend(p: PlanPayload): HTMLDivElement {
+  const box = h("div", "mw-plan-legend");
+  for (const [precision, cls] of precisionClasses(p.candidates)) {
+    const item = h("span");
+    item.append(h("span", `mw-plan-swatch ${cls}`), document.createTextNode(precision));
+    box.append(item);
+  }
+  box.append(h("span", "mw-plan-key", "filled: fits · hollow: over the budget · ringed: the best"));
+  return box;
+}
+
+function tableHead(sort: { column: number; descending: boolean }, onSort: (k: number) => void): HTMLTableRowElement {
+  const tr = h("tr");
+  TABLE.forEach((col, k) => {
+    const th = h("th", col.numeric ? "mw-num" : "", col.label);
+    if (col.value) {
+      th.classList.add("mw-sortable");
+      th.title = "Sort by this column (click again to reverse)";
+      if (sort.column === k) th.dataset.dir = sort.descending ? "desc" : "asc";
+      th.addEventListener("click", () => onSort(k));
+    }
+    tr.append(th);
+  });
+  return tr;
+}
+
+function tableRow(c: PlanCandidate, best: number | null, open: (c: PlanCandidate) => void): HTMLTableRowElement {
+  const tr = h("tr", `mw-plan-row${c.fits ? "" : " mw-plan-over"}${c.index === best ? " mw-plan-best" : ""}`);
+  tr.dataset.index = String(c.index);
+  for (const col of TABLE) tr.append(h("td", col.numeric ? "mw-num" : "", col.text(c)));
+  tr.title = candidateText(c);
+  tr.addEventListener("click", () => open(c));
+  return tr;
+}

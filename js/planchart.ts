@@ -1,0 +1,156 @@
+/**
+ * The plan chart: each candidate `mw.plan` traced as a point, its step time (y) against its
+ * per-rank peak (x); the ones that fit the budget filled, the others hollow, colored by
+ * precision; the budget as a vertical dashed line; the best one ringed and named. An SVG, like
+ * the "what fits" chart (`fit.ts`); text only through `textContent`.
+ */
+import { IN_VIEW, memoryText } from "./budget";
+import { formatBytes } from "./format";
+import type { PlanCandidate, PlanPayload } from "./protocol";
+import { formatSeconds } from "./timing";
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg<K extends keyof SVGElementTagNameMap>(tag: K, attrs: Record<string, string | number>): SVGElementTagNameMap[K] {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  return e;
+}
+
+/** A candidate that has a point: traced, with a peak and a step time. */
+export type Drawn = PlanCandidate & { peakBytes: number; stepS: number };
+
+export function isDrawn(c: PlanCandidate): c is Drawn {
+  return c.error === null && c.peakBytes !== null && c.stepS !== null;
+}
+
+/** The precisions' colors, in the order `plan.PRECISIONS` tries them (others cycle). */
+const PRECISION_CLASSES = ["mw-plan-p0", "mw-plan-p1", "mw-plan-p2", "mw-plan-p3"];
+
+/** Each precision among `candidates` and its color class, in order of first appearance. */
+export function precisionClasses(candidates: readonly PlanCandidate[]): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const c of candidates) {
+    if (!out.has(c.precision)) out.set(c.precision, PRECISION_CLASSES[out.size % PRECISION_CLASSES.length] as string);
+  }
+  return out;
+}
+
+/** "fsdp=2 tp=2", or "1 device". */
+export function layoutText(c: PlanCandidate): string {
+  const parts = (
+    [
+      ["replicate", c.replicate],
+      ["fsdp", c.fsdp],
+      ["tp", c.tp],
+    ] as const
+  ).filter(([, n]) => n > 1);
+  return parts.map(([name, n]) => `${name}=${n}`).join(" ") || "1 device";
+}
+
+/** The candidate in words, as the hover and the table say it. */
+export function candidateText(c: PlanCandidate): string {
+  const micro = `${c.microBatches} micro-batch${c.microBatches === 1 ? "" : "es"}`;
+  const head = `${layoutText(c)} · ${c.checkpointing ? "checkpointing" : "no checkpointing"} · ${c.precision} · ${micro}`;
+  if (!isDrawn(c)) return `${head}: ${c.error ?? "not traced"}`;
+  const mfu = c.mfu === null ? "" : ` · MFU ${(c.mfu * 100).toPrecision(2)}%`;
+  return `${head}: peak ${formatBytes(c.peakBytes)}${c.fits ? "" : " (over the budget)"} · step ${formatSeconds(c.stepS)}${mfu}`;
+}
+
+/** "Nice" axis ticks from 0 to at most `max`: 1, 2 or 5 times a power of `base`. */
+export function ticks(max: number, count = 4, base = 10): number[] {
+  if (!(max > 0)) return [0];
+  const raw = max / count;
+  const p = base ** Math.floor(Math.log(raw) / Math.log(base));
+  const step = [1, 2, 5, base].map((m) => m * p).find((s) => s >= raw) ?? raw;
+  const out: number[] = [];
+  for (let v = 0; v <= max * 1.0001; v += step) out.push(v);
+  return out;
+}
+
+export interface ChartHandlers {
+  onHover(c: PlanCandidate | null): void;
+  onOpen(c: PlanCandidate): void;
+}
+
+/** The chart's x range and whether it reaches the budget (see `budget.ts`: a quarter of it). */
+export function xRange(p: PlanPayload): { max: number; budgetShown: boolean } {
+  const peaks = p.candidates.filter(isDrawn).map((c) => c.peakBytes);
+  const largest = Math.max(0, ...peaks);
+  const budgetShown = p.budget > 0 && largest >= IN_VIEW * p.budget;
+  return { max: Math.max(budgetShown ? p.budget : 0, largest) * 1.1 || 1, budgetShown };
+}
+
+/** Draw the chart (`width` x `height` user units, scaled to its box). */
+export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, height = 300): SVGSVGElement {
+  const left = 62;
+  const right = 16;
+  const top = 18;
+  const bottom = 40;
+  const drawn = p.candidates.filter(isDrawn);
+  const { max: xMax, budgetShown } = xRange(p);
+  const yMax = Math.max(0, ...drawn.map((c) => c.stepS)) * 1.12 || 1;
+  const x = (v: number): number => left + ((width - left - right) * v) / xMax;
+  const y = (v: number): number => height - bottom - ((height - top - bottom) * v) / yMax;
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "mw-plan-chart", role: "img" });
+  const title = svg("title", {});
+  title.textContent = `step time against peak per device for ${drawn.length} candidates on ${p.gpu}; the dashed line is the budget`;
+  root.append(title);
+  const text = (x0: number, y0: number, value: string, cls: string, anchor = "start"): SVGTextElement => {
+    const t = svg("text", { x: x0, y: y0, class: cls, "text-anchor": anchor });
+    t.textContent = value;
+    root.append(t);
+    return t;
+  };
+  // axes, grid and ticks
+  for (const v of ticks(xMax, 4, 2)) {
+    root.append(svg("line", { x1: x(v), x2: x(v), y1: top, y2: height - bottom, class: "mw-plan-grid" }));
+    text(x(v), height - bottom + 14, v === 0 ? "0" : formatBytes(v), "mw-plan-tick", "middle");
+  }
+  for (const v of ticks(yMax)) {
+    root.append(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "mw-plan-grid" }));
+    text(left - 6, y(v) + 4, v === 0 ? "0" : formatSeconds(v), "mw-plan-tick", "end");
+  }
+  root.append(svg("line", { x1: left, x2: left, y1: top, y2: height - bottom, class: "mw-plan-axis" }));
+  root.append(svg("line", { x1: left, x2: width - right, y1: height - bottom, y2: height - bottom, class: "mw-plan-axis" }));
+  text((left + width - right) / 2, height - 6, "peak per device (rank 0, traced)", "mw-plan-label", "middle");
+  const yLabel = text(14, (top + height - bottom) / 2, "step time", "mw-plan-label", "middle");
+  yLabel.setAttribute("transform", `rotate(-90 14 ${(top + height - bottom) / 2})`);
+  // the budget: a vertical dashed line, or an arrow at the right edge when off the scale
+  const budgetText = `budget ${memoryText(p.budget)}`;
+  if (budgetShown) {
+    root.append(svg("line", { x1: x(p.budget), x2: x(p.budget), y1: top - 6, y2: height - bottom, class: "mw-plan-budget" }));
+    const room = x(p.budget) + 110 < width;
+    text(room ? x(p.budget) + 4 : x(p.budget) - 4, top + 4, budgetText, "mw-plan-budget-label", room ? "start" : "end");
+  } else {
+    text(width - right, top + 4, `${budgetText} →`, "mw-plan-budget-label", "end");
+  }
+  // the points: the best last, on top
+  const classes = precisionClasses(p.candidates);
+  const order = [...drawn].sort((a, b) => Number(a.index === p.best) - Number(b.index === p.best));
+  for (const c of order) {
+    const g = svg("g", { class: "mw-plan-point", "data-index": c.index, tabindex: 0 });
+    if (c.index === p.best) {
+      g.append(svg("circle", { cx: x(c.peakBytes), cy: y(c.stepS), r: 10, class: "mw-plan-best-ring" }));
+      text(x(c.peakBytes) + 13, y(c.stepS) + 4, "best", "mw-plan-best-label");
+    }
+    const dot = svg("circle", {
+      cx: x(c.peakBytes),
+      cy: y(c.stepS),
+      r: 5,
+      class: `mw-plan-dot ${c.fits ? "mw-plan-in" : "mw-plan-out"} ${classes.get(c.precision) ?? ""}`,
+    });
+    const tip = svg("title", {});
+    tip.textContent = candidateText(c);
+    dot.append(tip);
+    g.append(dot);
+    g.addEventListener("mouseenter", () => handlers.onHover(c));
+    g.addEventListener("mouseleave", () => handlers.onHover(null));
+    g.addEventListener("click", () => handlers.onOpen(c));
+    g.addEventListener("keydown", (e: KeyboardEvent) => {
+      if (e.key === "Enter" || e.key === " ") handlers.onOpen(c);
+    });
+    root.append(g);
+  }
+  return root;
+}
