@@ -147,3 +147,35 @@ def test_a_hand_written_moe_with_a_module_list_of_experts() -> None:
     expert = sum(p.numel() for p in block.experts.parameters())
     shared = sum(p.numel() for p in model.parameters()) - expert
     assert a.active_params == shared + expert * 2 // 4
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_expert_flops_are_counted_where_flop_counter_mode_counts_none(mode: str) -> None:
+    """transformers runs the experts with ``torch._grouped_mm``, which ``FlopCounterMode``
+    counts as 0. The truth: FlopCounterMode's count of a real CPU run (everything but the
+    experts) plus the experts' matmuls written out here: every token meets ``k`` experts,
+    each a gate/up (H x 2I) and a down (I x H) projection, ``6 H I`` FLOPs forward; backward
+    twice that (the input's gradient and the weights')."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = mixtral()
+    config._attn_implementation = "eager"  # attention as matmuls FlopCounterMode counts on CPU
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config)
+    x = torch.randint(0, config.vocab_size, (2, 8))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = model(x).logits
+        if mode == "training":
+            out.float().sum().backward()
+    grouped = [n for n in counter.get_flop_counts().get("Global", {}) if "grouped_mm" in str(n)]
+    assert grouped == [] or all(counter.get_flop_counts()["Global"][n] == 0 for n in grouped)
+    h, i = config.hidden_size, config.intermediate_size
+    k, layers = config.num_experts_per_tok, config.num_hidden_layers
+    expert_forward = x.numel() * k * 6 * h * i * layers
+    expected = counter.get_total_flops() + expert_forward * (3 if mode == "training" else 1)
+    a = mw.analyze(
+        lambda: transformers.MixtralForCausalLM(config), input_data=x, mode=mode, optimizer=None
+    )
+    assert a.error is None, a.error
+    assert a.total_flops == expected

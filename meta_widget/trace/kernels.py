@@ -37,6 +37,7 @@ registered here with ``FlopCounterMode``'s formulas for the other fused kernels.
 from __future__ import annotations
 
 import functools
+import math
 import types
 from collections.abc import Callable
 from typing import Any
@@ -103,6 +104,19 @@ def _addmm_activation_flops(
     return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
 
 
+def _grouped_mm_flops(a: Any, b: Any, *args: Any, out_val: Any = None, **kw: Any) -> int:
+    """``torch._grouped_mm`` (mixture-of-experts layers: each group of rows of ``a`` times its
+    expert's matrix in ``b``), which ``FlopCounterMode`` does not count. Every row meets one
+    group's matrix, so the count does not depend on the offsets (the routing): ``2 M K N``
+    for ``a`` (M, K) and ``b`` (G, K, N); per group for 3-D ``a``; and for 2-D ``a`` and ``b``
+    (the weights' gradient, the groups splitting the reduced dimension) ``2 M K N`` over
+    ``a`` (M, K) and ``b`` (K, N)."""
+    if len(a.shape) == 2 and len(b.shape) == 2:
+        return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
+    out = _shape(out_val)
+    return 2 * math.prod(int(n) for n in out) * int(a.shape[-1])
+
+
 def _heads_of_query(formula: Callable[..., int], first: int) -> Callable[..., int]:
     """``formula`` given key/value shapes with the query's head count: grouped-query attention
     counts as the kernel runs it (each query head against its shared key/value head), on every
@@ -134,6 +148,7 @@ _FUSED_ATTENTION = {
 #: fused-attention ones made safe for grouped-query shapes
 EXTRA_FLOPS = {
     aten._addmm_activation: _addmm_activation_flops,
+    aten._grouped_mm: _grouped_mm_flops,
     aten.mkldnn_rnn_layer: mkldnn_rnn_layer_flops,
     aten._scaled_dot_product_flash_attention_for_cpu: _heads_of_query(_cpu_flash_flops, 0),
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _heads_of_query(
