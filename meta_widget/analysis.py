@@ -167,7 +167,7 @@ class Analysis:
 
     def __repr__(self) -> str:
         return (
-            f"<Analysis {self.title}: {format_count(self.total_params)} params, "
+            f"<{type(self).__name__} {self.title}: {format_count(self.total_params)} params, "
             f"{format_flops(self.total_flops)}, peak {format_bytes(self.peak_bytes)}, "
             f"{len(self.calls)} calls, status {self.status}>"
         )

@@ -62,7 +62,7 @@ class MeasureError(MetaWidgetError, RuntimeError):
     """``mw.measure`` cannot run the model for real as asked (too large, or no such device)."""
 
 
-@dataclass(eq=False, frozen=True)
+@dataclass(eq=False, frozen=True, repr=False)  # Analysis's short repr
 class Measured(Analysis):
     """An :class:`~meta_widget.analysis.Analysis` of a real run (see :func:`measure`).
 
