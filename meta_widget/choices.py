@@ -45,6 +45,13 @@ class Mode(_Choice):
     TRAINING = "training"
 
 
+#: ``mode="generate"``: transformers' own ``generate()`` traced (``meta_widget.trace.generate``);
+#: not a member of :class:`Mode`, the modes the widget switches between
+GENERATE = "generate"
+#: every mode ``analyze`` (and the command, and ``%meta``) takes
+MODES = (*(m.value for m in Mode), GENERATE)
+
+
 class Phase(_Choice):
     """The phases of a training step, in order (inference has only the forward pass)."""
 

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .choices import Mode
+from .choices import MODES, Mode
 from .errors import MetaWidgetError
 from .options import (
     OptionError,
@@ -178,7 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DTYPE",
         help="dtype of each input (float32, long, ...); default float32, long for token ids",
     )
-    parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.INFERENCE.value)
+    parser.add_argument("--mode", choices=MODES, default=Mode.INFERENCE.value)
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        metavar="N",
+        help="with --mode generate: the tokens generate() makes (the input is the prompt)",
+    )
     parser.add_argument("--depth", type=int, default=3, help="depth of the printed tree")
     parser.add_argument("--html", metavar="PATH", help="write a standalone HTML report here")
     parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON here")
@@ -246,6 +252,7 @@ def _run(args: argparse.Namespace) -> int:
         input_size=(shapes if len(shapes) != 1 else shapes[0]) if shapes else None,
         dtypes=dtypes,
         mode=args.mode,
+        new_tokens=args.new_tokens,
         revision=args.revision,
         trust_remote_code=args.trust_remote_code,
     )

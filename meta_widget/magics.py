@@ -1,11 +1,12 @@
 """IPython extension: ``%load_ext meta_widget``.
 
-- ``%meta EXPR [--input 1,3,224,224 ...] [--dtype long ...] [--mode inference|training]
-  [--depth N]``: evaluates ``EXPR`` in the notebook's namespace (an ``nn.Module``, a class, a
-  factory, a transformers config, a Hugging Face Hub id ``org/name`` with ``[--revision R]
-  [--trust-remote-code]``, or the path of a checkpoint) and returns its analysis (or the
-  checkpoint's :class:`~meta_widget.checkpoints.CheckpointInfo`), shown as the widget when the
-  magic ends the cell: ``a = %meta model --input 1,3,224,224`` keeps it.
+- ``%meta EXPR [--input 1,3,224,224 ...] [--dtype long ...]
+  [--mode inference|training|generate [--new-tokens N]] [--depth N]``: evaluates ``EXPR`` in
+  the notebook's namespace (an ``nn.Module``, a class, a factory, a transformers config, a
+  Hugging Face Hub id ``org/name`` with ``[--revision R] [--trust-remote-code]``, or the path
+  of a checkpoint) and returns its analysis (or the checkpoint's
+  :class:`~meta_widget.checkpoints.CheckpointInfo`), shown as the widget when the magic ends
+  the cell: ``a = %meta model --input 1,3,224,224`` keeps it.
 - ``%%meta [--input ...]``: runs the cell under ``torch.device("meta")`` (a 70B model is built for
   free) and shows an analysis of every ``nn.Module`` the cell bound to a name.
 - Errors that the meta device raises in *any* cell get the traceback as usual, then
@@ -30,7 +31,7 @@ from IPython.core.error import UsageError
 from . import heavy
 from .analysis import analyze
 from .checkpoints import CheckpointError, inspect_checkpoint
-from .choices import Mode
+from .choices import MODES, Mode
 from .options import (
     OptionError,
     check_depth,
@@ -49,8 +50,9 @@ if TYPE_CHECKING:
 __all__ = ["load_ipython_extension", "parse_magic_line", "unload_ipython_extension"]
 
 USAGE = (
-    "%meta EXPR [--input SHAPE ...] [--dtype DTYPE ...] [--mode inference|training] [--depth N]"
-    " [--revision R] [--trust-remote-code] | %%meta [same options] with code in the cell"
+    "%meta EXPR [--input SHAPE ...] [--dtype DTYPE ...] [--mode inference|training|generate]"
+    " [--new-tokens N] [--depth N] [--revision R] [--trust-remote-code]"
+    " | %%meta [same options] with code in the cell"
 )
 _OPTION_START = re.compile(r"(?:^|\s)(--?[A-Za-z])")
 
@@ -64,7 +66,8 @@ def _parser() -> _Parser:
     p = _Parser(prog="%meta", add_help=False, allow_abbrev=False)
     p.add_argument("--input", action="append", default=[], metavar="SHAPE")
     p.add_argument("--dtype", action="append", default=[], metavar="DTYPE")
-    p.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.INFERENCE.value)
+    p.add_argument("--mode", choices=MODES, default=Mode.INFERENCE.value)
+    p.add_argument("--new-tokens", type=int, default=None)
     p.add_argument("--depth", type=int, default=None)
     p.add_argument("--revision", default=None)
     p.add_argument("--trust-remote-code", action="store_true")
@@ -79,6 +82,8 @@ class MagicArgs:
     input_size: Any = None
     dtypes: Any = None
     mode: str = "inference"
+    #: ``--mode generate``: the tokens ``generate()`` makes
+    new_tokens: int | None = None
     depth: int | None = None
     given: list[str] = field(default_factory=list)
     #: a Hub id's branch, tag or commit, and whether its own code may run
@@ -108,6 +113,7 @@ def parse_magic_line(line: str) -> MagicArgs:
         input_size=(shapes[0] if len(shapes) == 1 else shapes) if shapes else None,
         dtypes=dtypes,
         mode=ns.mode,
+        new_tokens=ns.new_tokens,
         depth=ns.depth,
         given=given,
         revision=ns.revision,
@@ -122,6 +128,7 @@ def _analyze(obj: Any, args: MagicArgs, what: str) -> Any:
             args.input_size,
             dtypes=args.dtypes,
             mode=args.mode,
+            new_tokens=args.new_tokens,
             depth=args.depth,
             revision=args.revision,
             trust_remote_code=args.trust_remote_code,
@@ -137,7 +144,7 @@ def _analyze(obj: Any, args: MagicArgs, what: str) -> Any:
 
 
 def _inspect(path: str, args: MagicArgs) -> Any:
-    extra = [g for g in args.given if g in ("--input", "--dtype", "--mode")]
+    extra = [g for g in args.given if g in ("--input", "--dtype", "--mode", "--new-tokens")]
     if extra:
         raise UsageError(
             f"%meta: {', '.join(extra)} do(es) not apply to a checkpoint ({path!r}); to run a "

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..choices import Mode
+from ..choices import GENERATE, Mode
 from .checks import (
     DEFAULT_OPTIMIZER,
     check_assume,
@@ -57,10 +57,6 @@ def _alone(check: Callable[[Any], Any]) -> Check:
     return lambda value, _before, _notes: check(value)
 
 
-#: ``mode="generate"``: transformers' own ``generate()`` traced, prefill and decode steps
-#: (``meta_widget.trace.generate``); not a member of ``choices.Mode`` yet, which the front end
-#: shares (its widget view comes later)
-GENERATE = "generate"
 
 #: the largest ``new_tokens``: each decode step is traced
 MAX_NEW_TOKENS = 1_000_000

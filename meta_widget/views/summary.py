@@ -137,6 +137,13 @@ def time_lines(time: Any) -> list[str]:
     MFU and throughput; nothing without."""
     if time is None:
         return []
+    if getattr(time, "prefill_s", None) is not None:  # mode="generate"
+        per = _seconds(time.per_token_s) if time.per_token_s is not None else "-"
+        return [
+            f"Time on {time.gpu.name}: generate {_seconds(time.step_s)} = prefill "
+            f"{_seconds(time.prefill_s)} + {per} per output token · "
+            f"{time.tokens_per_s or 0:,.0f} tokens/s"
+        ]
     parts = [f"forward {_seconds(time.forward_s)}"]
     if time.backward_s or time.optimizer_s:
         parts += [
@@ -196,6 +203,16 @@ def totals_lines(analysis: Analyzed) -> list[str]:
                 if mem.optimizer_host_bytes
                 else ""
             )
+        )
+    cache = getattr(analysis, "kv_cache", None)
+    if cache is not None:  # mode="generate"
+        kinds: dict[str, int] = {}
+        for layer in cache.layers:
+            kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+        layers = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        out.append(
+            f"KV cache ({cache.cache_type}): {format_bytes(cache.bytes)} at the end, "
+            f"{format_bytes(round(cache.bytes_per_token))} per token · layers: {layers}"
         )
     out.extend(time_lines(getattr(analysis, "time", None)))
     if analysis.checkpoint_diff is not None:
