@@ -16,7 +16,7 @@ Models
   25,001 modules and 25,001 traced calls. The leaves are cheap ops, so the real trace takes
   ~15 s instead of ~40 s for Linear leaves; the payload has every column a traced model has.
 - **70B**: ``examples/llama_70b.py:config`` (a Llama-3-70B-shaped ``LlamaForCausalLM``) traced
-  at ``input_ids`` (1, 4096): bytes per module only.
+  at ``input_ids`` (1, 4096): bytes per module and the Graph tab.
 
 Measures
 --------
@@ -29,6 +29,9 @@ Measures
 - *scroll* (25k, all expanded: 25,002 rows): scroll the table by 40 rows per animation frame
   from top to bottom; record every rAF delta and every long task (``PerformanceObserver``
   ``longtask``, which reports main-thread tasks over 50 ms).
+- *Graph tab* (25k as it opens; 70B with the depth menu at 3, folded): click the tab; time to
+  its first node and the next frame, the fold + dagre layout inside it, and the longest task
+  meanwhile (the 25k's level 1 has 5,000 unfolded nodes to fold).
 - *bytes per module*: the payload as the page embeds it (compact JSON, what the ``payload``
   trait and a saved notebook carry) divided by the module count; and the streamed messages of a
   ``widget=True`` run (``start`` + ``calls`` + ``done``, compact JSON) per module.
@@ -202,6 +205,81 @@ SCROLL = """async ([step]) => {
 }"""
 
 
+#: one row of the table: measure, target, reached, met (None: no target)
+Row = tuple[str, str, str, bool | None]
+
+# Set the depth menu (the first .mw-select) to `depth`, then click the Graph tab; time from the
+# click to its first node and the next frame; long tasks meanwhile.
+GRAPH_TAB = """async ([depth]) => {
+  const menu = document.querySelector('.mw-select');
+  if (depth !== null && [...menu.options].some(o => o.value === String(depth))) {
+    menu.value = String(depth);
+    menu.dispatchEvent(new Event('change', {bubbles: true}));
+    await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  }
+  const longTasks = [];
+  const obs = new PerformanceObserver(list => {
+    for (const e of list.getEntries()) longTasks.push(e.duration);
+  });
+  obs.observe({type: 'longtask', buffered: false});
+  const t0 = performance.now();
+  document.querySelector('.mw-tab[data-tab=graph]').click();
+  await new Promise(done => {
+    const check = () =>
+      document.querySelector('.mw-graph-node') ? done() : requestAnimationFrame(check);
+    check();
+  });
+  await new Promise(r => requestAnimationFrame(r));
+  const ms = performance.now() - t0;
+  await new Promise(r => setTimeout(r, 100));
+  obs.disconnect();
+  const el = document.querySelector('.mw-graph');
+  return {ms, layoutMs: Number(el.dataset.layoutMs), longTasks,
+          nodes: document.querySelectorAll('.mw-graph-node').length,
+          depth: document.querySelector('.mw-graph-depth').textContent};
+}"""
+
+
+def graph_tab(page: Any, url: str, runs: int, depth: int | None = None) -> dict[str, Any]:
+    """The Graph tab's first frame on ``url`` at the tree's ``depth`` (None: as it opens;
+    medians of ``runs`` loads), its fold + layout time and the longest task meanwhile."""
+    got = []
+    for _ in range(runs):
+        page.goto(url)
+        page.wait_for_selector(".mw-row")
+        got.append(page.evaluate(GRAPH_TAB, [depth]))
+    return {
+        "ms": statistics.median(g["ms"] for g in got),
+        "layout_ms": statistics.median(g["layoutMs"] for g in got),
+        "longest_task": max((t for g in got for t in g["longTasks"]), default=0.0),
+        "nodes": got[0]["nodes"],
+        "depth": got[0]["depth"],
+    }
+
+
+def graph_rows(name: str, g: dict[str, Any], target_ms: float | None) -> list[Row]:
+    """The table's rows for one model's Graph tab."""
+    reached = (
+        f"{g['ms']:.0f} ms ({g['nodes']} nodes at {g['depth']}; "
+        f"fold + dagre {g['layout_ms']:.0f} ms)"
+    )
+    long_task = f"{g['longest_task']:.0f} ms" if g["longest_task"] else "none"
+    return [
+        (
+            f"Graph tab, {name}: first frame",
+            f"≤ {target_ms:.0f} ms" if target_ms else "–",
+            reached,
+            g["ms"] <= target_ms if target_ms else None,
+        ),
+        (
+            f"  … longest task while it opens ({name})",
+            "≤ 200 ms",
+            long_task,
+            g["longest_task"] <= 200,
+        ),
+    ]
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
@@ -224,7 +302,7 @@ def main() -> None:
     print("tracing the 25k model ...", file=sys.stderr)
     a25, s25, streamed25 = analyze(sequential_25k(), input_size=(2, 4))
     print(f"  {len(a25.modules)} modules, {len(a25.calls)} calls, {s25:.1f} s", file=sys.stderr)
-    rows: list[tuple[str, str, str, bool | None]] = []
+    rows: list[Row] = []
     bytes25 = payload_bytes(a25) / len(a25.modules)
     page1k = probed_page(a1k, tmp / "1k.html", args.bundle).as_uri()
     page25 = probed_page(a25, tmp / "25k.html", args.bundle).as_uri()
@@ -257,6 +335,7 @@ def main() -> None:
                 None,
             )
         )
+        graph25 = graph_tab(page, page25, args.runs)
         expand, scrolls = [], []
         for _ in range(args.runs):
             page.goto(page25)
@@ -267,6 +346,7 @@ def main() -> None:
             scrolls.append(page.evaluate(SCROLL, [ROWS_PER_FRAME * ROW_HEIGHT]))
         ctx.close()
     n_rows = len(a25.modules) + 1
+    rows.extend(graph_rows(f"{len(a25.modules):,} modules", graph25, None))
     rows.append(
         (
             f"expand all, {len(a25.modules):,} modules ({n_rows:,} rows)",
@@ -333,6 +413,18 @@ def main() -> None:
                 None,
             )
         )
+        page70 = probed_page(a70, tmp / "70b.html", args.bundle).as_uri()
+        with sync_playwright() as pw:
+            ctx = pw.chromium.launch_persistent_context(
+                tempfile.mkdtemp(prefix="mw-bench-chromium-"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport={"width": 1200, "height": 1000},
+            )
+            graph70 = graph_tab(ctx.new_page(), page70, args.runs, depth=3)
+            ctx.close()
+        rows.extend(graph_rows("Llama-3-70B, depth 3 folded", graph70, 500))
 
     print(f"\nChromium {CHROMIUM}, medians of {args.runs} page loads\n")
     print("| measure | target | reached | |")

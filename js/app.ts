@@ -20,7 +20,7 @@ import { initialSession, reduce, type Session, type SessionEvent } from "./sessi
 import { Switches } from "./switches";
 import { watchTheme } from "./theme";
 import { Toolbar } from "./toolbar";
-import { aggregate, buildTree, flatten, type Aggregate, type Row, type Tree, type TreeNode } from "./tree";
+import { aggregate, buildTree, flatten, moduleMatcher, type Aggregate, type Row, type Tree, type TreeNode } from "./tree";
 import { TreeView } from "./treeview";
 import { initialViewState, moduleOf, reduceView, sameModel, treeDepth, type ViewAction, type ViewState } from "./viewstate";
 
@@ -72,6 +72,7 @@ export class App {
     private opts: AppOptions = {},
   ) {
     this.root = h("div", `mw-root${opts.standalone ? " mw-standalone" : ""}`);
+    this.root.addEventListener("keydown", keepKeys);
     const onRerun = opts.onRerun;
     this.switches = new Switches(
       onRerun &&
@@ -100,6 +101,7 @@ export class App {
       onTab: (tab) => this.update({ type: "tab", tab }),
       onLeaveOut: (value) => this.update({ type: "leaveOut", value }),
       onBar: (module) => this.selectModule(module),
+      onBarGroup: (module) => this.selectGroupOf(module),
       toast: (text) => this.showToast(text),
     });
     this.root.append(
@@ -165,6 +167,19 @@ export class App {
     this.view.scrollTo(i);
     const node = this.rows[i]?.node;
     if (node) this.afterSelect(node, notify);
+  }
+
+  /** Select (folded) the group of repeated siblings that holds `module` or an ancestor of it. */
+  selectGroupOf(module: number): void {
+    const group = this.tree ? groupOf(this.tree, module) : null;
+    if (!group) return;
+    this.update({ type: "toggle", key: group.key, open: false });
+    this.update({ type: "select", key: group.key });
+    this.computeRows();
+    const i = this.rowOfKey.get(group.key) ?? -1;
+    this.view.setRows(this.rows, i);
+    this.view.scrollTo(i);
+    this.afterSelect(group, true);
   }
 
   /** Bars' screen positions, for browser tests that click a real bar. */
@@ -280,7 +295,7 @@ export class App {
     this.view.setTraining(this.aggs.some((g) => g.backwardFlops > 0));
     this.view.setTime(a?.time !== undefined);
     this.view.setRows(this.rows, sel);
-    this.toolbar.render(s, treeDepth(this.tree));
+    this.toolbar.render(s, treeDepth(this.tree), matchCount(a, s.filter));
     this.renderHeader();
     this.switches.render(this.session);
     renderBanner(this.banner, a, (module) => this.selectModule(module));
@@ -370,9 +385,12 @@ export class App {
     const root = a?.modules[0];
     const p = this.precision();
     const dtype = this.state.dtype;
+    // a parallel trace's rank holds its shard: the header says that rank's bytes, as summary()
+    const own = a?.totals.param_bytes ?? 0;
+    const sharded = dtype === "recorded" && root !== undefined && own > 0 && own < root.paramBytes;
     this.header.render(a, this.aggs[0], {
-      label: dtype === "recorded" ? "param memory" : `param memory (${dtype})`,
-      bytes: root ? this.paramBytes(root) : (a?.totals.param_bytes ?? 0),
+      label: dtype === "recorded" ? (sharded ? "param memory (this GPU)" : "param memory") : `param memory (${dtype})`,
+      bytes: sharded ? own : root ? this.paramBytes(root) : own,
       peak: p
         ? {
             label: `peak (${p.choice}, estimate)`,
@@ -390,4 +408,33 @@ export class App {
     this.toast.classList.add("mw-show");
     setTimeout(() => this.toast.classList.remove("mw-show"), 1600);
   }
+}
+
+/**
+ * Keys pressed inside the widget stay inside it: JupyterLab and Notebook 7 listen for keydown
+ * on the document as it bubbles, so `a`, `b`, `m`, `dd`… with focus in the tree would insert,
+ * change or delete cells. Combinations with Ctrl/Meta/Alt (save, undo) and Shift+Enter (run the
+ * cell) still reach the host.
+ */
+export function keepKeys(e: KeyboardEvent): void {
+  if (e.ctrlKey || e.metaKey || e.altKey || (e.shiftKey && e.key === "Enter")) return;
+  e.stopPropagation();
+}
+
+/** How many modules `filter` matches (each member of a folded group counts); null: no filter. */
+export function matchCount(a: Analysis | null, filter: string): number | null {
+  const match = a && filter.trim() ? moduleMatcher(filter) : null;
+  return match && a ? a.modules.filter(match).length : null;
+}
+
+/** The innermost folded group whose members hold `module` (itself or an ancestor), or null. */
+export function groupOf(tree: Tree, module: number): TreeNode | null {
+  const mods = tree.analysis.modules;
+  for (let m = module; m >= 0; m = mods[m]?.parent ?? -1) {
+    const parent = mods[m]?.parent ?? -1;
+    const siblings = parent >= 0 ? (tree.nodes[parent]?.children ?? []) : [];
+    const group = siblings.find((c) => c.kind === "group" && c.members.includes(m));
+    if (group) return group;
+  }
+  return null;
 }

@@ -19,8 +19,29 @@ export const BAR_HEIGHT = 22;
 /** A part's bytes are written on it when it is at least this much wider than the text (px). */
 const LABEL_PAD = 6;
 
-function truncate(s: string, max: number): string {
-  return s.length <= max ? s : `…${s.slice(s.length - max + 1)}`;
+/**
+ * A bar's label in at most `max` characters: its type kept whole (" · 80 × LlamaRMSNorm",
+ * " · Linear"), its path shortened in the middle, its last segment kept whole where it fits
+ * ("mod…input_layernorm"), so that two bars
+ * never read alike and the class is never the part cut.
+ */
+export function truncateLabel(s: string, max: number): string {
+  if (s.length <= max) return s;
+  const cut = s.lastIndexOf(" · ");
+  const tail = cut > 0 && s.length - cut < max - 4 ? s.slice(cut) : "";
+  const path = tail ? s.slice(0, cut) : s;
+  const room = Math.max(2, max - tail.length - 1);
+  // the last segment whole where it fits (it tells two norms apart), else the middle cut
+  const last = path.slice(path.lastIndexOf(".") + 1);
+  const head = last.length + 2 <= room ? room - last.length : Math.ceil(room / 2);
+  return `${path.slice(0, head)}…${path.slice(path.length - (room - head))}${tail}`;
+}
+
+/** A bar's label: its path, and its class where a folded group's label does not say it. */
+function barLabel(bars: MemoryBars, i: number): string {
+  const label = bars.labels[i] ?? "";
+  const type = bars.types[i];
+  return (bars.counts[i] ?? 1) > 1 || !type ? label : `${label} · ${type}`;
 }
 
 /** The memory bar chart. `onPick(module)` fires when a bar is clicked. */
@@ -93,7 +114,8 @@ export class MemoryChart {
     const font = cssVar(this.el, "--mw-font", "sans-serif");
     const colors = parts.map((x) => cssVar(this.el, x.color, p.params));
     const n = bars.modules.length;
-    const longest = Math.min(56, Math.max(...bars.labels.map((l) => l.length)));
+    const labels = bars.modules.map((_m, i) => barLabel(bars, i));
+    const longest = Math.min(56, Math.max(...labels.map((l) => l.length)));
     const labelWidth = Math.min(Math.max(80, longest * 6.6 + 16), Math.max(120, width * 0.45));
     // cumulative tops, bottom part first: bar k ends where parts 0..k end
     const tops = parts.map((_, k) =>
@@ -137,7 +159,7 @@ export class MemoryChart {
           gap: 6,
           splits: () => xs,
           values: (_u, splits) =>
-            splits.map((v) => truncate(bars.labels[v] ?? "", Math.floor((labelWidth - 16) / 6.6))),
+            splits.map((v) => truncateLabel(labels[v] ?? "", Math.floor((labelWidth - 16) / 6.6))),
         },
         {
           side: 2,

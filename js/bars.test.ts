@@ -98,3 +98,17 @@ describe("the memory chart's bars", () => {
     expect(largestBars(bars, 100)).toBe(bars);
   });
 });
+
+describe("a bar's label, shortened", () => {
+  it("keeps its class and cuts its path in the middle, never from the left", async () => {
+    const { truncateLabel } = await import("./barchart");
+    const a = truncateLabel("model.layers.0–79.input_layernorm · 80 × LlamaRMSNorm", 40);
+    const b = truncateLabel("model.layers.0–79.post_attention_layernorm · 80 × LlamaRMSNorm", 40);
+    expect(a.length).toBeLessThanOrEqual(40);
+    expect(a.endsWith(" · 80 × LlamaRMSNorm")).toBe(true);
+    expect(a.startsWith("mod")).toBe(true); // its start kept: never cut from the left
+    expect(a).toContain("input_layernorm");
+    expect(a).not.toBe(b); // the two norms never read alike
+    expect(truncateLabel("features.0.0 · Conv2d", 40)).toBe("features.0.0 · Conv2d");
+  });
+});

@@ -11,9 +11,10 @@ import uPlot from "uplot";
 import { axisTop, budgetInView, budgetItem, budgetLegend, drawBudgetLine, type Budget } from "./budget";
 import { formatBytes } from "./format";
 import { MEMORY_CATEGORIES, PRECISIONS, type Analysis, type Memory, type ModuleInfo, type PrecisionName } from "./protocol";
+import { drawBands, fitText } from "./chartdraw";
 import { peakOwner } from "./decode";
 import { moduleRuns, type ModuleRun } from "./modulebands";
-import { STATIC_BAND, type StackBand } from "./stack";
+import { categoryColor, STATIC_BAND, type StackBand } from "./stack";
 
 // ---------------------------------------------------------------------------------------------
 // dtype what-if
@@ -136,7 +137,7 @@ export interface CategorySegment {
   bytes: number;
   /** 0..1 of the sum of all categories. */
   fraction: number;
-  /** CSS class of its color (`mw-cat-0` … `mw-cat-6`). */
+  /** CSS class of its color (`mw-cat-0` … `mw-cat-9`, see `categoryColor`). */
   cls: string;
 }
 
@@ -151,14 +152,13 @@ export function categorySegments(memory: Memory): CategorySegment[] {
     ...Object.keys(cats).filter((c) => !(MEMORY_CATEGORIES as readonly string[]).includes(c)),
   ];
   const total = names.reduce((s, c) => s + Math.max(0, cats[c] ?? 0), 0);
-  return names.map((category, k) => {
-    const known = (MEMORY_CATEGORIES as readonly string[]).indexOf(category);
+  return names.map((category) => {
     const bytes = cats[category] ?? 0;
     return {
       category,
       bytes,
       fraction: total > 0 ? Math.max(0, bytes) / total : 0,
-      cls: `mw-cat-${known >= 0 ? known : (k % MEMORY_CATEGORIES.length)}`,
+      cls: `mw-cat-${categoryColor(category)}`,
     };
   });
 }
@@ -269,48 +269,11 @@ export const BYTE_INCRS: number[] = (() => {
   return out;
 })();
 
-/**
- * Stacked areas of `bands` (bottom first), stepped as the live-bytes line is: each point's
- * value holds until the next event. Translucent, so the phase bands show through.
- */
-function drawBands(u: uPlot, bands: readonly StackBand[], color: (k: number) => string): void {
-  const ctx = u.ctx;
-  const n = bands[0]?.top.length ?? 0;
-  if (n === 0) return;
-  const x = (i: number): number => u.valToPos(Math.min(i, n - 1), "x", true);
-  const y = (v: number): number => u.valToPos(v, "y", true);
-  ctx.save();
-  ctx.beginPath();
-  ctx.rect(u.bbox.left, u.bbox.top, u.bbox.width, u.bbox.height);
-  ctx.clip();
-  ctx.globalAlpha = 0.55;
-  let below: readonly number[] = new Array<number>(n).fill(0);
-  for (const b of bands) {
-    ctx.fillStyle = color(b.color);
-    ctx.beginPath();
-    for (let i = 0; i < n; i++) {
-      const yt = y(b.top[i] ?? 0);
-      if (i === 0) ctx.moveTo(x(0), yt);
-      else ctx.lineTo(x(i), yt);
-      ctx.lineTo(x(i + 1), yt);
-    }
-    for (let i = n - 1; i >= 0; i--) {
-      const yb = y(below[i] ?? 0);
-      ctx.lineTo(x(i + 1), yb);
-      ctx.lineTo(x(i), yb);
-    }
-    ctx.closePath();
-    ctx.fill();
-    below = b.top;
-  }
-  ctx.restore();
-}
-
 /** Height of the strip of module bands between the plot and the x axis' numbers (CSS px). */
 const MODULE_STRIP = 16;
 
 /** Alternating light bands under the plot, one per module run, named where the name fits. */
-function drawModuleStrip(u: uPlot, runs: readonly ModuleRun[], p: Palette, font: string): void {
+function drawModuleStrip(u: uPlot, runs: readonly ModuleRun[], p: Palette, font: string, xOf: (i: number) => number): void {
   const ctx = u.ctx;
   const dpr = uPlot.pxRatio;
   const top = u.bbox.top + u.bbox.height + 2 * dpr;
@@ -320,8 +283,8 @@ function drawModuleStrip(u: uPlot, runs: readonly ModuleRun[], p: Palette, font:
   ctx.textBaseline = "middle";
   ctx.textAlign = "left";
   runs.forEach((r, k) => {
-    const left = Math.max(u.bbox.left, u.valToPos(r.start - 0.5, "x", true));
-    const right = Math.min(u.bbox.left + u.bbox.width, u.valToPos(r.end - 0.5, "x", true));
+    const left = Math.max(u.bbox.left, u.valToPos(xOf(r.start) - 0.5, "x", true));
+    const right = Math.min(u.bbox.left + u.bbox.width, u.valToPos(xOf(r.end) - 0.5, "x", true));
     if (right <= left || !r.name) return;
     ctx.fillStyle = p.grid;
     ctx.globalAlpha = k % 2 ? 0.5 : 1;
@@ -399,9 +362,17 @@ export class TimelineChart {
     }
     const p = palette(this.el);
     const peakI = timelinePeak(bytes);
+    // with the constant band left out, the axis counts bytes above it: "live" is still all of it
+    const under = base?.leftOut ? base.bytes : 0;
     // the budget on this axis: above the constant band when the timeline leaves it out
     const line = budget && { ...budget, bytes: budget.bytes - (base?.leftOut ? base.bytes : 0) };
     if (line) this.legend.append(budgetItem(budgetLegend(bytes[peakI] ?? 0, line)));
+    if (base?.leftOut && base.bytes > 0) {
+      const item = document.createElement("span");
+      item.className = "mw-left-out-item";
+      item.textContent = `left out: parameters, buffers, inputs ${formatBytes(base.bytes)} (under the whole chart)`;
+      this.legend.append(item);
+    }
     const spans = phaseSpans(a);
     const phaseAt = (i: number): string => spans.find((s) => i >= s.start && i < s.end)?.phase ?? "";
     const peakPhase = a.memory.peakPhase || phaseAt(peakI);
@@ -415,8 +386,19 @@ export class TimelineChart {
         ? `peak ${formatBytes(a.peak.bytes || (bytes[peakI] ?? 0))} · ${peakOwner(a)}`
         : `peak ${formatBytes(bytes[peakI] ?? 0)} · ${moduleOfEvent(peakI)}`;
     // "· backward" only where the owner ("the backward of x", "the optimizer step") does not say it
-    const peakText = peakPhase && !peakLabel.includes(peakPhase) ? `${peakLabel} · ${peakPhase}` : peakLabel;
-    const xs = bytes.map((_, i) => i);
+    const peakFull = peakPhase && !peakLabel.includes(peakPhase) ? `${peakLabel} · ${peakPhase}` : peakLabel;
+    // on an axis above the left-out band, the peak says what of it the axis shows
+    const peakText = under ? `${peakFull} (${formatBytes(bytes[peakI] ?? 0)} above the band)` : peakFull;
+    // x: event numbers (the points are a thinned subset of the allocations and frees)
+    const ev = a.timeline.event?.length === bytes.length ? a.timeline.event : bytes.map((_, i) => i);
+    const xOf = (i: number): number => (i < bytes.length ? (ev[i] ?? i) : (ev[bytes.length - 1] ?? 0) + 1);
+    const xs = ev.slice();
+    const nEvents = xOf(bytes.length);
+    const xLabel = `allocation and free events (${nEvents.toLocaleString("en-US")}${spans.length > 1 ? ", in order" : ", forward pass"})`;
+    const yLabel = base?.leftOut ? `live bytes above the left-out ${formatBytes(base.bytes)}` : "live bytes";
+    // the axes' words, drawn on the canvas, for screen readers (and tests) too
+    this.el.setAttribute("aria-label", `Memory timeline. x: ${xLabel}; y: ${yLabel}`);
+
     const runs = moduleRuns(a);
     const self = this;
     const opts: uPlot.Options = {
@@ -434,7 +416,7 @@ export class TimelineChart {
           grid: { stroke: p.grid, width: 1 },
           ticks: { stroke: p.grid },
           font: p.font,
-          label: spans.length > 1 ? "allocation events (in order)" : "allocation events (forward pass order)",
+          label: xLabel,
           // room for the module bands between the plot and the numbers
           gap: runs.length ? 5 + MODULE_STRIP : 5,
           size: runs.length ? 50 + MODULE_STRIP : 50,
@@ -450,7 +432,7 @@ export class TimelineChart {
           space: 40,
           incrs: BYTE_INCRS,
           values: (_u, splits) => splits.map((v) => formatBytes(v)),
-          label: base?.leftOut ? "live bytes above the constant band" : "live bytes",
+          label: yLabel,
           labelFont: p.font,
           labelSize: 18,
         },
@@ -472,7 +454,7 @@ export class TimelineChart {
           (u) => {
             const ctx = u.ctx;
             const dpr = uPlot.pxRatio;
-            drawBands(u, bands, (k) => cssVar(self.el, `--mw-cat-${k}`, p.acts));
+            drawBands(u, bands, (k) => cssVar(self.el, `--mw-cat-${k}`, p.acts), xOf);
             if (base && !base.leftOut && base.bytes > 0) {
               // the constant part as a band of its own, named with its size
               const y = u.valToPos(base.bytes, "y", true);
@@ -484,7 +466,9 @@ export class TimelineChart {
               ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
               ctx.textBaseline = "top";
               ctx.textAlign = "left"; // the y axis leaves it "right"
-              ctx.fillText(`parameters, buffers, inputs: ${formatBytes(base.bytes)}`, u.bbox.left + 6 * dpr, y + 3 * dpr);
+              // inside the plot: above the module strip even where the band is thin
+              const ty = Math.min(y + 3 * dpr, bottom - 15 * dpr);
+              ctx.fillText(`parameters, buffers, inputs: ${formatBytes(base.bytes)}`, u.bbox.left + 6 * dpr, ty);
               ctx.restore();
             }
           },
@@ -500,8 +484,8 @@ export class TimelineChart {
             // names at the bottom of each band: the peak label sits near the top
             ctx.textBaseline = "bottom";
             spans.forEach((s, k) => {
-              const x0 = u.valToPos(s.start - 0.5, "x", true);
-              const x1 = u.valToPos(s.end - 0.5, "x", true);
+              const x0 = u.valToPos(xOf(s.start) - 0.5, "x", true);
+              const x1 = u.valToPos(xOf(s.end) - 0.5, "x", true);
               const left = Math.max(u.bbox.left, x0);
               const right = Math.min(u.bbox.left + u.bbox.width, x1);
               if (right <= left) return;
@@ -523,12 +507,12 @@ export class TimelineChart {
         ],
         draw: [
           (u) => {
-            drawModuleStrip(u, runs, p, cssVar(self.el, "--mw-font", "sans-serif"));
+            drawModuleStrip(u, runs, p, cssVar(self.el, "--mw-font", "sans-serif"), xOf);
             if (budgetInView(bytes[peakI] ?? 0, line)) drawBudgetLine(u, "y", line.bytes, line.label, p.peak, cssVar(self.el, "--mw-font", "sans-serif"));
             if (peakI < 0) return;
             const ctx = u.ctx;
             const dpr = uPlot.pxRatio;
-            const x = u.valToPos(peakI, "x", true);
+            const x = u.valToPos(xOf(peakI), "x", true);
             const y = u.valToPos(bytes[peakI] ?? 0, "y", true);
             ctx.save();
             ctx.fillStyle = p.peak;
@@ -536,11 +520,13 @@ export class TimelineChart {
             ctx.arc(x, y, 4 * dpr, 0, 2 * Math.PI);
             ctx.fill();
             ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
-            const text = peakText;
-            const tw = ctx.measureText(text).width;
             const right = u.bbox.left + u.bbox.width;
+            // never cut: the wider side of the dot, shortened in the middle where even that is narrow
+            const room = Math.max(x - u.bbox.left, right - x) - 10 * dpr;
+            const text = fitText(ctx, peakText, room);
+            const tw = ctx.measureText(text).width;
             let tx = x + 8 * dpr;
-            if (tx + tw > right) tx = Math.max(u.bbox.left, x - 8 * dpr - tw);
+            if (tx + tw > right) tx = Math.max(u.bbox.left + 2 * dpr, x - 8 * dpr - tw);
             ctx.textBaseline = "bottom";
             ctx.fillText(text, tx, Math.max(u.bbox.top + 14 * dpr, y - 6 * dpr));
             ctx.restore();
@@ -559,7 +545,9 @@ export class TimelineChart {
               .filter((b) => (b.values[i] ?? 0) !== 0)
               .map((b) => `${b.name} ${formatBytes(b.values[i] ?? 0)}`)
               .join(", ");
-            self.tip.textContent = `event ${i}${phase ? ` (${phase})` : ""} · ${formatBytes(bytes[i] ?? 0)} live${split ? ` (${split})` : ""} · ${a.timeline.op[i] ?? ""} in ${moduleOfEvent(i)}`;
+            const live = (bytes[i] ?? 0) + under;
+            const left = under ? `; ${formatBytes(under)} of parameters, buffers, inputs left out of the chart` : "";
+            self.tip.textContent = `event ${xOf(i).toLocaleString("en-US")} of ${nEvents.toLocaleString("en-US")}${phase ? ` (${phase})` : ""} · ${formatBytes(live)} live${split ? ` (${split}${left})` : left ? ` (${left.slice(2)})` : ""} · ${a.timeline.op[i] ?? ""} in ${moduleOfEvent(i)}`;
           },
         ],
       },
@@ -577,3 +565,4 @@ export class TimelineChart {
     this.el.remove();
   }
 }
+

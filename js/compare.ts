@@ -89,7 +89,7 @@ export function renderComparison(el: HTMLElement, p: ComparePayload): () => void
   el.replaceChildren();
   const root = h("div", "mw-root mw-cmp");
   const changed = p.rows.filter((r) => r.changed).length;
-  root.append(h("div", "mw-cmp-title", `${p.a} (a) against ${p.b} (b): ${changed} module row(s) differ`));
+  root.append(h("div", "mw-cmp-title", compareTitle(p)));
   root.append(totalsTable(p));
   const label = h("label", "mw-cmp-filter");
   const only = h("input");
@@ -104,4 +104,17 @@ export function renderComparison(el: HTMLElement, p: ComparePayload): () => void
   root.append(holder);
   el.append(root);
   return () => only.removeEventListener("change", draw);
+}
+
+/**
+ * The comparison's headline, counting modules as `Comparison.summary()` does (a folded row of
+ * 32 layers is 32 modules) and saying how many rows show them:
+ * "LlamaForCausalLM (a) against LlamaForCausalLM (b): 96 modules differ (3 rows, layers folded)".
+ */
+export function compareTitle(p: ComparePayload): string {
+  const rows = p.rows.filter((r) => r.changed);
+  const modules = rows.reduce((s, r) => s + Math.max(1, r.count), 0);
+  if (modules === 0) return `${p.a} (a) against ${p.b} (b): no module differs`;
+  const folded = modules > rows.length ? ` (${rows.length} row${rows.length > 1 ? "s" : ""}, repeated layers folded)` : "";
+  return `${p.a} (a) against ${p.b} (b): ${modules} module${modules > 1 ? "s" : ""} differ${modules > 1 ? "" : "s"}${folded}`;
 }

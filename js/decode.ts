@@ -8,6 +8,7 @@
  * `[]`, so that a partial or newer payload still renders what it can.
  */
 import { decodeComms } from "./comms";
+import { decodeGraph } from "./graph";
 import { decodeTime } from "./timing";
 import {
   STATUSES,
@@ -97,6 +98,7 @@ function decodeModuleColumns(m: Obj): ModuleColumns {
     float_params: nums(m.float_params),
     buffer_bytes: nums(m.buffer_bytes),
     own_params: pairLists(m.own_params, -1),
+    extra_repr: nums(m.extra_repr),
   };
 }
 
@@ -321,6 +323,8 @@ export function decodePayload(raw: unknown): Analysis | null {
       ownParams: resolveNamed(dict, m.own_params[i]),
       calls: [],
     };
+    const extra = m.extra_repr?.[i];
+    if (extra !== undefined && dict.strings[extra]) mod.extraRepr = dict.strings[extra];
     if (p) p.children.push(i);
     modules.push(mod);
   }
@@ -349,6 +353,7 @@ export function decodePayload(raw: unknown): Analysis | null {
     calls: [],
     callCount: 0,
     timeline: {
+      event: arr<unknown>(tl.event).map((e) => num(e)),
       bytes: arr<unknown>(tl.bytes).map((b) => num(b)),
       call: arr<unknown>(tl.call).map((c) => num(c, -1)),
       op: arr<unknown>(tl.op).map((o) => dict.strings[num(o)] ?? "?"),
@@ -359,11 +364,15 @@ export function decodePayload(raw: unknown): Analysis | null {
     peak,
     error: decodeError(raw.error),
     notes: arr<unknown>(raw.notes).map((s) => str(s)),
+    settings: arr<unknown>(raw.settings)
+      .filter((x): x is unknown[] => Array.isArray(x))
+      .map((x) => [str(x[0]), str(x[1])] as [string, string]),
     assumptions: arr<unknown>(raw.assumptions).filter(isObj).map(decodeAssumption),
     memory: decodeMemory(raw.memory),
     checkpoint: decodeCheckpoint(raw.checkpoint),
     dict,
     comms: decodeComms(raw.comms),
+    graph: decodeGraph(raw.graph, dict),
   };
   const time = decodeTime(raw.time);
   if (time) a.time = time;
@@ -408,7 +417,7 @@ export function decodeMessage(raw: unknown): Message | null {
     case "phase":
       return typeof raw.phase === "string" ? { type: "phase", phase: raw.phase } : null;
     case "done":
-      return { type: "done", elapsedS: num(raw.elapsed_s, 0) };
+      return { type: "done", elapsedS: num(raw.elapsed_s, 0), totalS: num(raw.total_s, 0) || undefined };
     case "error": {
       const error = decodeError(raw.error);
       return error ? { type: "error", error } : null;

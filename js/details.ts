@@ -237,10 +237,17 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
       ["calls", String(v.calls)],
     );
   }
-  parent.append(kv(rows));
-
+  // training: what the step keeps for this module's parameters, as the memory chart shows it
+  const members = node.kind === "module" ? [node.module] : node.members;
+  const own = a.memory.modules;
+  const sumOf = (xs: readonly number[]): number => members.reduce((s, i) => s + (xs[i] ?? 0), 0);
+  if (own.gradientBytes.length) rows.push(["gradients", formatBytes(sumOf(own.gradientBytes))]);
+  if (own.optimizerStateBytes.length) rows.push(["optimizer state", formatBytes(sumOf(own.optimizerStateBytes))]);
   const mi = node.kind === "module" ? node.module : (node.members[0] as number);
   const m = a.modules[mi];
+  // the constructor's settings, as print(model) shows them (Module.extra_repr)
+  if (m?.extraRepr) rows.push(["settings", m.extraRepr]);
+  parent.append(kv(rows));
   if (!m) return;
   if (m.bufferBytes) parent.append(h("div", "mw-muted", `buffers: ${formatBytes(m.bufferBytes)}`));
 

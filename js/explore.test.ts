@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { pair, renderComparison, withAncestors } from "./compare";
+import { compareTitle, pair, renderComparison, withAncestors } from "./compare";
 import { decodeCompare, decodeFit } from "./decode";
 import type { CompareRow } from "./protocol";
 import { draw } from "./explore";
@@ -16,7 +16,7 @@ describe("what fits panel", () => {
 
   it("says the size, its bytes against the budget and the next size", () => {
     expect(verdict(fit)).toBe(
-      "batch = 107 fits: 7.95 MiB of 8.00 MiB; batch = 108 needs 8.02 MiB.",
+      "batch = 107 fits: 7.95 MiB of 8.00 MiB; batch = 108 does not fit: 8.02 MiB, over by 22.5 KiB.",
     );
   });
 
@@ -41,6 +41,13 @@ describe("what fits panel", () => {
 
 describe("comparison view", () => {
   const cmp = decodeCompare(sample.compare)!;
+
+  it("counts modules as Comparison.summary() does, and says how many rows show them", () => {
+    // three changed rows, each two layers folded: 6 modules (the Python summary's count)
+    const modules = cmp.rows.filter((r) => r.changed).reduce((n, r) => n + r.count, 0);
+    expect(modules).toBe(6);
+    expect(compareTitle(cmp)).toMatch(/: 6 modules differ \(3 rows, repeated layers folded\)$/);
+  });
 
   it("shows totals side by side and highlights exactly the changed rows", () => {
     const el = document.createElement("div");

@@ -7,12 +7,17 @@ import { h } from "./details";
 import { formatBytes, formatExact } from "./format";
 import type { FitPayload } from "./protocol";
 
-/** One sentence: `seq = 176,456 fits in 80.00 GiB (80.00 GiB); seq = 176,457 needs ...`. */
+/**
+ * One sentence that says "fits" of the answer and "does not fit" of the next size, with what
+ * it is over by (rounded, "needs 80.0 GiB" of an 80 GiB budget read as if it fit):
+ * `seq = 176,456 fits: 79.99 GiB of 80 GiB; seq = 176,457 does not fit: 80.00 GiB, over by 312 B`.
+ */
 export function verdict(p: FitPayload): string {
   const where = p.devices ? ` per device (${p.devices} × ${p.strategy})` : "";
   const head = `${p.vary} = ${formatExact(p.size)} fits: ${formatBytes(p.peakBytes)} of ${formatBytes(p.budget)}${where}`;
   if (p.nextPeakBytes === null) return `${head} (the largest size tried).`;
-  return `${head}; ${p.vary} = ${formatExact(p.size + 1)} needs ${formatBytes(p.nextPeakBytes)}.`;
+  const over = formatBytes(Math.max(0, p.nextPeakBytes - p.budget));
+  return `${head}; ${p.vary} = ${formatExact(p.size + 1)} does not fit: ${formatBytes(p.nextPeakBytes)}, over by ${over}.`;
 }
 
 const SVG = "http://www.w3.org/2000/svg";

@@ -5,6 +5,7 @@
  */
 import { errorBlock, h } from "./details";
 import { formatBytes, formatCount, formatExact, formatFlops } from "./format";
+import { PeakLine } from "./peakline";
 import type { Analysis } from "./protocol";
 import { RERUN_WAIT_MS, rerunUnanswered, type Session } from "./session";
 import { stepText, stepTitle } from "./timing";
@@ -25,11 +26,13 @@ export class Header {
   private titleEl = h("div", "mw-title");
   private chips = h("div", "mw-chips");
   private totalsEl = h("div", "mw-totals");
+  /** The peak's split, a budget and the levers (`peakline.ts`). */
+  readonly peakLine = new PeakLine();
 
   constructor() {
     const titleBox = h("div", "mw-titlebox");
     titleBox.append(this.titleEl, this.chips);
-    this.el.append(titleBox, this.totalsEl);
+    this.el.append(titleBox, this.totalsEl, this.peakLine.el);
   }
 
   render(a: Analysis | null, rootAgg: Aggregate | undefined, params: ParamMemory): void {
@@ -37,9 +40,15 @@ export class Header {
     this.chips.textContent = "";
     this.totalsEl.textContent = "";
     this.notesEl.textContent = "";
+    this.peakLine.render(a);
     if (!a) return;
     for (const c of [a.source, a.mode, a.status]) {
       if (c) this.chips.append(h("span", `mw-chip mw-chip-${c}`, c));
+    }
+    for (const [label, title] of a.settings ?? []) {
+      const chip = h("span", "mw-chip mw-chip-setting", label);
+      chip.title = title;
+      this.chips.append(chip);
     }
     for (const [label, value, title] of totals(a, rootAgg, params)) {
       const item = h("span", "mw-total");
@@ -152,6 +161,12 @@ export function renderProgress(el: HTMLElement, s: Session, now: number): void {
     el.append(h("span", "mw-spinner"), h("span", "", text), bar);
   } else if (s.elapsedS !== null) {
     el.append(h("span", "", `${formatExact(a.callCount)} calls recorded in ${s.elapsedS.toFixed(2)} s`));
+    // the cell ran longer than the trace (the model built, the analysis made): say how long
+    if (s.totalS !== undefined && s.totalS > s.elapsedS + 0.05) {
+      const all = h("span", "mw-total-time", ` · ${s.totalS.toFixed(2)} s in all`);
+      all.title = "From the start of analyze (or of the re-run) to the end: the model built on the meta device, traced, and its memory and FLOPs analyzed";
+      el.append(all);
+    }
     if (s.reran) {
       const where = h("span", "mw-in-python", " · in Python: a.widget().analysis");
       where.title =

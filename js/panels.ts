@@ -5,13 +5,14 @@
  * does goes out through its handlers.
  */
 import { MemoryChart } from "./barchart";
-import { foldBars, largestBars, memoryBars } from "./bars";
+import { foldBars, largestBars, memoryBars, type MemoryBars } from "./bars";
 import { TimelineChart, renderCategoryBar } from "./charts";
 import { gpuBudget } from "./budget";
 import { renderComms } from "./comms";
 import { peakOwner } from "./decode";
 import { copyText, h, renderDetails } from "./details";
 import { formatBytes } from "./format";
+import { GraphView } from "./graphview";
 import { scaledTimeline, type Precision } from "./precision";
 import type { Analysis, ModuleInfo } from "./protocol";
 import { stackTimeline } from "./stack";
@@ -26,6 +27,8 @@ export interface PanelHandlers {
   onLeaveOut(value: boolean): void;
   /** A bar was clicked: select its module. */
   onBar(module: number): void;
+  /** Select the folded group whose members' module a folded bar sums (its first member). */
+  onBarGroup?(module: number): void;
   /** Say something briefly (the copy button's result). */
   toast(text: string): void;
 }
@@ -54,7 +57,13 @@ export class Panels {
   private categoryEl = h("div", "mw-categories");
   private tabButtons = new Map<Tab, HTMLButtonElement>();
   private memoryChart: MemoryChart | null = null;
+  /** What a click on a folded bar opened, with the offer of its group (`pickBar`). */
+  private pickEl = h("div", "mw-bar-pick");
+  private shownBars: MemoryBars | null = null;
   private timelineChart: TimelineChart | null = null;
+  /** The Graph tab (graphview.ts): made when first shown. */
+  graph: GraphView | null = null;
+  private graphEl = h("div", "mw-graph-tab");
 
   constructor(private handlers: PanelHandlers) {
     for (const [tab, label] of TABS) {
@@ -67,7 +76,7 @@ export class Panels {
       this.tabsEl.append(b);
     }
     this.tabsEl.setAttribute("role", "tablist");
-    this.memoryEl.append(this.categoryEl, this.memoryNote);
+    this.memoryEl.append(this.categoryEl, this.memoryNote, this.pickEl);
     this.leaveOutBox.type = "checkbox";
     this.leaveOutBox.addEventListener("change", () => handlers.onLeaveOut(this.leaveOutBox.checked));
     const leaveOut = h("label", "mw-label mw-leave-out-label");
@@ -75,7 +84,7 @@ export class Panels {
     leaveOut.title =
       "They are live from start to end: without them the y axis shows what the pass itself allocates (activations, temporaries, gradients, optimizer state)";
     this.timelineEl.append(leaveOut, this.timelineNote, this.commsEl);
-    this.el.append(this.detailsEl, this.memoryEl, this.timelineEl);
+    this.el.append(this.detailsEl, this.memoryEl, this.timelineEl, this.graphEl);
   }
 
   /** Show `tab`'s panel and mark its button. */
@@ -87,6 +96,7 @@ export class Panels {
     this.detailsEl.style.display = tab === "details" ? "" : "none";
     this.memoryEl.style.display = tab === "memory" ? "" : "none";
     this.timelineEl.style.display = tab === "timeline" ? "" : "none";
+    this.graphEl.style.display = tab === "graph" ? "" : "none";
   }
 
   /** The details of the selected row (only while its tab shows; `null`: nothing to show). */
@@ -110,11 +120,42 @@ export class Panels {
   renderCharts(ctx: PanelContext): void {
     if (ctx.state.tab === "memory") this.renderMemory(ctx);
     else if (ctx.state.tab === "timeline") this.renderTimeline(ctx);
+    else if (ctx.state.tab === "graph") {
+      this.graph ??= new GraphView({ onSelect: (m) => this.handlers.onBar(m) });
+      if (!this.graph.el.isConnected) this.graphEl.append(this.graph.el);
+      this.graph.render(ctx.tree, ctx.aggs, ctx.state.depth, this.width());
+      const sel = ctx.selected;
+      if (sel) this.graph.select(sel.kind === "module" ? sel.module : (sel.members[0] as number));
+    }
+  }
+
+  /**
+   * A bar was clicked: select its module and, for a folded bar (the same module of 80 layers
+   * summed), say which member that is and offer the group instead.
+   */
+  private pickBar(module: number): void {
+    this.handlers.onBar(module);
+    const bars = this.shownBars;
+    const i = bars ? bars.modules.indexOf(module) : -1;
+    const count = bars && i >= 0 ? (bars.counts[i] ?? 1) : 1;
+    this.pickEl.textContent = "";
+    if (!bars || count < 2) return;
+    const label = bars.labels[i] ?? "";
+    this.pickEl.append(
+      document.createTextNode(`Selected the first of the ${count} modules this bar sums (${label}); its numbers are that one's. `),
+    );
+    if (this.handlers.onBarGroup) {
+      const group = h("button", "mw-btn mw-bar-group", "Select the folded layers instead");
+      group.type = "button";
+      group.addEventListener("click", () => this.handlers.onBarGroup?.(module));
+      this.pickEl.append(group);
+    }
   }
 
   /** Mark module `module`'s bar as selected. */
   selectBar(module: number): void {
     this.memoryChart?.select(module);
+    this.graph?.select(module);
   }
 
   barCenters(): { module: number; x: number; y: number }[] {
@@ -138,7 +179,7 @@ export class Panels {
   private renderMemory(ctx: PanelContext): void {
     const { tree, state, precision: p } = ctx;
     const a = tree.analysis;
-    this.memoryChart ??= new MemoryChart(this.memoryEl, (m) => this.handlers.onBar(m));
+    this.memoryChart ??= new MemoryChart(this.memoryEl, (m) => this.pickBar(m));
     const labels = groupLabels(tree);
     // the same module of every folded layer is one bar (layers.0–79.mlp, summed)
     const folded = foldBars(
@@ -146,6 +187,7 @@ export class Panels {
       (m) => foldedPath(tree, m, labels) || a.title,
     );
     const bars = largestBars(folded, MAX_BARS);
+    this.shownBars = bars;
     const training = a.memory.modules.gradientBytes.length > 0;
     let note = `Modules at depth ${state.depth} (and shallower leaves), repeated layers folded into one bar (summed): parameters (${state.dtype === "recorded" ? "as recorded" : state.dtype})${training ? ", their gradients and optimizer state at the end of the step" : ""} and output mem (the new storage their outputs hold), stacked. Each parameter counts at its first owner (tied weights once), so the bars add up to the totals. The peak by category above counts what is live at the peak. Click a bar to select the module.`;
     if (bars !== folded) note += ` Showing the ${MAX_BARS} largest of ${folded.modules.length}; a smaller depth shows all.`;

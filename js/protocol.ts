@@ -57,6 +57,8 @@ export interface ModuleColumns {
   float_params: number[];
   buffer_bytes: number[];
   own_params: WireNamedTensor[][];
+  /** Optional: `Module.extra_repr()` string ids (absent when no module has settings). */
+  extra_repr?: number[];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -95,6 +97,8 @@ export interface ModuleInfo {
   ownParams: TensorInfo[];
   /** Rows of this module's calls, in start order (filled as calls arrive). */
   calls: number[];
+  /** The constructor's settings (`Module.extra_repr()`: "in_features=64, out_features=10"). */
+  extraRepr?: string;
 }
 
 export interface OpFlops {
@@ -142,6 +146,8 @@ export interface Assumption {
 }
 
 export interface Timeline {
+  /** Each point's event number (points are a thinned subset of the events); empty when not sent. */
+  event?: number[];
   bytes: number[];
   call: number[];
   op: string[];
@@ -281,6 +287,8 @@ export interface Analysis {
   peak: Peak | null;
   error: ErrorInfo | null;
   notes: string[];
+  /** Settings that change the numbers besides the mode, as badges: `[label, tooltip]`. */
+  settings: [string, string][];
   assumptions: Assumption[];
   memory: Memory;
   checkpoint: CheckpointDiff | null;
@@ -289,6 +297,30 @@ export interface Analysis {
   comms?: Comm[];
   /** The step time on a GPU (`analyze(..., gpu=...)`, see timing.ts); absent without one. */
   time?: StepTime;
+  /** The graph of module rows at depth 1, 2, ... unfolded (graph.ts); absent untraced. */
+  graph?: GraphLevel[];
+}
+
+/** One edge of `payload.graph`: a tensor module `src` made and module `dst` read (graph.ts). */
+export interface GraphEdgeInfo {
+  src: number;
+  dst: number;
+  shape: number[];
+  dtype: string;
+  requiresGrad: boolean;
+  /** The functional ops between the two modules ("add", "cat"). */
+  ops: string[];
+  count: number;
+  /** `dst` holds a parameter `src` owns (tied weights). */
+  tied: boolean;
+}
+
+/** The graph of module rows at one depth (-1: the model's inputs, -2: its outputs). */
+export interface GraphLevel {
+  depth: number;
+  nodes: number[];
+  calls: number[];
+  edges: GraphEdgeInfo[];
 }
 
 export interface StartMessage {
@@ -312,7 +344,10 @@ export interface PhaseMessage {
 }
 export interface DoneMessage {
   type: "done";
+  /** Seconds from the trace's start to its end. */
   elapsedS: number;
+  /** Seconds from the cell's (or the re-run's) start: building the model, tracing, analyzing. */
+  totalS?: number;
 }
 export interface ErrorMessage {
   type: "error";

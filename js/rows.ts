@@ -127,21 +127,21 @@ export function describeRow(ctx: RowContext, row: Row): RowCells {
     group: node.kind === "group",
     inputs: shapesCell(calls, "inputs"),
     outputs: shapesCell(calls, "outputs"),
-    params: { text: formatCount(v.params), title: `${formatExact(v.params)} parameters`, fraction: v.params / s.params },
+    params: { text: v.params ? formatCount(v.params) : NONE, title: `${formatExact(v.params)} parameters`, fraction: v.params / s.params },
     paramBytes: {
-      text: formatBytes(v.paramBytes),
+      text: v.paramBytes ? formatBytes(v.paramBytes) : NONE,
       title: `${formatExact(v.paramBytes)} bytes`,
       fraction: v.paramBytes / s.paramBytes,
     },
     activationBytes: {
-      text: shown ? formatBytes(out) : "–",
+      text: shown && out ? formatBytes(out) : NONE,
       title: container
         ? CONTAINER_HINT
         : `${formatExact(out)} bytes (outputs' new storage, summed over calls${ctx.dtype === "recorded" ? "" : `, at ${ctx.dtype}`})`,
       fraction: v.activationBytes / s.acts,
     },
     flops: {
-      text: shown ? formatFlops(v.flops) : "–",
+      text: shown && v.flops ? formatFlops(v.flops) : NONE,
       title: container
         ? CONTAINER_HINT
         : v.backwardFlops
@@ -152,6 +152,12 @@ export function describeRow(ctx: RowContext, row: Row): RowCells {
     time: timeCell(a, node.kind === "module" ? [node.module] : node.members, v.time, shown, s.time),
   };
 }
+
+/**
+ * The one symbol for "none" (zero, or not applicable) in the table, as in `a.summary()` and the
+ * static view (`meta_widget.views.summary.NONE`).
+ */
+export const NONE = "–";
 
 /** What the table says when it has no rows ("" when it has some). */
 export function emptyText(a: Analysis | null, rows: number, filter: string): string {

@@ -25,6 +25,8 @@ export interface Session {
   readonly startedAt: number;
   /** Seconds the last trace took, from its `done`; null while none has finished. */
   readonly elapsedS: number | null;
+  /** Seconds the whole analysis took (model built, traced, analyzed), from the same `done`. */
+  readonly totalS?: number;
   /** The mode the switches show: the analyzed one, or the one a re-run was asked for. */
   readonly mode: Mode;
   /** A re-run was asked for, and neither its `done` nor an error has arrived. */
@@ -108,7 +110,7 @@ export function reduce(s: Session, event: SessionEvent, now: number): Session {
       return { ...s, phase: event.phase };
     case "done":
       if (s.analysis?.status === "running") s.analysis.status = "done";
-      return { ...s, rerunning: false, reran: s.reran || s.rerunning, phase: null, elapsedS: event.elapsedS };
+      return { ...s, rerunning: false, reran: s.reran || s.rerunning, phase: null, elapsedS: event.elapsedS, totalS: event.totalS };
     case "error":
       if (s.rerunning && s.analysis?.status !== "running") {
         // the kernel refused the re-run before starting it (no model in this kernel): the

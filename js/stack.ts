@@ -8,6 +8,18 @@
  */
 import { MEMORY_CATEGORIES } from "./protocol";
 
+/**
+ * The colors (`--mw-cat-N`) of the categories a parallel trace adds, each its own: they are
+ * not any of the seven (an unsharded parameter is not the rank's shard).
+ */
+const EXTRA_COLORS: Record<string, number> = { "unsharded parameters": 7, "communication buffers": 8 };
+
+/** The color index of category `name`: its place in MEMORY_CATEGORIES, else its own (7, 8, 9). */
+export function categoryColor(name: string): number {
+  const known = (MEMORY_CATEGORIES as readonly string[]).indexOf(name);
+  return known >= 0 ? known : (EXTRA_COLORS[name] ?? 9);
+}
+
 /** The constant categories, drawn as one band at the bottom. */
 export const STATIC_CATEGORIES = ["parameters", "buffers", "inputs"] as const;
 export const STATIC_BAND = "parameters, buffers, inputs";
@@ -52,7 +64,7 @@ export function stackTimeline(
   for (const c of known) if (!isStatic(c)) order.push({ name: c, color: known.indexOf(c), parts: [c] });
   Object.keys(categories)
     .filter((c) => !known.includes(c))
-    .forEach((c, k) => order.push({ name: c, color: (k + 1) % known.length, parts: [c] }));
+    .forEach((c) => order.push({ name: c, color: categoryColor(c), parts: [c] }));
   const bands: StackBand[] = [];
   let below = new Array<number>(n).fill(0);
   for (const b of order) {

@@ -18,6 +18,8 @@ export interface ToolbarHandlers {
 export class Toolbar {
   readonly el = h("div", "mw-toolbar");
   private search = h("input", "mw-search");
+  /** How many modules the filter matches ("" without a filter). */
+  private matchCount = h("span", "mw-match-count");
   private depthSel = h("select", "mw-select");
   private dtypeBox = h("div", "mw-seg");
   /** The depth the menu's options were made for (-1: none yet). */
@@ -51,12 +53,19 @@ export class Toolbar {
     collapse.type = "button";
     collapse.addEventListener("click", () => handlers.onCollapse());
     // after the depth menu: tests and the benchmark find the depth menu as the first .mw-select
-    this.el.append(this.search, depthLabel, dtypeLabel, collapse, switches);
+    this.matchCount.setAttribute("aria-live", "polite");
+    this.el.append(this.search, this.matchCount, depthLabel, dtypeLabel, collapse, switches);
   }
 
-  /** Show the view state: filter text, depth (menu options up to `maxDepth`), precision. */
-  render(s: ViewState, maxDepth: number): void {
+  /**
+   * Show the view state: filter text, depth (menu options up to `maxDepth`), precision, and
+   * `matches`: how many modules the filter matches (null: no filter).
+   */
+  render(s: ViewState, maxDepth: number, matches: number | null = null): void {
     if (this.search.value !== s.filter) this.search.value = s.filter;
+    const count = matches === null ? "" : matches === 0 ? "no match" : `${matches.toLocaleString("en-US")} match${matches > 1 ? "es" : ""}`;
+    if (this.matchCount.textContent !== count) this.matchCount.textContent = count;
+    this.matchCount.classList.toggle("mw-no-match", matches === 0);
     if (maxDepth !== this.optionsFor) this.fillDepthOptions(maxDepth);
     if (this.depthSel.value !== String(s.depth)) this.depthSel.value = String(s.depth);
     for (const b of this.dtypeBox.querySelectorAll<HTMLButtonElement>("button")) {

@@ -62,7 +62,8 @@ interface RowEl {
   nameCell: HTMLDivElement;
   caret: TextEl<HTMLSpanElement>;
   name: TextEl<HTMLSpanElement>;
-  type: TextEl<HTMLSpanElement>;
+  /** The class, in two parts (`splitType`): its head shortens with "…", its tail stays. */
+  type: { el: HTMLSpanElement; head: TextEl<HTMLSpanElement>; tail: TextEl<HTMLSpanElement> };
   /** "×3", the error, assumption and checkpoint marks: created when a row first needs them. */
   marks: Partial<Record<"badge" | "err" | "assumed" | "ckpt", HTMLSpanElement>>;
   cells: (TextEl<HTMLDivElement> & { bar: boolean; fraction: number })[];
@@ -339,7 +340,13 @@ export class TreeView {
     const nameCell = div("mw-td mw-name");
     const caret = textEl("span", "mw-caret");
     const name = textEl("span", "mw-mname");
-    const type = textEl("span", "mw-mtype");
+    const type = {
+      el: document.createElement("span"),
+      head: textEl("span", "mw-mtype-head"),
+      tail: textEl("span", "mw-mtype-tail"),
+    };
+    type.el.className = "mw-mtype";
+    type.el.append(type.head.el, type.tail.el);
     nameCell.append(caret.el, name.el, type.el);
     el.append(nameCell);
     const cells: RowEl["cells"] = [];
@@ -437,7 +444,9 @@ export class TreeView {
     setText(r.caret, row.hasChildren ? (row.expanded ? "▾" : "▸") : "");
     r.caret.el.classList.toggle("mw-leaf", !row.hasChildren);
     setText(r.name, d.name);
-    setText(r.type, d.type);
+    const [head, tail] = splitType(d.type);
+    setText(r.type.head, head);
+    setText(r.type.tail, tail);
     if (r.nameCell.hasAttribute("title")) r.nameCell.title = nameTitle(d);
     this.mark(r, "badge", d.calls > 1, `×${d.calls}`, `called ${d.calls} times`);
     this.mark(r, "err", d.error);
@@ -483,4 +492,21 @@ export class TreeView {
     const v = cellValues(d)[k];
     if (k >= 0 && v) target.title = v.title ?? v.text;
   };
+}
+
+/** The shortest and longest tail of a class label kept whole ("DecoderLayer", "Embedding"). */
+const TAIL_MIN = 8;
+const TAIL_MAX = 14;
+
+/**
+ * A class label split for a middle ellipsis done by CSS: the head shrinks with "…", the tail
+ * never does. The tail starts at a word of the class's CamelCase, 8 to 14 characters from the
+ * end: "80 × LlamaDecoderLayer" squeezed reads "80 × Ll…DecoderLayer". Short labels are all head.
+ */
+export function splitType(type: string): [string, string] {
+  if (type.length <= TAIL_MAX) return [type, ""];
+  let at = type.length - TAIL_MIN;
+  while (at > type.length - TAIL_MAX && !/[A-Z]/.test(type[at] ?? "")) at -= 1;
+  if (!/[A-Z]/.test(type[at] ?? "")) at = type.length - TAIL_MIN - 1;
+  return [type.slice(0, at), type.slice(at)];
 }

@@ -19,6 +19,7 @@ export const TABS = [
   ["details", "Details"],
   ["memory", "Memory by module"],
   ["timeline", "Memory timeline"],
+  ["graph", "Graph"],
 ] as const;
 export type Tab = (typeof TABS)[number][0];
 

@@ -74,6 +74,34 @@ export function mount(model: WidgetModel, el: HTMLElement, standalone = false): 
   return { app, cleanup };
 }
 
-const render: Render<Traits> = ({ model, el }) => mount(model, el).cleanup;
+/**
+ * The static view the kernel displays right after the widget's output (`static_bundle` in
+ * `views/widget.py`) is hidden by its own style rules once the widget mounts; where a sanitizer
+ * dropped them (an untrusted notebook), hide it here. Returns what undoes it.
+ */
+export function hideStaticView(el: HTMLElement): () => void {
+  const output = el.closest(".jp-OutputArea-child, .output_area");
+  const next = output?.nextElementSibling;
+  if (!(next instanceof HTMLElement) || !next.querySelector(".mw-static")) return () => undefined;
+  next.style.display = "none";
+  return () => next.style.removeProperty("display");
+}
+
+const render: Render<Traits> = ({ model, el }) => {
+  const { cleanup } = mount(model, el);
+  // the output is attached after render returns: look until it is in the page (2 s at most)
+  let undo: (() => void) | undefined;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const look = (tries: number): void => {
+    if (el.closest(".jp-OutputArea-child, .output_area")) undo = hideStaticView(el);
+    else if (tries > 0) timer = setTimeout(() => look(tries - 1), 100);
+  };
+  look(20);
+  return () => {
+    clearTimeout(timer);
+    undo?.();
+    cleanup();
+  };
+};
 
 export default { render };

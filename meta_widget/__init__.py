@@ -28,6 +28,8 @@ __all__ = [
     "EstimateError",
     "Fit",
     "FitError",
+    "Graph",
+    "GraphDependencyError",
     "HubError",
     "InputError",
     "InsufficientMemoryError",
@@ -36,6 +38,7 @@ __all__ = [
     "MaterializeError",
     "MeasureError",
     "Measured",
+    "MemorySnapshot",
     "MetaValueNeeded",
     "MetaWidget",
     "MetaWidgetError",
@@ -44,21 +47,26 @@ __all__ = [
     "OptionTypeError",
     "Options",
     "ParallelError",
+    "PipelineAnalysis",
+    "PipelineError",
     "Plan",
     "PlanError",
     "RemoteCodeError",
+    "SnapshotError",
     "SourceError",
     "Sweep",
     "TraceSpec",
     "UnsafeCheckpointError",
     "UsageError",
     "analyze",
+    "analyze_pipeline",
     "checkpoint_diff",
     "compare",
     "explain",
     "gpus",
     "inspect_checkpoint",
     "load_ipython_extension",
+    "load_snapshot",
     "materialize",
     "max_fit",
     "measure",
@@ -127,7 +135,15 @@ _WHERE = {
     "measure": "explore.measure",
     "Measured": "explore.measure",
     "MeasureError": "explore.measure",
+    "analyze_pipeline": "explore.pipelines",
+    "PipelineAnalysis": "explore.pipelines",
+    "PipelineError": "explore.pipelines",
+    "load_snapshot": "views.snapshot",
+    "MemorySnapshot": "views.snapshot",
+    "SnapshotError": "memory.snapshot",
     "Plan": "explore.plan",
+    "Graph": "views.graph_frame",
+    "GraphDependencyError": "views.graph_frame",
 }
 
 if TYPE_CHECKING:
@@ -144,11 +160,13 @@ if TYPE_CHECKING:
     from .explore.comparison import Comparison, compare
     from .explore.fit import Fit, FitError, NothingFitsError, max_fit
     from .explore.measure import Measured, MeasureError, measure
+    from .explore.pipelines import PipelineAnalysis, PipelineError, analyze_pipeline
     from .explore.plan import Plan, plan
     from .explore.sweeps import Sweep, sweep
     from .magics import load_ipython_extension, unload_ipython_extension
     from .materialize import InsufficientMemoryError, MaterializeError, materialize
     from .memory.kv_cache import KVCache
+    from .memory.snapshot import SnapshotError
     from .options import InputError, LayoutError, OptionError, Options, OptionTypeError, TraceSpec
     from .sources.hub import HubError, RemoteCodeError
     from .sources.models import SourceError, register_source
@@ -158,6 +176,8 @@ if TYPE_CHECKING:
     from .trace.known_errors import register_explanation
     from .trace.passes import ConcurrentTraceError
     from .views.estimates import EstimateError
+    from .views.graph_frame import Graph, GraphDependencyError
+    from .views.snapshot import MemorySnapshot, load_snapshot
     from .views.widget import MetaWidget
 
 

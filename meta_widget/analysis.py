@@ -39,6 +39,7 @@ from .trace.opcache import CacheStats
 from .units import format_bytes, format_count, format_flops
 from .views.estimates import distributed_table, what_if_table
 from .views.figures import categories_figure, memory_figure, timeline_figure
+from .views.graph_frame import graph_of
 from .views.protocol import encode_analysis
 from .views.summary import render_summary
 
@@ -295,6 +296,8 @@ class Analysis:
             return categories_figure(self)
         raise ValueError(f"kind must be 'memory', 'timeline' or 'categories', not {kind!r}")
 
+    graph = graph_of  # a.graph(depth=1, fold=True): the Graph (its docstring says how)
+
     def to_payload(self) -> dict[str, Any]:
         """The analysis as the widget's payload (see ``meta_widget.views.protocol``)."""
         return encode_analysis(self)
@@ -340,11 +343,7 @@ class Analysis:
         return distributed_table(self, sizes, dtype=dtype, mixed_precision=mixed_precision)
 
     def materialize(
-        self,
-        device: str = "cpu",
-        checkpoint: Any = None,
-        *,
-        available_bytes: int | None = None,
+        self, device: str = "cpu", checkpoint: Any = None, *, available_bytes: int | None = None
     ) -> tuple[torch.nn.Module, MaterializeReport]:
         """A real copy of the analyzed model on ``device``: initialized, or loaded.
 
@@ -401,6 +400,11 @@ class Analysis:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget()._repr_mimebundle_(**kwargs)
+
+    def _ipython_display_(self) -> None:
+        """In IPython: the widget's output, then its static view as an output of its own (see
+        ``MetaWidget._ipython_display_``)."""
+        self.widget()._ipython_display_()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "diffusers",
     "display",
+    "networkx",
     "pandas",
     "plotly_go",
     "plotly_subplots",
@@ -36,11 +38,26 @@ def transformers() -> ModuleType:
     return transformers
 
 
+def diffusers() -> ModuleType:
+    """The ``diffusers`` module (optional: a pipeline's parts built from its config folder);
+    ImportError without it."""
+    import diffusers
+
+    return diffusers
+
+
 def pandas() -> ModuleType:
     """The ``pandas`` module."""
     import pandas
 
     return pandas
+
+
+def networkx() -> ModuleType:
+    """The ``networkx`` module (optional: ``Graph.to_networkx``); ImportError without it."""
+    import networkx
+
+    return networkx
 
 
 def plotly_go() -> ModuleType:

@@ -114,6 +114,8 @@ def _pipeline(
     nodes = build_tree(module, tree)
     input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
     view = _resolve_widget(widget, options)
+    if view is not None:  # its "done" says how long all of it took, the model's build included
+        view.run_started = start
     stream = None
     result = None
     traced, comms = module, []

@@ -95,7 +95,7 @@ def normalize(value: Any) -> Any:
         return {
             k: normalize(v)
             for k, v in value.items()
-            if k not in ("duration_us", "elapsed_s", "file")
+            if k not in ("duration_us", "elapsed_s", "total_s", "file")
         }
     if isinstance(value, list):
         return [normalize(v) for v in value]

@@ -39,7 +39,7 @@ def full_trace(model: torch.nn.Module, cache: str | None = None) -> Trace:
     assert a.source_model is not None and a.error is None
     data = a.options.input_data
     args = tuple(data) if not isinstance(data, dict) else ()
-    return trace(a.source_model.module, args, {}, a.options.trace_spec())
+    return trace(a.source_model.module, args, {}, a.options.trace_spec(), every_step=True)
 
 
 def steps_of(t: Trace) -> list[StepRecord]:

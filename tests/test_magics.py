@@ -99,8 +99,10 @@ def test_cell_magic_builds_on_meta_and_shows_every_new_module(ip: InteractiveShe
     assert ip.user_ns["big"].weight.is_meta and ip.user_ns["keep"] is keep
     shown = [line.split(":")[0] for line in cap.stdout.splitlines() if ":" in line]
     assert shown == ["net", "big", "small"]  # the namespace's order; `keep` and `count` not shown
-    assert len(cap.outputs) == 3 and all(WIDGET in o.data for o in cap.outputs)
-    texts = [o.data["text/plain"] for o in cap.outputs]
+    # each analysis is two outputs: the widget, then its static view with the summary text
+    assert len(cap.outputs) == 6
+    assert [WIDGET in o.data for o in cap.outputs] == [True, False] * 3
+    texts = [o.data["text/plain"] for o in cap.outputs[1::2]]
     assert "10.00 B" in texts[1]  # 100,000 x 100,000 + 100,000 parameters
     # the modules are analyzed with the inputs: the Linear's output shape is there
     assert "[1, 3]" in texts[2]

@@ -317,3 +317,22 @@ def test_the_time_on_a_gpu_is_sent_only_with_gpu_and_equals_the_analysis() -> No
     assert time["modules"]["time_s"] == df["time_s"].tolist()
     assert time["modules"]["bound"] == [b if isinstance(b, str) else "" for b in df["bound"]]
     assert "time" not in mw.analyze(gpt2_config(), input_size=(1, 8)).to_payload()
+
+
+def test_modules_carry_their_constructor_settings() -> None:
+    """Each module's ``extra_repr`` (issue 28, item 10), as torch prints it for a real module
+    built on the CPU: the Details panel shows it."""
+    import torch
+
+    import meta_widget as mw
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, kernel_size=3, stride=2, padding=1),
+        torch.nn.LayerNorm(8, eps=1e-6),
+        torch.nn.Dropout(p=0.25),
+    )
+    payload = mw.analyze(model, input_size=(1, 3, 8, 8)).to_payload()
+    strings = payload["strings"]
+    settings = [strings[i] for i in payload["modules"]["extra_repr"]]
+    assert settings == ["", *(m.extra_repr() for m in model)]
+    assert "stride=(2, 2)" in settings[1] and "eps=1e-06" in settings[2] and "p=0.25" in settings[3]

@@ -10,7 +10,10 @@ from typing import NamedTuple
 
 from .flatten import TensorInfo
 
-__all__ = ["Allocation", "CallRecord", "Event"]
+__all__ = ["Allocation", "CallRecord", "Event", "Flow"]
+
+#: one op of a call's own body, as the graph reads it (see ``CallRecord.flows``)
+Flow = tuple[int, str, tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass(slots=True)
@@ -65,6 +68,15 @@ class CallRecord:
     costs: dict[tuple[str, int, int], int] = field(default_factory=dict)
     #: the same for its backward (own body only, recomputation included, like ``backward_ops``)
     backward_costs: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    #: the identity of each tensor in ``inputs`` and ``outputs``, in their order (equal for
+    #: views of one storage, unique over the trace: ``StorageTracker.ident``): a producer call's
+    #: output is a consumer call's input when the ids are equal (``Analysis.graph``)
+    input_ids: tuple[int, ...] = ()
+    output_ids: tuple[int, ...] = ()
+    #: the data flow of the ops of the call's own body that make new tensors (forward only, for
+    #: a module with sub-modules; None for a leaf): ``(calls started before the op, op name,
+    #: the ids of its tensor arguments, the ids of its outputs)``
+    flows: list[Flow] | None = None
 
 
 class Event(NamedTuple):

@@ -41,6 +41,8 @@ class ModuleNode:
     own_params: list[tuple[str, TensorInfo]]
     children: list[ModuleNode] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
+    #: the constructor's settings as ``print(model)`` shows them (``Module.extra_repr()``)
+    extra_repr: str = ""
 
     @property
     def flops(self) -> int:
@@ -84,6 +86,15 @@ def held_bytes(t: torch.Tensor) -> int:
     return sum(held_bytes(v) for v in inner if hasattr(v, "element_size"))
 
 
+def _extra_repr(module: torch.nn.Module) -> str:
+    """``module.extra_repr()`` on one line; "" where a user's override fails on meta tensors."""
+    try:
+        text = module.extra_repr()
+    except (RuntimeError, TypeError, ValueError, AttributeError, NotImplementedError):
+        return ""  # a custom extra_repr that reads values a meta tensor does not have
+    return " ".join(str(text).split())
+
+
 def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[ModuleNode]:
     """Nodes for ``module.named_modules()``, with subtree parameter counts (each tensor once).
 
@@ -117,6 +128,7 @@ def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[
                 own_params=[
                     TensorInfo.named(n, p) for n, p in m._parameters.items() if p is not None
                 ],
+                extra_repr=_extra_repr(m),
             )
         )
         if parent >= 0:

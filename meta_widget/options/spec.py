@@ -57,7 +57,6 @@ def _alone(check: Callable[[Any], Any]) -> Check:
     return lambda value, _before, _notes: check(value)
 
 
-
 #: the largest ``new_tokens``: each decode step is traced
 MAX_NEW_TOKENS = 1_000_000
 

@@ -26,6 +26,7 @@ from .storage import StorageTracker, inner_tensors, storage_key
 __all__ = ["CallStack", "Listener"]
 
 Listener = Callable[[CallRecord], None]
+Ids = tuple[int, ...]
 
 #: the key of an autograd node's metadata that holds the index of the call that created it
 _NODE_CALL = "meta_widget.call"
@@ -66,9 +67,15 @@ class CallStack:
         self._tainted = tainted
         self._rows = {id(m): i for i, m in enumerate(modules.modules)}
         self._types = {id(m): type(m).__name__ for m in modules.modules}
+        #: ``id`` of the modules with sub-modules: their calls record their body's data flow
+        self._inner = {id(m) for m in modules.modules if m._modules}
         self._paths = modules.paths
         #: ``id`` of the modules whose end :meth:`post` sees, not :meth:`post_global`
         self.own_hooks: set[int] = set()
+        #: no call is recorded while set (``mode="generate"``'s decode steps that the per-step
+        #: rule gives, ``meta_widget.trace.decode_skip``); a call not seen to start is not seen
+        #: to end either
+        self.paused = False
         # activation checkpointing: forward calls by module row, and recomputations seen so far
         self._forward_calls: dict[int, list[int]] = {}
         self._recomputed: dict[int, int] = {}
@@ -77,7 +84,7 @@ class CallStack:
 
     def pre(self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A forward pre-hook: a call of ``mod`` starts."""
-        if threading.get_ident() != self.thread:
+        if threading.get_ident() != self.thread or self.paused:
             return  # another thread running the same module: not this trace's call
         with _no_function_modes():
             self._pre(mod, args, kwargs)
@@ -99,6 +106,9 @@ class CallStack:
             start_event=len(self._storage.events),
             phase=self.phase,
         )
+        rec.input_ids = self._input_ids(args, kwargs, not stack)
+        if id(mod) in self._inner and self.phase == Phase.FORWARD:
+            rec.flows = []
         if self.tag_grad_nodes:
             rec.grad_seq = _sequence_nr()
         rec.duration_s = time.perf_counter()
@@ -157,6 +167,8 @@ class CallStack:
             else list(named_tensors(output, caches=not self.stack))
         )
         rec.outputs = [TensorInfo.named(name, t) for name, t in named]
+        ident = self._storage.ident
+        rec.output_ids = tuple(ident(t) for _, t in named)
         keys = {
             storage_key(x) for _, t in named for x in inner_tensors(t) if self._storage.tracks(x)
         }
@@ -165,6 +177,17 @@ class CallStack:
             rec.assumed = True
         if self.tag_grad_nodes and rec.phase == Phase.FORWARD:
             self._tag_nodes([t.grad_fn for _, t in named], rec)
+
+    def _input_ids(self, args: tuple[Any, ...], kwargs: dict[str, Any], caches: bool) -> Ids:
+        """The ids of a call's input tensors (``StorageTracker.ident``), in ``describe_inputs``'s
+        order."""
+        ident = self._storage.ident
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            return (ident(args[0]),)
+        found = [ident(t) for _, t in named_tensors(args, "args", 0, caches)] if args else []
+        if kwargs:
+            found.extend(ident(t) for _, t in named_tensors(kwargs, "", 0, caches))
+        return tuple(found)
 
     def _path_for(self, mod: torch.nn.Module) -> str:
         candidates = self._paths.get(id(mod))

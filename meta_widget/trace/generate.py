@@ -37,6 +37,7 @@ import torch
 
 from ..options import OptionError, TraceSpec
 from .assume import Policy, Where
+from .decode_skip import Skipper, Stretch
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -141,9 +142,32 @@ class Generation:
     steps: int = 0
     new_tokens: int = 0
     prompt_tokens: int = 0
-    #: (event index, phase) of each run: the prefill from 0, a decode run per decode step
+    #: (event index, phase) of each run: the prefill from 0, a decode run per decode step (one
+    #: per stretch of steps given by the rule, ``meta_widget.trace.decode_skip``)
     runs: list[tuple[int, str]] = field(default_factory=lambda: [(0, PREFILL)])
     cache: CacheSummary | None = None
+    #: whether decode steps the per-step rule gives may go untraced (``decode_skip``)
+    skipping: bool = True
+    skipper: Skipper | None = None
+
+    @property
+    def stretches(self) -> list[Stretch]:
+        """The stretches of decode steps given by the per-step rule (``decode_skip``)."""
+        return self.skipper.stretches if self.skipper is not None else []
+
+    def redo(self, exception: BaseException | None) -> str | None:
+        """Why this trace must be made again with every decode step traced (a note for the
+        analysis), or None: steps were skipped, and the rule failed or the trace raised."""
+        skipper = self.skipper
+        if skipper is None or not skipper.used:
+            return None
+        if skipper.failed is None and exception is None:
+            return None
+        why = skipper.failed or f"the trace raised {type(exception).__name__}"
+        return (
+            f"mode='generate': decode steps were not traced one by one where the per-step rule "
+            f"gave them, and it did not hold ({why}): every step was traced again."
+        )
 
     def run(
         self,
@@ -178,12 +202,19 @@ class Generation:
                 )
             lengths = dict(max_length=spec.max_length, min_length=spec.max_length)
 
-        def began(_module: torch.nn.Module, _args: Any) -> None:
+        skipper = self.skipper = Skipper(
+            recorder, module, self.new_tokens, self.prompt_tokens, self.runs, self.skipping
+        )
+
+        def began(_module: torch.nn.Module, _args: Any, step_kwargs: dict[str, Any]) -> None:
             self.steps += 1
-            if self.steps > 1:
+            traced = skipper.before_step(self.steps, step_kwargs)
+            if self.steps > 1 and traced:
                 self.runs.append((len(recorder.storage.events), DECODE))
 
-        handle = module.register_forward_pre_hook(began)
+        # before the recorder's own pre-hook: a skipped step's call is not recorded
+        handle = module.register_forward_pre_hook(began, prepend=True, with_kwargs=True)
+        remove = skipper.install()
         try:
             output = module.generate(  # type: ignore[operator]
                 *args,
@@ -196,6 +227,8 @@ class Generation:
             )
         finally:
             handle.remove()
+            remove()
+        skipper.finish()
         self.cache = summarize_cache(
             getattr(output, "past_key_values", None),
             self.prompt_tokens,

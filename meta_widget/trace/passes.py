@@ -38,6 +38,7 @@ from .assume import Assumption, Policy
 from .autocast import Autocast
 from .callstack import Listener
 from .checkpointing import patch_forwards
+from .decode_skip import Stretch
 from .factories import DeviceLessFactories
 from .fastpath import patch_fast_paths
 from .generate import CacheSummary, Generation, StopChecks
@@ -90,6 +91,9 @@ class Trace:
     orphan_costs: dict[str, dict[tuple[str, int, int], int]] = field(default_factory=dict)
     #: ``mode="generate"``: the cache ``generate()`` returned (``meta_widget.trace.generate``)
     kv_cache: CacheSummary | None = None
+    #: ``mode="generate"``: the stretches of decode steps given by the per-step rule, not
+    #: traced one by one (``meta_widget.trace.decode_skip.Stretch``)
+    stretches: list[Stretch] = field(default_factory=list)
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -125,6 +129,7 @@ def trace(
     attach: Callable[[Recorder, Undo], None] | None = None,
     default_device: str = "meta",
     tree: ModuleWalk | None = None,
+    every_step: bool = False,
 ) -> Trace:
     """Run the pass once under a :class:`Recorder` and return what it saw.
 
@@ -138,7 +143,9 @@ def trace(
     trace watches collectives and storage resizes); ``undo`` takes the steps undoing that.
     ``default_device``: where tensors the model makes without a device land (``factories``;
     a parallel trace's fake tensors stand for CPU tensors: ``"cpu"``). ``tree``: ``module``'s
-    walk (``meta_widget.data.walk``), if the caller made it already.
+    walk (``meta_widget.data.walk``), if the caller made it already. ``every_step``: trace
+    every decode step of ``mode="generate"`` (so does ``fast=False``), none given by the rule
+    of ``meta_widget.trace.decode_skip`` (where it did not hold, the trace is made again so).
 
     Every change made to global or user state is undone before returning, on every path, and
     an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
@@ -157,7 +164,8 @@ def trace(
         raise ValueError(
             f"optimizer must be one of {sorted(OPTIMIZERS)} or None, not {optimizer!r}"
         )
-    generation = Generation(spec) if spec.generating else None
+    skipping = spec.fast and not every_step  # decode steps the per-step rule gives
+    generation = Generation(spec, skipping=skipping) if spec.generating else None
     recorder = Recorder(
         module,
         listeners,
@@ -209,6 +217,14 @@ def trace(
         run.phase_starts = {}
         for at, name in generation.runs:
             run.phase_starts.setdefault(name, at)
+    redo = generation.redo(exception) if generation is not None else None
+    if redo is not None:  # the per-step rule did not hold: every decode step traced
+        again = trace(
+            module, args, kwargs, spec, listeners=listeners, on_phase=on_phase, attach=attach,
+            default_device=default_device, tree=tree, every_step=True,
+        )  # fmt: skip
+        again.notes.append(redo)
+        return again
     return Trace(
         calls=stack.calls,
         events=storage.events,
@@ -229,6 +245,7 @@ def trace(
         notes=run.factories.notes(),
         orphan_costs=recorder.orphan_costs,
         kv_cache=generation.cache if generation is not None else None,
+        stretches=generation.stretches if generation is not None else [],
     )
 
 

@@ -298,17 +298,62 @@ class Recorder:
         if stack and stack[-1].index >= 0:  # the common case, kept inline: a forward call
             owner: CallRecord | None = stack[-1]
             backward = False
+            flows = owner.flows  # type: ignore[union-attr]
         else:
             owner, backward = self.callstack.owner()
-        if n:
-            self._count(plan, n, owner, backward)
+            flows = None
+        self._count(plan, n, owner, backward)  # returns at once for 0
         if cost is not None:
             self._cost(cost, owner, backward)
         self.storage.track_output(out, plan.name, owner, backward)
+        if flows is not None:  # a forward call whose body the graph follows
+            self._flow(plan, args, kwargs, out, owner)  # type: ignore[arg-type]
         del workspace  # freed after the output is made, as inside the kernel
         if self.observer is not None:
             self.observer(func, args, out, owner)
         return out
+
+    def _flow(
+        self,
+        plan: OpPlan,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+        owner: CallRecord,
+    ) -> None:
+        """:meth:`note_flow` for an op that computes (views and metadata ops keep the storage:
+        the graph follows them by it)."""
+        if not plan.free:
+            self.note_flow(plan.name, args, kwargs, out, owner)
+
+    def note_flow(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, owner: CallRecord
+    ) -> None:
+        """Note in ``owner.flows`` an op of its own body that made new tensors: which tensors
+        (``StorageTracker.ident``) it read and made, for the graph (``Analysis.graph``)."""
+        ident = self.storage.ident
+        if isinstance(out, torch.Tensor):
+            made: tuple[int, ...] = (ident(out),)
+        elif isinstance(out, (tuple, list)):
+            made = tuple(ident(o) for o in out if isinstance(o, torch.Tensor))
+            if not made:
+                return
+        else:
+            return
+        owner.flows.append(  # type: ignore[union-attr]
+            (len(self.callstack.calls), name, self.read_ids(args, kwargs), made)
+        )
+
+    def read_ids(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
+        """The ids (``StorageTracker.ident``) of an op's tensor arguments, lists of them too."""
+        ident = self.storage.ident
+        read: list[int] = []
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                read.append(ident(a))
+            elif isinstance(a, (tuple, list)):
+                read.extend(ident(x) for x in a if isinstance(x, torch.Tensor))
+        return tuple(read)
 
     def _run(self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:

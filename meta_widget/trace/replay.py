@@ -29,7 +29,7 @@ Anything else runs as is, every time (``fast=False`` turns replay off with the o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +58,10 @@ _Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
 _ALLOC, _OUTPUT, _FREE = 0, 1, 2
 #: a key whose call cannot be replayed (its first run recorded what a tape cannot hold)
 _UNTAPED = "untaped"
+#: how a tape writes a tensor id of a flow: an argument's, new storage's, any other
+_ARG, _NEW, _ABS = 0, 1, 2
+#: a flow as a tape keeps it: op name, the ids it read and made (relative, see ``_Tape.flows``)
+_TapedFlow = tuple[str, tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,10 @@ class _Tape:
     ops: int
     #: the costs its ops added to the running call: (cost, how many)
     costs: tuple[tuple[tuple[str, int, int], int], ...] = ()
+    #: the data flow its ops noted in the running call (``CallRecord.flows``), each id as
+    #: (``_ARG``, argument position) / (``_NEW``, event offset) / (``_ABS``, the id), or None:
+    #: the call ran where no flow is noted (a leaf module's body)
+    flows: tuple[_TapedFlow, ...] | None = None
 
 
 class Tapes:
@@ -107,7 +115,7 @@ class Tapes:
         if type(tape) is str:
             return run(func, args, kwargs)
         assert isinstance(tape, _Tape)
-        return self._replay(tape, owner)
+        return self._replay(tape, owner, func, args, kwargs)
 
     def _owner(self) -> CallRecord | None:
         """The running forward call, if a call made now may be taped or replayed."""
@@ -143,12 +151,15 @@ class Tapes:
         storage, stats = rec.storage, rec.cache.stats  # type: ignore[union-attr]
         start = (len(rec.callstack.calls), len(storage.events), len(storage.allocations))
         ops, ran, costs = dict(owner.ops), stats.ops, dict(owner.costs)
+        flows = len(owner.flows) if owner.flows is not None else -1
         out = run(func, args, kwargs)
         tape = None
         if self._owner() is owner:  # still inside the same call, no assumption taken
             tape = self._tape(out, args, kwargs, owner, start, ops, stats.ops - ran)
             if tape is not None:
                 tape = _with_costs(tape, costs, owner.costs)
+                if flows >= 0:
+                    tape = replace(tape, flows=self._relative(owner, flows, args, kwargs, start[1]))
         self._tapes[key] = tape if tape is not None else _UNTAPED
         return out
 
@@ -218,8 +229,60 @@ class Tapes:
         )
         return _Tape(tuple(specs), container, tuple(steps), flops, ops)
 
-    def _replay(self, tape: _Tape, owner: CallRecord) -> Any:
+    def _relative(
+        self,
+        owner: CallRecord,
+        first: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        first_event: int,
+    ) -> tuple[_TapedFlow, ...]:
+        """The flows a taped call noted (``owner.flows[first:]``), their ids relative to the
+        call: its arguments by position, the storage it made by event offset."""
+        position = {tid: i for i, tid in enumerate(self.recorder.read_ids(args, kwargs))}
+
+        def rel(tid: int) -> tuple[int, int]:
+            if tid in position:
+                return (_ARG, position[tid])
+            if tid >= first_event:
+                return (_NEW, tid - first_event)
+            return (_ABS, tid)
+
+        noted = owner.flows[first:]  # type: ignore[index]
+        return tuple((name, tuple(map(rel, r)), tuple(map(rel, m))) for _, name, r, m in noted)
+
+    def _note_flows(
+        self,
+        tape: _Tape,
+        owner: CallRecord,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        start: int,
+    ) -> None:
+        """Note the flows of ``tape``'s first run again, on this call's arguments and storage
+        (its events replay in the same order, from event ``start``)."""
+        rec = self.recorder
+        assert tape.flows is not None and owner.flows is not None
+        ids = rec.read_ids(args, kwargs)
+        seq = len(rec.callstack.calls)
+
+        def back(ref: tuple[int, int]) -> int:
+            kind, v = ref
+            return ids[v] if kind == _ARG else start + v if kind == _NEW else v
+
+        for name, read, made in tape.flows:
+            owner.flows.append((seq, name, tuple(map(back, read)), tuple(map(back, made))))
+
+    def _replay(
+        self,
+        tape: _Tape,
+        owner: CallRecord,
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         storage = self.recorder.storage
+        start = len(storage.events)
         outs = _made(tape.outputs)
         made: list[Allocation | None] = []
         for kind, a, b in tape.steps:
@@ -241,7 +304,13 @@ class Tapes:
         for cost, count in tape.costs:
             costs[cost] = costs.get(cost, 0) + count
         self.recorder.cache.stats.replayed += tape.ops  # type: ignore[union-attr]
-        return outs[0] if tape.container is None else tape.container(outs)
+        out = outs[0] if tape.container is None else tape.container(outs)
+        if owner.flows is not None:
+            if tape.flows is not None:  # as its first run noted them
+                self._note_flows(tape, owner, args, kwargs, start)
+            else:  # its first run was in a leaf's body: the graph reads the call as one op
+                self.recorder.note_flow(getattr(func, "__name__", "call"), args, kwargs, out, owner)
+        return out
 
 
 def _with_costs(

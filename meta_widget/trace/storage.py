@@ -73,10 +73,17 @@ class StorageTracker:
         # storage key -> (its Allocation, the weak reference that reports its free)
         self._live: dict[int, tuple[Allocation, weakref.ref[Any]]] = {}
         self._existing = {storage_key(x) for t in existing for x in inner_tensors(t) if on_meta(x)}
+        #: the ids ``ident`` gave storage from before the trace, by key
+        self._existing_ids: dict[int, int] = {}
         #: told the key of each storage that dies: a later storage may get the same key
         self.on_free: Callable[[int], None] | None = None
         #: storages on every device are tracked, not only meta's (a real run: ``track_real``)
         self.real = False
+        #: while paused (:meth:`pause`): each new storage, noted nowhere (key -> a weak reference
+        #: to it and its bytes), and the storages live when the pause began; None otherwise
+        self._quiet: dict[int, tuple[weakref.ref[Any], int]] | None = None
+        self._before: dict[int, tuple[Allocation, weakref.ref[Any]]] = {}
+        self._held: dict[int, weakref.ref[Any]] = {}
 
     def track_real(self, existing: Iterable[torch.Tensor]) -> None:
         """Track storages on every device from now on (``mw.measure``'s real run), ``existing``
@@ -109,6 +116,9 @@ class StorageTracker:
             return
         n = st.nbytes()
         if not n:
+            return
+        if self._quiet is not None:  # paused: kept aside, noted at resume() if still alive
+            self._quiet[key] = (weakref.ref(st), n)
             return
         self._allocate(st, n, op, call, backward)
 
@@ -184,6 +194,78 @@ class StorageTracker:
             entry = self._live.get(storage_key(t))
             if entry is not None:
                 entry[0].saved = True
+
+    def ident(self, t: torch.Tensor) -> int:
+        """An id of ``t``'s data, unique over the trace: the event that allocated its storage
+        (views share it), or, for storage from before the trace (parameters, buffers, inputs),
+        ``-2 - n`` where it is the ``n``-th such storage asked for (the same in every run of the
+        same trace, unlike its address); -1: unknown (storage this tracker does not follow,
+        e.g. a CPU scalar, whose key a later one may reuse)."""
+        try:
+            key = t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError, TypeError):
+            return -1  # a tensor subclass without storage of its own
+        entry = self._live.get(key)
+        if entry is not None:
+            return entry[0].event
+        if key not in self._existing:
+            return -1
+        n = self._existing_ids.get(key)
+        if n is None:
+            n = self._existing_ids[key] = -2 - len(self._existing_ids)
+        return n
+
+    def pause(self, held: Iterable[torch.Tensor] = ()) -> None:
+        """Note nothing until :meth:`resume`: no event, no allocation (``mode="generate"``'s
+        decode steps that the per-step rule gives, ``meta_widget.trace.decode_skip``). New
+        storages are kept aside, frees pass unnoted. ``held``: tensors whose storage
+        ``resume`` is to leave out if it is still the one they have now (not new)."""
+        self._before = dict(self._live)
+        self._held = {storage_key(t): weakref.ref(t.untyped_storage()) for t in held}
+        self._quiet = {}
+        self.active = False
+
+    def resume(self, also: Iterable[torch.Tensor], op: str, call: int) -> Event:
+        """Note again after :meth:`pause`, with one event (``op``, in call ``call``) standing for
+        everything in between: the frees of the storages live at the pause that died since, and
+        the allocations of the storages made since that are alive (those the tracker saw, and
+        those of ``also``: tensors made with the recorder out of the way). Returns the event."""
+        quiet, before = self._quiet or {}, self._before
+        self._quiet, self._before = None, {}
+        self.active = True
+        dead = [a for key, (a, _) in before.items() if self._live.get(key, (None,))[0] is not a]
+        alive: dict[int, tuple[Any, int]] = {}
+        for key, (ref, n) in quiet.items():
+            st = ref()
+            if st is not None:
+                alive[key] = (st, n)
+        held, self._held = self._held, {}
+        for t in also:
+            if self.tracks(t):
+                st = t.untyped_storage()
+                was = held.get(st._cdata)
+                if (
+                    st.nbytes()
+                    and st._cdata not in self._existing
+                    and (was is None or was() is not st)
+                ):
+                    alive.setdefault(st._cdata, (st, st.nbytes()))
+        index = len(self.events)
+        for a in dead:
+            a.freed = index
+        net = 0
+        for key, (st, n) in alive.items():
+            if key in self._live:
+                continue
+            alloc = Allocation(key, n, index, call, self.phase)
+            self.allocations.append(alloc)
+            self._live[key] = (alloc, weakref.ref(st, partial(self._free, key)))
+            net += n
+        net -= sum(a.nbytes for a in dead)
+        self.live_bytes += net
+        event = Event(net, self.live_bytes, call, op, self.phase)
+        self.events.append(event)
+        return event
 
     def new_bytes(self, keys: set[int], start: int) -> int:
         """Bytes of the storages ``keys`` that were allocated since event ``start``."""

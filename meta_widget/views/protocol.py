@@ -27,6 +27,7 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
         "float_params": [int],            # how many of them are floating point (dtype what-ifs)
         "buffer_bytes": [int],            # buffers in the subtree, bytes
         "own_params": [[[name_sid, tensor_id], ...]],   # parameters defined on this module itself
+        "extra_repr": [sid],              # optional: Module.extra_repr() ("in_features=64, …")
       },
       "calls": {                          # columnar; row j = j-th module call, in start order
         "module": [int],                  # module row
@@ -48,6 +49,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       },
       "timeline": {                       # live bytes over the pass: its envelope, at most
                                           # TIMELINE_POINTS points (see timeline_points)
+        "event": [int],                   # each point's event number (allocations and frees
+                                          # counted from 0; points are a thinned subset)
         "bytes": [int],                   # live bytes after the event
         "call": [int],                    # innermost call running at the event (-1: none)
         "op": [sid],                      # aten op that allocated (or "free")
@@ -82,6 +85,15 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                "modules": {"time_s": [float], "bound": ["compute" | "memory" | "comm" | ""]}}
               (only with analyze(..., gpu=...): meta_widget.timing.model.StepTime; per module
               row, its calls' time forward and backward and what bounds it),
+      "settings": [[label, tooltip]],     # what changes the numbers besides mode: autocast,
+                                          # param dtype, parallel layout, micro-batches,
+                                          # checkpointing (encode_settings); [] by default
+      "graph": {"levels": [{"depth": int, "nodes": [row], "calls": [int],   # -1 the inputs,
+                 "src": [row], "dst": [row], "tensor": [tensor_id],       # -2 the outputs
+                 "ops": [[op_sid]], "count": [int], "tied": [0 | 1]}
+                 or {"depth": int, "as": int}]}   # the same graph as depth "as"
+              (the graph of module rows at depth 1, 2, ... unfolded, while small:
+              graph_frame.encode_graph; the front end folds it as the tree),
       "notes": [str],
       "assumptions": [{"kind", "op", "value", "module", "call", "file", "line", "code",
                        "count", "site", "stack", "module_type", "backward"}],
@@ -104,7 +116,9 @@ Messages, kernel -> front end (custom messages, while tracing)
   Calls complete in post-order (a child before its parent), hence the explicit index.
 - ``{"type": "phase", "phase": "backward" | "optimizer"}``: a training step's forward pass is
   over (every forward call was sent) and this phase runs now; it records no new calls.
-- ``{"type": "done", "elapsed_s": float}``: the final payload is now in the ``payload`` trait.
+- ``{"type": "done", "elapsed_s": float, "total_s": float}``: the final payload is now in the
+  ``payload`` trait; ``elapsed_s`` the trace's seconds, ``total_s`` the whole analysis's (from
+  ``analyze``'s start with ``widget=True``, or the re-run's: the model built, traced, analyzed).
 - ``{"type": "error", "error": {...the error object...}}``
 - ``{"type": "ready"}``: the answer to ``hello``: a kernel-side widget is behind the view. When
   that widget's last stream has finished, its ``done`` follows, so that a view mounted after the
@@ -130,6 +144,7 @@ from typing import TYPE_CHECKING, Any
 from ..choices import KernelMessage, Precision, ViewMessage
 from ..units import DTYPE_BYTES
 from .estimates import recorded_element_size, what_if
+from .graph_frame import encode_graph
 
 if TYPE_CHECKING:
     from ..data.flatten import TensorInfo
@@ -151,6 +166,7 @@ MODULE_COLUMNS = (
     "float_params",
     "buffer_bytes",
     "own_params",
+    "extra_repr",
 )
 CALL_COLUMNS = (
     "module",
@@ -231,7 +247,15 @@ def encode_modules(nodes: Sequence[ModuleNode], d: Dictionary) -> dict[str, list
         "float_params": [n.float_params for n in nodes],
         "buffer_bytes": [n.buffer_bytes for n in nodes],
         "own_params": [[[d.string(k), _tensor(d, i)] for k, i in n.own_params] for n in nodes],
+        **_extra_reprs(nodes, d),
     }
+
+
+def _extra_reprs(nodes: Sequence[ModuleNode], d: Dictionary) -> dict[str, list[int]]:
+    """``{"extra_repr": [sid]}``: each module's constructor settings (``Module.extra_repr()``),
+    left out when no module has any (a checkpoint's tree, an older ModuleNode)."""
+    texts = [getattr(n, "extra_repr", "") for n in nodes]
+    return {"extra_repr": [d.string(t) for t in texts]} if any(texts) else {}
 
 
 def _tensor(d: Dictionary, info: TensorInfo) -> int:
@@ -300,6 +324,67 @@ def encode_comms(records: Sequence[Any], kept: list[int]) -> dict[str, list[Any]
     }
 
 
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def encode_settings(options: Any) -> list[list[str]]:
+    """The settings that change the numbers, as the header's badges: ``[label, tooltip]`` each.
+
+    The mode and the source are the header's chips already; these are the rest: autocast, the
+    parameters' dtype, the parallel layout, micro-batches, activation checkpointing. Defaults
+    (none of them given) send an empty list.
+    """
+    out: list[list[str]] = []
+    if options.autocast is not None:
+        name = _dtype_name(options.autocast)
+        out.append(
+            [
+                f"autocast {name}",
+                f"analyze(..., autocast={name}): ops ran under "
+                "torch.autocast, activations in that dtype where autocast casts",
+            ]
+        )
+    if options.param_dtype is not None:
+        name = _dtype_name(options.param_dtype)
+        out.append(
+            [
+                f"params {name}",
+                f"analyze(..., param_dtype={name}): floating parameters and buffers in that dtype",
+            ]
+        )
+    plan = options.parallel
+    if plan is not None:
+        parts = [
+            f"{k} {getattr(plan, k)}" for k in ("replicate", "fsdp", "tp") if getattr(plan, k) > 1
+        ]
+        out.append(
+            [
+                " × ".join(parts) or "parallel",
+                f"analyze(..., parallel=...): this trace is "
+                f"rank 0 of {plan.world}; its numbers are one GPU's",
+            ]
+        )
+    if getattr(options, "micro_batches", 1) > 1:
+        n = options.micro_batches
+        out.append(
+            [
+                f"{n} micro-batches",
+                f"analyze(..., micro_batches={n}): gradient "
+                "accumulation over that many forward/backward passes per step",
+            ]
+        )
+    if getattr(options, "activation_checkpointing", False):
+        out.append(
+            [
+                "checkpointing",
+                "analyze(..., activation_checkpointing=...): activations "
+                "recomputed in the backward pass",
+            ]
+        )
+    return out
+
+
 def encode_analysis(a: Analyzed) -> dict[str, Any]:
     """The whole analysis as one payload."""
     d = Dictionary()
@@ -314,6 +399,7 @@ def encode_analysis(a: Analyzed) -> dict[str, Any]:
     phases = mem.timeline_phases()
     keep = timeline_points([b for b, _, _ in mem.timeline], phases)
     payload["timeline"] = {
+        "event": list(keep),
         "bytes": [mem.timeline[i][0] for i in keep],
         "call": [mem.timeline[i][1] for i in keep],
         "op": [d.string(mem.timeline[i][2]) for i in keep],
@@ -326,6 +412,7 @@ def encode_analysis(a: Analyzed) -> dict[str, Any]:
     }
     if a.comm_records:  # a parallel trace: its collectives, placed on the timeline
         payload["comms"] = encode_comms(a.comm_records, keep)
+    payload["settings"] = encode_settings(a.options)
     first_kept: dict[str, int] = {}
     for j, i in enumerate(keep):
         first_kept.setdefault(phases[i], j)
@@ -368,6 +455,8 @@ def encode_analysis(a: Analyzed) -> dict[str, Any]:
         payload["checkpoint"] = a.checkpoint_diff.to_dict()
     if a.time is not None:
         payload["time"] = encode_time(a)
+    if a.traced and a.calls:  # the Graph tab's (see meta_widget.views.graph_frame)
+        payload["graph"] = encode_graph(a, lambda info: _tensor(d, info), d.string)
     return payload
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from ..units import format_bytes, format_count, format_flops, format_shapes
@@ -10,6 +11,8 @@ if TYPE_CHECKING:
     from ..data.tree import ModuleNode
     from .analyzed import Analyzed
 
+#: the one symbol for "none" (zero, or not applicable), as the widget's table writes it
+NONE = "–"
 #: "Output mem": the bytes of new storage a module's outputs hold (README "What the numbers mean")
 _COLUMNS = ("Module · type", "Output shapes", "Params", "Param mem", "Output mem", "FLOPs")
 #: a training step adds the FLOPs of each module's backward
@@ -42,7 +45,7 @@ def fold_siblings(children: list[ModuleNode]) -> list[list[ModuleNode]]:
 def _row(label: str, nodes: list[ModuleNode], training: bool = False) -> list[str]:
     first = nodes[0]
     shapes = [i.shape for c in first.calls for _, i in c.outputs]
-    shape_text = format_shapes(shapes) if first.calls else "--"
+    shape_text = format_shapes(shapes) if first.calls else NONE
     if len(first.calls) > 1:
         shape_text = f"{len(first.calls)} calls: " + format_shapes(
             [i.shape for _, i in first.calls[0].outputs]
@@ -53,14 +56,14 @@ def _row(label: str, nodes: list[ModuleNode], training: bool = False) -> list[st
     flops = sum(n.flops for n in nodes)
     act = sum(n.activation_bytes for n in nodes)
     backward = sum(n.backward_flops for n in nodes)
-    extra = [format_flops(backward) if backward else "--"] if training else []
+    extra = [format_flops(backward) if backward else NONE] if training else []
     return [
         label,
         shape_text,
-        format_count(first.params * k) if first.params else "--",
-        format_bytes(first.param_bytes * k) if first.param_bytes else "--",
-        format_bytes(act) if act else "--",
-        format_flops(flops) if flops else "--",
+        format_count(first.params * k) if first.params else NONE,
+        format_bytes(first.param_bytes * k) if first.param_bytes else NONE,
+        format_bytes(act) if act else NONE,
+        format_flops(flops) if flops else NONE,
         *extra,
     ]
 
@@ -99,23 +102,92 @@ def summary_rows(analysis: Analyzed, depth: int | None = 3) -> list[list[str]]:
     return rows
 
 
+#: the summary's width in characters: a notebook output, a terminal, a GitHub view show it whole
+SUMMARY_WIDTH = 100
+
+#: the narrowest the shapes column gets before it is left out of a table too wide for
+#: ``SUMMARY_WIDTH`` (a shape cut shorter reads as nothing)
+_MIN_SHAPES = 20
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, shortened in the middle."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def _shorten_label(label: str, width: int) -> str:
+    """A row's label (branches, name, " · ", class) in ``width`` characters: the name gives
+    first, then the class, both in the middle; the branches never."""
+    if len(label) <= width:
+        return label
+    name_at = len(label) - len(label.lstrip("│├└─ "))
+    branches, rest = label[:name_at], label[name_at:]
+    name, sep, kind = rest.partition(" · ")
+    room = width - len(branches) - len(sep) - len(kind)
+    if room >= 4:
+        return branches + _shorten(name, room) + sep + kind
+    return branches + _shorten(rest, max(4, width - len(branches)))
+
+
+def _fit(
+    rows: list[list[str]], columns: tuple[str, ...]
+) -> tuple[list[list[str]], list[int], tuple[str, ...]]:
+    """The table in at most ``SUMMARY_WIDTH`` characters: the shapes column narrows (to
+    ``_MIN_SHAPES``), then goes; then the labels shorten. Returns rows, widths and columns."""
+
+    def widths_of(table: list[list[str]]) -> list[int]:
+        return [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+
+    widths = widths_of([list(columns), *rows])
+    over = sum(widths) + 2 * (len(widths) - 1) - SUMMARY_WIDTH
+    if over <= 0:
+        return rows, widths, columns
+    if widths[1] - over >= _MIN_SHAPES:
+        widths[1] -= over
+        for r in rows:
+            r[1] = r[1] if len(r[1]) <= widths[1] else r[1][: widths[1] - 1] + "…"
+        return rows, widths, columns
+    # no room for shapes worth reading: the column goes (Analysis.calls has them)
+    columns = (columns[0], *columns[2:])
+    rows = [[r[0], *r[2:]] for r in rows]
+    widths = widths_of([list(columns), *rows])
+    over = sum(widths) + 2 * (len(widths) - 1) - SUMMARY_WIDTH
+    if over > 0:
+        widths[0] -= over
+        for r in rows:
+            r[0] = _shorten_label(r[0], widths[0])
+    return rows, widths, columns
+
+
+def _wrap(line: str) -> list[str]:
+    """``line`` wrapped at ``SUMMARY_WIDTH``, continuation lines indented."""
+    return textwrap.wrap(line, SUMMARY_WIDTH, subsequent_indent="  ", break_on_hyphens=False) or [
+        ""
+    ]
+
+
 def render_summary(analysis: Analyzed, depth: int | None = 3) -> str:
-    """The tree down to ``depth`` (None: everything), repeated siblings folded, then totals."""
-    columns = summary_columns(analysis)
-    rows = summary_rows(analysis, depth)
-    widths = [max(len(r[i]) for r in [list(columns), *rows]) for i in range(len(columns))]
+    """The tree down to ``depth`` (None: everything), repeated siblings folded, then totals;
+    at most ``SUMMARY_WIDTH`` characters wide (labels shortened in the middle, sentences
+    wrapped)."""
+    rows, widths, columns = _fit(summary_rows(analysis, depth), summary_columns(analysis))
+    texts = 2 if "Output shapes" in columns else 1  # left-aligned: the label, the shapes
 
     def line(cells: list[str]) -> str:
-        left = cells[0].ljust(widths[0])
-        mid = cells[1].ljust(widths[1])
-        right = "  ".join(c.rjust(w) for c, w in zip(cells[2:], widths[2:], strict=True))
-        return f"{left}  {mid}  {right}".rstrip()
+        left = [c.ljust(w) for c, w in zip(cells[:texts], widths[:texts], strict=True)]
+        right = [c.rjust(w) for c, w in zip(cells[texts:], widths[texts:], strict=True)]
+        return "  ".join(left + right).rstrip()
 
     rule = "─" * (sum(widths) + 2 * (len(widths) - 1))
-    out = [summary_header(analysis), rule, line(list(columns)), rule]
+    out = [*_wrap(summary_header(analysis)), rule, line(list(columns)), rule]
     out.extend(line(r) for r in rows)
     out.append(rule)
-    out.extend(totals_lines(analysis))
+    for text in totals_lines(analysis):
+        for piece in text.split("\n"):  # an error's own lines (where, code, why, fix) kept
+            out.extend(_wrap(piece) if len(piece) > SUMMARY_WIDTH else [piece])
     return "\n".join(out)
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
+from IPython.display import display
 
 from ..choices import Device, KernelMessage, Mode, Optimizer, Status
 from .fallback import fallback_html
@@ -40,6 +41,31 @@ RERUN_OPTIONS: dict[str, tuple[Any, ...]] = {
     "optimizer": (*(o.value for o in Optimizer), None),
     "device": tuple(d.value for d in Device),
 }
+
+#: the widget output's ``text/plain``: its static view is the next output
+WIDGET_TEXT = "meta_widget: the interactive view (its static view and summary follow)"
+
+#: Rules that show either the widget or the static view after it, never both: a widget's output
+#: with no widget in it (no model for it: "Error displaying widget: model not found", or still
+#: loading) is hidden while its static view follows it; a static view after a mounted widget is
+#: hidden. JupyterLab / Notebook 7 / nbconvert's lab template (``jp-OutputArea-child``) and the
+#: classic template (``output_area``). Kept by a trusted output (a notebook run or saved here)
+#: and nbconvert; a sanitizer drops them, and then the view hides the static output itself.
+STATIC_RULES = "".join(
+    f"{c}:not(:has(.mw-root)):has(+ {c} .mw-static){{display:none}}"
+    f"{c}:has(.mw-root) + {c}:has(.mw-static){{display:none}}"
+    for c in (".jp-OutputArea-child", ".output_area")
+)
+
+
+def static_bundle(analysis: Analyzed) -> dict[str, str]:
+    """The output that follows the widget's: the static view as HTML, the summary as text."""
+    return {
+        "text/html": f"<style>{STATIC_RULES}</style><div class='mw-static'>"
+        f"{fallback_html(analysis)}</div>",
+        "text/plain": analysis.summary(),
+    }
+
 
 #: the module shown where the front end was not built
 NOT_BUILT = """
@@ -80,17 +106,46 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
     #: (the view re-created by that update, or another display of this widget): its progress
     #: line then says how many calls were recorded in how long, as the streamed view did
     last_done: dict[str, Any] | None = None
+    #: the placeholder output below a widget shown before its analysis (IPython's display
+    #: handle), which ``update_live_display`` fills with the static view
+    static_display: Any = None
+    #: when the analysis this widget will show started (set by the pipeline: ``analyze``'s start,
+    #: the model's build included; a re-run: its start), for the ``done`` message's ``total_s``
+    run_started: float | None = None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        """The widget, and beside it the summary as text and a static HTML view of the analysis
-        (``meta_widget.views.fallback``) for front ends that cannot show the widget."""
+        """The widget, with the summary as text (front ends that show one bundle per object:
+        marimo, VS Code's text view). Jupyter front ends go through ``_ipython_display_``."""
         bundle = super()._repr_mimebundle_(**kwargs)
         if self.analysis is None or bundle is None:
             return bundle
         data, meta = bundle if isinstance(bundle, tuple) else (bundle, {})
         data["text/plain"] = self.analysis.summary()
-        data["text/html"] = fallback_html(self.analysis)
         return data, meta
+
+    def _ipython_display_(self) -> None:
+        """Two outputs: the widget, then its static view (``static_bundle``).
+
+        A notebook saved without its widget state (JupyterLab's default) or opened where no
+        widget manager loads (nbconvert's HTML offline, GitHub) has the widget's output but no
+        model for it: JupyterLab shows "Error displaying widget: model not found" for it and
+        never the ``text/html`` of the same output, so the static view is an output of its own.
+        Its style rules hide whichever of the two is not wanted: the static view once the
+        widget mounted beside it, the widget's output while it shows no widget (the view hides
+        the static output too, where a sanitizer dropped the rules). Displayed before its
+        analysis exists (``widget=True``), the second output is a placeholder that
+        ``update_live_display`` fills when the analysis ends.
+        """
+        bundle = super()._repr_mimebundle_()
+        if bundle is None:
+            return
+        data, meta = bundle if isinstance(bundle, tuple) else (bundle, {})
+        data["text/plain"] = WIDGET_TEXT
+        display(data, metadata=meta, raw=True)
+        if self.analysis is not None:
+            display(static_bundle(self.analysis), raw=True)
+        elif not self.payload:  # widget=True: the analysis comes later
+            self.static_display = display({"text/plain": ""}, raw=True, display_id=True)
 
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         """A custom message from a view: run its handler (``MESSAGE_HANDLERS``); a message of
@@ -145,6 +200,7 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
             # the switches always send the optimizer (its menu is only disabled in inference):
             # keep the analysis's own for a later training run, and no "not used" note
             changes.pop("optimizer", None)
+        self.run_started = time.perf_counter()
         self.analysis = self.analysis.rerun(widget=self, **changes)
 
     def show(self, analysis: Analyzed) -> None:
@@ -152,16 +208,16 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
         self.payload = analysis.to_payload()
 
     def update_live_display(self) -> None:
-        """Give the output that showed this widget before its analysis its static view too.
+        """Fill the placeholder output that ``_ipython_display_`` left below a widget shown
+        before its analysis (``analyze(..., widget=True)``) with the analysis's static view.
 
-        Once: ``handle.update`` makes the front end draw that output again (a new view of the
-        same model, from the ``payload`` trait and ``last_done``). After a re-run from the
-        switches the views already show the new analysis, and drawing them again would lose
-        what the user opened, so the static view stays that of the analysis the cell made.
+        Once: after a re-run from the switches the views already show the new analysis, and
+        the static view stays that of the analysis the cell made.
         """
-        handle, self.live_display = self.live_display, None
+        handle, self.static_display = self.static_display, None
+        self.live_display = None
         if handle is not None and self.analysis is not None:
-            handle.update(self)
+            handle.update(static_bundle(self.analysis), raw=True)
 
     def stream(
         self, nodes: Sequence[ModuleNode], *, title: str, source: str, mode: str
@@ -212,6 +268,9 @@ class CallStream:
         self.batch = batch
         self.interval_s = interval_s
         self.start = self.last = time.perf_counter()
+        #: the analysis's own start (the model built before the trace), else the trace's
+        self.begun = getattr(widget, "run_started", None) or self.start
+        widget.run_started = None
         header = encode_header(
             nodes,
             self.dictionary,
@@ -248,7 +307,8 @@ class CallStream:
         if analysis.error is not None:
             self.widget.send({"type": "error", "error": encode_error(analysis.error)})
         self.widget.payload = analysis.to_payload()
-        done = {"type": "done", "elapsed_s": time.perf_counter() - self.start}
+        now = time.perf_counter()
+        done = {"type": "done", "elapsed_s": now - self.start, "total_s": now - self.begun}
         self.widget.send(done)
         self.widget.last_done = done
 

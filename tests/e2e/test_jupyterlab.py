@@ -3,9 +3,11 @@
 A notebook analyzes a tiny transformers GPT-2 with ``widget=True`` (the widget shows before the
 trace and the calls stream in), then displays the returned ``Analysis``. The test runs it, checks
 the tree, saves the notebook with the widget state, and reopens it with a fresh kernel that runs
-nothing: the widgets must render from the saved state alone. Reopening with no kernel at all is
-checked too; JupyterLab 4's widget manager does not restore saved state then (an upstream bug,
-marked xfail below). A tutorial notebook runs top to bottom in Lab.
+nothing: the widgets must render from the saved state alone. Where no widget can render (no
+kernel at all, a notebook saved with Lab's default settings, i.e. without widget state, or one
+whose restored state a later save dropped) each output's static view shows instead, never
+"Error displaying widget: model not found". Keys pressed in the widget stay in it. A tutorial
+notebook runs top to bottom in Lab.
 Screenshots (light and dark) land in ``test-artifacts/``; look at them.
 """
 
@@ -44,6 +46,21 @@ SLOW_MS = 180_000
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 STREAM_ERRORS = re.compile(r"Error|Traceback", re.IGNORECASE)
+#: what third-party imports print on stderr in the test environment, not meta_widget: torchao
+#: 0.18 (a test dependency, imported by transformers when installed) beside this torch build
+THIRD_PARTY_NOISE = re.compile(
+    r"^(Failed to load \S*/torchao/\S*\.so\b.*"
+    r"|W\d{4} [\d:.]+ \d+ \S*torch/utils/_pytree\.py:\d+\] <enum .*register_constant.*"
+    r"|\s*)$"
+)
+
+
+def failures(stderr: list[str]) -> list[str]:
+    """The stderr lines that are not the known third-party import noise above: anything
+    meta_widget (or the user's code) prints there is a failure."""
+    return [
+        line for text in stderr for line in text.splitlines() if not THIRD_PARTY_NOISE.match(line)
+    ]
 
 
 def api(lab: dict[str, Any], path: str, method: str = "GET") -> Any:
@@ -254,12 +271,14 @@ def test_stream_save_and_reopen(page: Any, jupyter_lab: dict[str, Any], artifact
     n_calls = int(page.locator(".jp-OutputArea-output pre").last.inner_text().split()[1])
     progress = page.locator(".mw-root .mw-progress").first.inner_text()
     assert f"{n_calls} calls recorded in" in progress, progress
+    # the cell built the model before the trace: the line says how long it all took too
+    assert " s in all" in progress, progress
     for nth in (0, 1):
         check_tree(page, nth)
     n_params = expected_params()
     wait_text(page, ".mw-root .mw-totals", [f"{n_params / 1000:.1f} K"])
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    assert errors.count() == 0, errors.all_inner_texts()
+    assert not failures(errors.all_inner_texts()), errors.all_inner_texts()
     page.screenshot(path=str(artifacts / "lab-light.png"), full_page=True)
 
     # dark theme: the widget follows JupyterLab's theme variables
@@ -271,6 +290,8 @@ def test_stream_save_and_reopen(page: Any, jupyter_lab: dict[str, Any], artifact
     page.screenshot(path=str(artifacts / "lab-dark.png"), full_page=True)
     command(page, "apputils:change-theme", {"theme": "JupyterLab Light"})
     wait_theme(page, dark=False)
+
+    keys_stay_in_the_widget(page)
 
     # save: the widget state goes into the notebook's metadata
     command(page, "docmanager:save")
@@ -329,6 +350,54 @@ def test_stream_save_and_reopen(page: Any, jupyter_lab: dict[str, Any], artifact
     assert not misaligned, f"details labels not beside their values: {misaligned}"
 
 
+def n_cells(page: Any) -> int:
+    return int(page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").count())
+
+
+def keys_stay_in_the_widget(page: Any) -> None:
+    """Notebook shortcuts (``a``/``b`` insert a cell, ``m`` makes it markdown, ``dd`` deletes
+    it) do nothing with the focus in the widget's tree, and the tree still gets its keys."""
+    before = n_cells(page)
+    row = page.locator(".mw-root .mw-row").first
+    row.locator(".mw-mname").click()
+    page.keyboard.press("Escape")  # what leaves an editor: Lab's command mode, if it were there
+    for key in ("a", "b", "m", "d", "d", "ArrowDown"):
+        page.keyboard.press(key)
+    assert n_cells(page) == before, "a key pressed in the widget changed the notebook's cells"
+    assert page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-MarkdownCell").count() == 0
+    # ArrowDown moved the selection to the next row: the tree heard the keys
+    selected = page.locator(".mw-root").first.locator(".mw-row.mw-selected .mw-mname")
+    assert selected.count() == 1 and selected.inner_text() != "GPT2LMHeadModel"
+
+
+def visible_errors(page: Any) -> list[str]:
+    """The widget manager's error texts that a reader sees."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+            .filter(o => /Error displaying widget/.test(o.textContent) && o.offsetParent)
+            .map(o => o.textContent.trim())"""
+    )
+
+
+def wait_static_views(page: Any, n: int, screenshot: Path) -> None:
+    """Wait until ``n`` static views are visible, with no widget error in sight."""
+    try:
+        page.wait_for_function(
+            """n => [...document.querySelectorAll('.meta-widget-fallback')]
+                .filter(v => v.offsetParent).length === n""",
+            arg=n,
+            timeout=SLOW_MS,
+        )
+    finally:
+        page.screenshot(path=str(screenshot), full_page=True)
+    for view in page.locator(".meta-widget-fallback").all():
+        assert "0–1 · 2 × GPT2Block" in view.inner_text()
+        box = view.bounding_box()
+        assert box and box["height"] > 150 and box["width"] > 400, box
+    assert not visible_errors(page), visible_errors(page)
+    assert page.locator(".mw-root").count() == 0
+
+
 class SavedWidgetNotRestored(AssertionError):
     """The saved widget state was not rendered."""
 
@@ -345,12 +414,6 @@ def wait_rendered(page: Any, screenshot: Path, timeout_ms: int = SLOW_MS) -> Non
         ) from e
 
 
-@pytest.mark.xfail(
-    raises=SavedWidgetNotRestored,
-    reason="JupyterLab 4 + jupyterlab_widgets 5.0 render no saved widget state without a kernel: "
-    "restoreWidgets() loads the kernel's widgets first and gives up when there is no kernel "
-    "(jupyter-widgets/ipywidgets#3773, jupyterlab/jupyterlab#15361)",
-)
 def test_saved_notebook_without_kernel(
     page: Any, jupyter_lab: dict[str, Any], artifacts: Path
 ) -> None:
@@ -373,17 +436,11 @@ def test_saved_notebook_without_kernel(
         )
         assert api(lab, "/api/kernels") == [], "a kernel was started"
         page.screenshot(path=str(artifacts / "lab-saved-no-kernel.png"), full_page=True)
-        # known not to render (the xfail above): a shorter wait, so the suite does not idle
-        wait_rendered(page, artifacts / "lab-saved-no-kernel.png", timeout_ms=45_000)
-        assert page.locator(".mw-root").count() == 2
-        for nth in (0, 1):
-            check_tree(page, nth)
+        # JupyterLab 4's widget manager restores no saved state without a kernel (upstream:
+        # jupyter-widgets/ipywidgets#3773, jupyterlab/jupyterlab#15361): the static views show
+        wait_static_views(page, 2, artifacts / "lab-saved-no-kernel.png")
     finally:
         shutil.move(str(hidden), str(lab["kernel_dir"]))
-
-
-class RestoredStateDropped(AssertionError):
-    """Saving dropped the widget state restored from the notebook."""
 
 
 def wait_rewritten(path: Path, since: float) -> Any:
@@ -398,13 +455,6 @@ def wait_rewritten(path: Path, since: float) -> Any:
     return nbformat.read(str(path), as_version=4)
 
 
-@pytest.mark.xfail(
-    raises=RestoredStateDropped,
-    strict=True,
-    reason="JupyterLab 4 + jupyterlab_widgets 5: saving a reopened notebook drops the widget state "
-    "it restored (jupyter-widgets/ipywidgets#3888, #3270); its outputs keep their text/html "
-    "fallback, which JupyterLab does not show in place of a missing model",
-)
 def test_reopen_run_a_cell_and_save_keeps_the_restored_widgets(
     page: Any, jupyter_lab: dict[str, Any], artifacts: Path
 ) -> None:
@@ -427,9 +477,14 @@ def test_reopen_run_a_cell_and_save_keeps_the_restored_widgets(
     state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     views = widget_views(notebook)
     assert views, "the saved outputs lost their widget views"
-    missing = [v for v in views if v not in state]
-    if missing:
-        raise RestoredStateDropped(f"saved without the models of {missing}")
+    if all(v in state for v in views):
+        return  # the state was kept (a fixed jupyterlab_widgets): the widgets render again
+    # saving a reopened notebook drops the state it restored (upstream: ipywidgets#3888,
+    # #3270): reopened, the outputs show their static views, not "model not found"
+    delete_sessions(lab)
+    open_notebook(page, lab, again.name)
+    wait_idle(page)
+    wait_static_views(page, 2, artifacts / "lab-resaved-reopened.png")
 
 
 TUTORIAL = ROOT / "notebooks" / "01-meta-tensors-101.ipynb"
@@ -519,4 +574,4 @@ def test_switch_to_training_reruns(page: Any, jupyter_lab: dict[str, Any], artif
     command(page, "apputils:change-theme", {"theme": "JupyterLab Light"})
     wait_theme(page, dark=False)
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-    assert errors.count() == 0, errors.all_inner_texts()
+    assert not failures(errors.all_inner_texts()), errors.all_inner_texts()

@@ -1,6 +1,7 @@
 """nbconvert's HTML of a notebook that shows an analysis, opened offline in Chromium: the static
 view of ``meta_widget.views.fallback`` is what the reader sees (no widget manager can load
-offline)."""
+offline), whether the widget state was saved with the notebook or not: the static view is an
+output of its own after the widget's (``MetaWidget._ipython_display_``)."""
 
 from __future__ import annotations
 
@@ -25,15 +26,21 @@ CELL = (
 )
 
 
+@pytest.mark.parametrize("state", ["without widget state", "with widget state"])
 def test_nbconvert_html_shows_the_static_view_offline(
-    page: Any, tmp_path: Path, artifacts: Path, monkeypatch: pytest.MonkeyPatch
+    page: Any, tmp_path: Path, artifacts: Path, monkeypatch: pytest.MonkeyPatch, state: str
 ) -> None:
+    """Executed (``jupyter nbconvert --execute`` / nbclient store the widget state) and exported
+    with ``jupyter nbconvert --to html``: offline, the output shows the static view. Before, the
+    saved state won and the output was empty unless the metadata was cleared."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "error")
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(CELL)]
     NotebookClient(nb, kernel_name="python3", timeout=180).execute()
-    nb.metadata.pop("widgets", None)  # saved as JupyterLab saves by default: no widget state
+    assert WIDGET_STATE in nb.metadata["widgets"]  # nbclient saved it
+    if state == "without widget state":
+        nb.metadata.pop("widgets", None)  # saved as JupyterLab saves by default
     body, _ = HTMLExporter().from_notebook_node(nb)
     path = tmp_path / "analysis.html"
     path.write_text(body, encoding="utf-8")
@@ -42,14 +49,16 @@ def test_nbconvert_html_shows_the_static_view_offline(
     page.goto(path.as_uri())
     view = page.locator(".meta-widget-fallback")
     view.wait_for()
-    assert view.is_visible()
+    assert view.count() == 1 and view.is_visible()
     text = view.inner_text()
     assert "LlamaModel (config) · inference" in text  # no architectures: the base model
     assert "0–3 · 4 × LlamaDecoderLayer" in text  # the four layers folded
     assert "Peak (forward) = parameters" in text
     box = view.bounding_box()
     assert box and box["height"] > 150 and box["width"] > 400
-    page.screenshot(path=str(artifacts / "nbconvert-offline.png"), full_page=True)
+    page.screenshot(
+        path=str(artifacts / f"nbconvert-offline-{state.split()[0]}.png"), full_page=True
+    )
 
 
 STREAM_CELL = (
@@ -73,11 +82,13 @@ def test_widget_true_output_carries_the_static_view_too(
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(STREAM_CELL)]
     NotebookClient(nb, kernel_name="python3", timeout=180).execute()
-    outputs = nb.cells[0].outputs
-    assert [o.output_type for o in outputs] == ["display_data"], outputs
-    data = outputs[0].data
-    assert WIDGET_VIEW in data and "meta-widget-fallback" in data["text/html"]
-    assert "GPT2Model" in data["text/plain"]  # the summary, not the widget's repr
+    outputs = [o for o in nb.cells[0].outputs if o.output_type != "stream"]
+    assert [o.output_type for o in outputs] == ["display_data"] * 2, outputs
+    data, static = outputs[0].data, outputs[1].data
+    assert WIDGET_VIEW in data and "text/html" not in data
+    # the placeholder below the widget, filled when the analysis ended
+    assert "meta-widget-fallback" in static["text/html"]
+    assert "GPT2Model" in static["text/plain"]  # the summary, not the widget's repr
     # still the one widget that streamed: its model is the one in the saved state, with the
     # finished analysis in its payload
     state = nb.metadata["widgets"][WIDGET_STATE]["state"]

@@ -172,7 +172,7 @@ def test_a_file_that_cannot_be_written_is_one_line(folder: pathlib.Path) -> None
 def test_a_failing_forward_pass_prints_the_summary_and_exits_1(folder: pathlib.Path) -> None:
     result = cli(folder, "models:Fails", "--input", "1,8")
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "Cannot copy out of meta tensor" in result.stdout
+    assert "Cannot copy out of meta tensor" in " ".join(result.stdout.split())  # wrapped at 100
 
 
 def test_debug_shows_the_traceback(folder: pathlib.Path) -> None:

@@ -1,0 +1,425 @@
+/**
+ * The Graph tab: the model's data flow laid out in layers (dagre), drawn as SVG.
+ *
+ * Nodes are shaded by FLOPs or memory (a switch), the peak's module is marked, a folded group
+ * opens and closes in place (its "+" / "−"), edges show their tensor on hover (and, in a
+ * training step, the gradient the backward pass hands back, a toggle). Depth up and down, zoom
+ * (wheel) and pan (drag), fit, SVG and PNG export. Colours come from the widget's theme
+ * variables, so the host's theme (light, dark) is the graph's. Clicking a node selects its
+ * module (`onSelect`); `select(row)` marks the node showing a module selected elsewhere.
+ */
+import dagre from "@dagrejs/dagre";
+import { h } from "./details";
+import { formatBytes, formatCount, formatFlops, formatShape } from "./format";
+import { foldGraph, graphDepths, levelFor, nodeOfRow, shade, type GEdge, type GNode, type GraphModel, type Metric } from "./graph";
+import type { Aggregate, Tree } from "./tree";
+
+const SVG = "http://www.w3.org/2000/svg";
+const NODE_H = 40;
+const CHAR_W = 7;
+/** Each view's own marker ids: `url(#id)` finds the document's first, maybe in a hidden view. */
+let views = 0;
+
+export interface GraphHandlers {
+  /** A node was clicked: select module row `row` (its first member's). */
+  onSelect(row: number): void;
+}
+
+function svg<K extends keyof SVGElementTagNameMap>(tag: K, attrs: Record<string, string | number> = {}): SVGElementTagNameMap[K] {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  return e;
+}
+
+/** What one layout took, for the benchmark (`window.__mwGraphTimes` when defined). */
+export interface GraphTiming {
+  nodes: number;
+  edges: number;
+  layoutMs: number;
+  drawMs: number;
+}
+
+export class GraphView {
+  readonly el = h("div", "mw-graph");
+  private bar = h("div", "mw-graph-bar");
+  private depthLabel = h("span", "mw-graph-depth");
+  private metricSel = h("select", "mw-graph-metric");
+  private backBox = h("input", "mw-graph-backward");
+  private backLabel = h("label", "mw-label mw-graph-backward-label");
+  private note = h("div", "mw-muted mw-chart-note");
+  private svgEl = svg("svg", { class: "mw-graph-svg", role: "img" });
+  private root = svg("g", { class: "mw-graph-root" });
+  private tree: Tree | null = null;
+  private aggs: readonly Aggregate[] = [];
+  private depth = 0;
+  private open = new Set<string>();
+  private metric: Metric = "flops";
+  private backward = false;
+  private model: GraphModel | null = null;
+  private selectedRow = -1;
+  private nodeEls = new Map<string, SVGGElement>();
+  private view = { x: 0, y: 0, k: 1 };
+  private size = { w: 1, h: 1 };
+  private uid = `mw-g${++views}`;
+  timing: GraphTiming | null = null;
+
+  constructor(private handlers: GraphHandlers) {
+    const button = (label: string, title: string, on: () => void): HTMLButtonElement => {
+      const b = h("button", "mw-graph-btn", label);
+      b.type = "button";
+      b.title = title;
+      b.addEventListener("click", on);
+      return b;
+    };
+    for (const [v, label] of [["flops", "FLOPs"], ["memory", "Memory"]] as const) {
+      const o = h("option", "", label);
+      o.value = v;
+      this.metricSel.append(o);
+    }
+    this.metricSel.title = "Shade the nodes by their FLOPs or by their memory (parameters + output mem)";
+    this.metricSel.addEventListener("change", () => {
+      this.metric = this.metricSel.value as Metric;
+      this.draw(false);
+    });
+    this.backBox.type = "checkbox";
+    this.backBox.addEventListener("change", () => {
+      this.backward = this.backBox.checked;
+      this.draw(false);
+    });
+    this.backLabel.append(this.backBox, document.createTextNode(" Backward (gradient bytes)"));
+    this.bar.append(
+      button("−", "Depth up: fewer, larger modules", () => this.step(-1)),
+      this.depthLabel,
+      button("+", "Depth down: the modules inside", () => this.step(1)),
+      this.metricSel,
+      this.backLabel,
+      button("Fold all", "Close every group opened in place", () => {
+        this.open.clear();
+        this.draw(true);
+      }),
+      button("Fit", "Fit the graph in view", () => this.fit()),
+      button("SVG", "Download the graph as SVG", () => this.download("svg")),
+      button("PNG", "Download the graph as PNG", () => this.download("png")),
+    );
+    this.svgEl.append(this.root);
+    this.el.append(this.bar, this.note, this.svgEl);
+    this.enableZoom();
+  }
+
+  /** Show `tree`'s graph at `depth` (the tree's depth menu when first shown). */
+  render(tree: Tree, aggs: readonly Aggregate[], depth: number, width: number): void {
+    const fresh = tree !== this.tree;
+    if (fresh && tree.analysis !== this.tree?.analysis) {
+      this.open.clear();
+      this.depth = depth;
+    }
+    this.tree = tree;
+    this.aggs = aggs;
+    this.size = { w: Math.max(320, width), h: Math.max(360, Math.min(720, Math.round(width * 0.6))) };
+    this.svgEl.setAttribute("width", String(this.size.w));
+    this.svgEl.setAttribute("height", String(this.size.h));
+    this.draw(fresh || !this.model);
+  }
+
+  /** Mark the node showing module row `row` (selected in the tree or a chart). */
+  select(row: number): void {
+    this.selectedRow = row;
+    this.markSelected();
+  }
+
+  /** The drawn nodes' keys and centres in page pixels (tests click them). */
+  nodeCenters(): { key: string; rows: number[]; x: number; y: number }[] {
+    const out = [];
+    for (const n of this.model?.nodes ?? []) {
+      const r = this.nodeEls.get(n.key)?.getBoundingClientRect();
+      if (r) out.push({ key: n.key, rows: n.rows, x: r.left + r.width / 2, y: r.top + r.height / 2 });
+    }
+    return out;
+  }
+
+  private step(delta: number): void {
+    const a = this.tree?.analysis;
+    if (!a) return;
+    const depths = graphDepths(a);
+    const level = levelFor(a, this.depth);
+    let i = depths.indexOf(level?.depth ?? 1);
+    // skip levels drawing the same nodes (a ModuleList is never called: its depth is its parent's)
+    for (i += delta; i >= 0 && i < depths.length; i += delta) {
+      const next = levelFor(a, depths[i] as number);
+      if (next && next.nodes !== level?.nodes) {
+        this.depth = next.depth;
+        this.draw(true);
+        return;
+      }
+    }
+  }
+
+  private draw(relayout: boolean): void {
+    const tree = this.tree;
+    if (!tree) return;
+    const a = tree.analysis;
+    const level = levelFor(a, this.depth);
+    const depths = graphDepths(a);
+    this.backLabel.style.display = a.mode === "training" ? "" : "none";
+    if (!level) {
+      this.model = null;
+      this.root.replaceChildren();
+      this.depthLabel.textContent = "";
+      this.note.textContent = a.status === "done" || a.status === "error" ? "No graph: the model was not traced (a structural analysis), or it is an older payload." : "The graph appears when the trace is done.";
+      return;
+    }
+    this.depthLabel.textContent = `depth ${level.depth}`;
+    this.depthLabel.title = `Graph depths in this payload: ${depths.join(", ")}`;
+    if (relayout || !this.model) {
+      const t0 = performance.now();
+      this.model = foldGraph(tree, level, this.open, this.aggs);
+      this.layoutAndDraw(t0);
+      this.fit();
+    } else {
+      this.restyle();
+    }
+    const folded = this.model.nodes.filter((n) => n.repeats > 1).length;
+    this.note.textContent = `Modules at depth ${level.depth} (and shallower leaves) and the tensors between them: an edge runs from the module call that made a tensor to each one that read it, through the ops listed on it (a residual add, a cat). ${folded ? `${folded} folded node${folded > 1 ? "s stand" : " stands"} for repeated layers (“+” opens one in place). ` : ""}Shaded by ${this.metric === "flops" ? "FLOPs" : "memory (parameters + output mem)"}; ▲ marks the peak's module. Hover an edge for its tensor; click a node to select it; wheel to zoom, drag to pan.`;
+  }
+
+  private layoutAndDraw(t0: number): void {
+    const m = this.model as GraphModel;
+    const g = new dagre.graphlib.Graph({ multigraph: true });
+    g.setGraph({ rankdir: "TB", nodesep: 24, ranksep: 36, marginx: 8, marginy: 8 });
+    g.setDefaultEdgeLabel(() => ({}));
+    for (const n of m.nodes) g.setNode(n.key, { width: nodeWidth(n), height: NODE_H });
+    m.edges.forEach((e, i) => {
+      if (e.src !== e.dst) g.setEdge(e.src, e.dst, {}, String(i));
+    });
+    dagre.layout(g);
+    const t1 = performance.now();
+    this.root.replaceChildren();
+    this.nodeEls.clear();
+    const edgeLayer = svg("g", { class: "mw-graph-edges" });
+    const nodeLayer = svg("g", { class: "mw-graph-nodes" });
+    this.root.append(edgeLayer, nodeLayer);
+    m.edges.forEach((e, i) => {
+      if (e.src === e.dst) return;
+      const pts = (g.edge({ v: e.src, w: e.dst, name: String(i) }) as { points?: { x: number; y: number }[] } | undefined)?.points ?? [];
+      edgeLayer.append(this.edgeEl(e, pts));
+    });
+    for (const n of m.nodes) {
+      const p = g.node(n.key) as { x: number; y: number; width: number; height: number };
+      nodeLayer.append(this.nodeEl(n, m.edges.filter((e) => e.src === n.key && e.dst === n.key), p));
+    }
+    const bounds = g.graph() as { width?: number; height?: number };
+    this.root.dataset.width = String(bounds.width ?? 0);
+    this.root.dataset.height = String(bounds.height ?? 0);
+    this.restyle();
+    const t2 = performance.now();
+    this.timing = { nodes: m.nodes.length, edges: m.edges.length, layoutMs: t1 - t0, drawMs: t2 - t1 };
+    this.el.dataset.layoutMs = (t1 - t0).toFixed(1); // read by benchmarks/widget.py
+  }
+
+  private edgeEl(e: GEdge, pts: { x: number; y: number }[]): SVGGElement {
+    const grp = svg("g", { class: `mw-graph-edge${e.tied ? " mw-tied" : ""}` });
+    const d = pts.map((p, i) => `${i ? "L" : "M"}${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(" ");
+    const text = e.tied
+      ? `${e.src} → ${e.dst}: tied weight ${formatShape(e.shape)} ${e.dtype} (${formatBytes(e.bytes)})`
+      : `${e.src} → ${e.dst}: ${formatShape(e.shape)} ${e.dtype} · ${formatBytes(e.bytes)}${e.count > 1 ? ` · ${e.count} tensors` : ""}${e.ops.length ? ` · via ${e.ops.join(", ")}` : ""}`;
+    const title = svg("title");
+    title.textContent = text + (e.gradBytes ? `\nbackward: ${formatBytes(e.gradBytes)} of gradient back to ${e.src}` : "");
+    grp.append(title, svg("path", { d, class: "mw-graph-hit" }), svg("path", { d, class: "mw-graph-line", "marker-end": `url(#${this.uid}-arrow)` }));
+    if (e.gradBytes) {
+      const back = pts.slice().reverse().map((p, i) => `${i ? "L" : "M"}${(p.x + 4).toFixed(1)},${p.y.toFixed(1)}`).join(" ");
+      grp.append(svg("path", { d: back, class: "mw-graph-grad", "marker-end": `url(#${this.uid}-grad)` }));
+    }
+    const mid = pts[Math.floor(pts.length / 2)];
+    if (mid) {
+      const label = svg("text", { x: mid.x + 6, y: mid.y, class: "mw-graph-elabel" });
+      label.textContent = e.tied ? "tied" : `${formatShape(e.shape)}${e.ops.length ? ` ${e.ops.slice(0, 2).join(",")}` : ""}`;
+      grp.append(label);
+      if (e.gradBytes) {
+        const gl = svg("text", { x: mid.x + 6, y: mid.y + 12, class: "mw-graph-glabel" });
+        gl.textContent = `∇ ${formatBytes(e.gradBytes)}`;
+        grp.append(gl);
+      }
+    }
+    return grp;
+  }
+
+  private nodeEl(n: GNode, loops: GEdge[], p: { x: number; y: number; width: number; height: number }): SVGGElement {
+    const x = p.x - p.width / 2;
+    const y = p.y - p.height / 2;
+    const io = n.rows[0] !== undefined && n.rows[0] < 0;
+    const grp = svg("g", { class: `mw-graph-node${io ? " mw-io" : ""}${n.peak ? " mw-peak" : ""}`, transform: `translate(${x.toFixed(1)},${y.toFixed(1)})` });
+    grp.dataset.key = n.key;
+    grp.dataset.label = n.label;
+    grp.dataset.row = String(n.rows[0] ?? -1);
+    const title = svg("title");
+    title.textContent = `${n.label} · ${n.type}${n.repeats > 1 ? ` × ${n.repeats}` : ""}\n${formatCount(n.calls)} call${n.calls === 1 ? "" : "s"} · ${formatFlops(n.flops)} · ${formatBytes(n.memory)} (parameters + output mem)${loops.length ? `\nreads its own output (${loops.map((l) => l.ops.join(", ") || "directly").join("; ")})` : ""}`;
+    const rect = svg("rect", { width: p.width, height: p.height, rx: io ? 20 : 4, class: "mw-graph-box" });
+    const name = svg("text", { x: 8, y: 16, class: "mw-graph-name" });
+    name.textContent = clip(n.label, p.width);
+    const type = svg("text", { x: 8, y: 31, class: "mw-graph-type" });
+    type.textContent = clip(`${n.type}${n.repeats > 1 ? ` × ${n.repeats}` : ""}${n.calls > n.repeats ? ` · ${n.calls} calls` : ""}`, p.width);
+    grp.append(title, rect, name, type);
+    if (n.peak) {
+      const mark = svg("text", { x: p.width - 14, y: 31, class: "mw-graph-peak" });
+      mark.textContent = "▲";
+      grp.append(mark);
+    }
+    const toggle = n.group ?? n.openGroup;
+    if (toggle) {
+      const t = svg("text", { x: p.width - 14, y: 16, class: "mw-graph-toggle" });
+      t.textContent = n.group ? "+" : "−";
+      const tt = svg("title");
+      tt.textContent = n.group ? "Open this group in place (one node per member)" : "Fold this group again";
+      t.append(tt);
+      t.addEventListener("click", (ev) => {
+        ev.stopPropagation();
+        if (n.group) this.open.add(n.group);
+        else if (n.openGroup) this.open.delete(n.openGroup);
+        this.draw(true);
+      });
+      grp.append(t);
+    }
+    grp.addEventListener("click", () => {
+      const row = n.rows[0];
+      if (row !== undefined && row >= 0) {
+        this.selectedRow = row;
+        this.markSelected();
+        this.handlers.onSelect(row);
+      }
+    });
+    this.nodeEls.set(n.key, grp);
+    return grp;
+  }
+
+  /** Shade the nodes by the metric, show or hide gradients, mark the selection. */
+  private restyle(): void {
+    const m = this.model;
+    if (!m) return;
+    const values = m.nodes.map((n) => (this.metric === "flops" ? n.flops : n.memory));
+    m.nodes.forEach((n, i) => {
+      const box = this.nodeEls.get(n.key)?.querySelector("rect");
+      const s = shade(values[i] ?? 0, values);
+      box?.style.setProperty("fill-opacity", (0.08 + 0.72 * s).toFixed(2));
+      box?.classList.toggle("mw-flops", this.metric === "flops");
+    });
+    this.svgEl.classList.toggle("mw-show-grad", this.backward);
+    this.markSelected();
+  }
+
+  private markSelected(): void {
+    const m = this.model;
+    const a = this.tree?.analysis;
+    const node = m && a && this.selectedRow >= 0 ? nodeOfRow(m, a, this.selectedRow) : null;
+    for (const [key, el] of this.nodeEls) el.classList.toggle("mw-selected", node !== null && key === node.key);
+  }
+
+  private fit(): void {
+    const w = Number(this.root.dataset.width ?? 0) || 1;
+    const hh = Number(this.root.dataset.height ?? 0) || 1;
+    const k = Math.min(1.5, this.size.w / w, this.size.h / hh);
+    this.view = { k, x: (this.size.w - w * k) / 2, y: Math.max(0, (this.size.h - hh * k) / 2) };
+    this.applyView();
+  }
+
+  private applyView(): void {
+    const { x, y, k } = this.view;
+    this.root.setAttribute("transform", `translate(${x.toFixed(1)},${y.toFixed(1)}) scale(${k.toFixed(4)})`);
+  }
+
+  private enableZoom(): void {
+    const defs = svg("defs");
+    for (const [id, cls] of [["arrow", "mw-graph-arrow"], ["grad", "mw-graph-arrow-grad"]] as const) {
+      const marker = svg("marker", { id: `${this.uid}-${id}`, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" });
+      marker.append(svg("path", { d: "M0,0 L10,5 L0,10 z", class: cls }));
+      defs.append(marker);
+    }
+    this.svgEl.append(defs);
+    this.svgEl.addEventListener("wheel", (ev) => {
+      ev.preventDefault();
+      const r = this.svgEl.getBoundingClientRect();
+      const px = ev.clientX - r.left;
+      const py = ev.clientY - r.top;
+      const f = Math.exp(-ev.deltaY * 0.0015);
+      const k = Math.max(0.05, Math.min(8, this.view.k * f));
+      this.view = { k, x: px - ((px - this.view.x) * k) / this.view.k, y: py - ((py - this.view.y) * k) / this.view.k };
+      this.applyView();
+    }, { passive: false });
+    let drag: { x: number; y: number; vx: number; vy: number } | null = null;
+    this.svgEl.addEventListener("pointerdown", (ev) => {
+      if ((ev.target as Element).closest(".mw-graph-node")) return;
+      drag = { x: ev.clientX, y: ev.clientY, vx: this.view.x, vy: this.view.y };
+      this.svgEl.setPointerCapture?.(ev.pointerId);
+    });
+    this.svgEl.addEventListener("pointermove", (ev) => {
+      if (!drag) return;
+      this.view = { ...this.view, x: drag.vx + ev.clientX - drag.x, y: drag.vy + ev.clientY - drag.y };
+      this.applyView();
+    });
+    const end = (): void => {
+      drag = null;
+    };
+    this.svgEl.addEventListener("pointerup", end);
+    this.svgEl.addEventListener("pointercancel", end);
+  }
+
+  /** The graph as a standalone SVG: the theme's colours resolved into it. */
+  svgText(): string {
+    const clone = this.svgEl.cloneNode(true) as SVGSVGElement;
+    clone.setAttribute("xmlns", SVG);
+    const live = this.svgEl.querySelectorAll("*");
+    clone.querySelectorAll("*").forEach((el, i) => {
+      const src = live[i];
+      if (!src || !(el instanceof SVGElement)) return;
+      const cs = getComputedStyle(src);
+      for (const prop of ["fill", "fill-opacity", "stroke", "stroke-width", "stroke-dasharray", "font-size", "font-family", "font-weight", "display", "opacity"]) {
+        el.style.setProperty(prop, cs.getPropertyValue(prop));
+      }
+    });
+    const bg = getComputedStyle(this.el).getPropertyValue("--mw-bg") || "#fff";
+    clone.style.background = bg;
+    return new XMLSerializer().serializeToString(clone);
+  }
+
+  private download(kind: "svg" | "png"): void {
+    const name = `${this.tree?.analysis.title ?? "model"}-graph`;
+    const blob = new Blob([this.svgText()], { type: "image/svg+xml" });
+    const url = URL.createObjectURL(blob);
+    const save = (href: string, file: string): void => {
+      const link = document.createElement("a");
+      link.href = href;
+      link.download = file;
+      link.click();
+    };
+    if (kind === "svg") {
+      save(url, `${name}.svg`);
+      setTimeout(() => URL.revokeObjectURL(url), 1000);
+      return;
+    }
+    const img = new Image();
+    img.onload = () => {
+      const c = document.createElement("canvas");
+      c.width = this.size.w * 2;
+      c.height = this.size.h * 2;
+      const ctx = c.getContext("2d");
+      if (!ctx) return;
+      ctx.scale(2, 2);
+      ctx.drawImage(img, 0, 0);
+      URL.revokeObjectURL(url);
+      save(c.toDataURL("image/png"), `${name}.png`);
+    };
+    img.src = url;
+  }
+}
+
+function nodeWidth(n: GNode): number {
+  const text = Math.max(n.label.length, n.type.length + (n.repeats > 1 ? 6 : 0));
+  return Math.max(90, Math.min(260, text * CHAR_W + 30));
+}
+
+/** `text` cut to fit `width` pixels, its middle elided (the ends say most). */
+function clip(text: string, width: number): string {
+  const max = Math.floor((width - 26) / CHAR_W);
+  if (text.length <= max) return text;
+  const head = Math.ceil((max - 1) / 2);
+  return `${text.slice(0, head)}…${text.slice(text.length - (max - 1 - head))}`;
+}

@@ -1,0 +1,292 @@
+""":class:`Graph`: the architecture as nodes and edges (DataFrames), from ``Analysis.graph``.
+
+How the graph is found is :mod:`meta_widget.views.graph`'s; this module names the nodes, sums
+them, and writes the graph for networkx and Graphviz.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import heavy
+from ..errors import MetaWidgetError
+from .graph import (
+    INPUT,
+    OUTPUT,
+    GraphData,
+    RowEdge,
+    fold_keys,
+    folded_graph,
+    nbytes,
+    row_graph,
+    tied_edges,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .analyzed import Analyzed
+
+__all__ = ["Graph", "GraphDependencyError", "graph_of", "graph_rows"]
+
+#: the names of the model's inputs and outputs in ``Graph.nodes.module``
+INPUT_NAME, OUTPUT_NAME = "<input>", "<output>"
+NODE_COLUMNS = ("module", "type", "calls", "flops", "activation_bytes", "params", "repeats", "row")
+EDGE_COLUMNS = ("src", "dst", "shape", "dtype", "bytes", "ops", "count", "grad_bytes", "kind")
+
+
+class GraphDependencyError(MetaWidgetError, ImportError):
+    """``Graph.to_networkx()`` needs networkx, which is not installed."""
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """The architecture as a graph: which module's output another module reads.
+
+    Made by ``Analysis.graph(depth, fold)`` from tensor identity in the trace: an edge joins a
+    module call that produced a tensor to a module call that read it, through the ops of the
+    modules above them (a residual ``add``, a ``cat``) listed on the edge.
+
+    Attributes
+    ----------
+    nodes : pandas.DataFrame
+        One row per module at ``depth`` (and shallower leaves), plus ``<input>`` and ``<output>``
+        (the model's inputs and what it returns). Columns: ``module`` (its path; a folded node's
+        path names its run, ``model.layers.0–11``), ``type``, ``calls`` (a module called twice
+        is one node with 2), ``flops`` (forward, sub-modules included, summed over calls and
+        repeats), ``activation_bytes`` (new storage its outputs hold, summed), ``params``
+        (summed over repeats), ``repeats`` (how many identical siblings a folded node stands
+        for; 1 otherwise) and ``row`` (the row in ``Analysis.modules`` of its first member;
+        -1 for ``<input>``, -2 for ``<output>``).
+    edges : pandas.DataFrame
+        One row per (``src``, ``dst``) pair of ``nodes.module``. ``shape``, ``dtype``, ``bytes``:
+        of the first tensor it carries; ``count``: tensors carried in all (calls x tensors);
+        ``ops``: the functional ops between the two modules (a tuple, first seen first, e.g.
+        ``("add",)``); ``grad_bytes``: in a training step, the gradient the backward pass hands
+        back along it (0 where the tensor needs none); ``kind``: ``"data"``, or ``"tied"`` for a
+        module that holds a parameter ``src`` owns (tied weights).
+    depth : int
+        The depth of the nodes (the root is 0).
+    fold : bool
+        Whether identical repeated siblings are folded into one node.
+    """
+
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    depth: int
+    fold: bool
+
+    def __repr__(self) -> str:
+        size = f"{len(self.nodes)} nodes, {len(self.edges)} edges"
+        return f"<Graph depth={self.depth} fold={self.fold}: {size}>"
+
+    def to_networkx(self) -> Any:
+        """The graph as a ``networkx.MultiDiGraph`` (node and edge attributes: the columns).
+
+        Raises
+        ------
+        GraphDependencyError
+            When networkx is not installed (``pip install networkx``).
+        """
+        try:
+            nx = heavy.networkx()
+        except ImportError as e:
+            raise GraphDependencyError(
+                "Graph.to_networkx() needs networkx, which is not installed: "
+                "`pip install networkx`, or use Graph.to_dot() / the nodes and edges DataFrames"
+            ) from e
+        g = nx.MultiDiGraph(depth=self.depth, fold=self.fold)
+        for rec in self.nodes.to_dict("records"):
+            g.add_node(rec["module"], **{str(k): v for k, v in rec.items()})
+        for rec in self.edges.to_dict("records"):
+            g.add_edge(rec["src"], rec["dst"], **{str(k): v for k, v in rec.items()})
+        return g
+
+    def to_dot(self) -> str:
+        """The graph in Graphviz's DOT language (``dot -Tsvg``): nodes labelled with their
+        module, type and repeats; edges with their shape and ops."""
+        lines = ["digraph model {", "  rankdir=TB;", '  node [shape=box, fontname="Helvetica"];']
+        for rec in self.nodes.to_dict("records"):
+            label = f"{rec['module']}\\n{rec['type']}"
+            if rec["repeats"] > 1:
+                label += f" ×{rec['repeats']}"
+            lines.append(f"  {_quote(rec['module'])} [label={_quote(label, escaped=True)}];")
+        for rec in self.edges.to_dict("records"):
+            label = "×".join(str(s) for s in rec["shape"])
+            if rec["ops"]:
+                label += "\\n" + ", ".join(rec["ops"])
+            style = ", style=dashed" if rec["kind"] == "tied" else ""
+            lines.append(
+                f"  {_quote(rec['src'])} -> {_quote(rec['dst'])} "
+                f"[label={_quote(label, escaped=True)}{style}];"
+            )
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def _quote(text: str, escaped: bool = False) -> str:
+    body = text.replace('"', '\\"') if escaped else text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{body}"'
+
+
+def graph_of(a: Analyzed, depth: int = 1, fold: bool = True) -> Graph:
+    """The architecture as a :class:`Graph`: which module's output another module reads.
+
+    Parameters
+    ----------
+    depth : int
+        The depth of the nodes: the modules at ``depth`` (the root is 0) and shallower leaves;
+        the ops of the modules above them (a residual ``add``) lie on the edges.
+    fold : bool
+        Fold runs of identical numbered siblings (``layers.0`` ... ``layers.79``) into one node
+        as the tree does (its ``repeats`` says how many; the edges from one repeat to the next
+        are left out); ``False`` lists every one.
+
+    Returns
+    -------
+    Graph
+        ``nodes`` and ``edges`` DataFrames, ``to_networkx()``, ``to_dot()``.
+
+    Raises
+    ------
+    ValueError
+        When ``depth`` is not an int of at least 0.
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ValueError(
+            f"Analysis.graph(depth=...) takes an int >= 0 (the root is 0), not {depth!r}"
+        )
+    rows = graph_rows(a, depth)
+    keys = fold_keys(a.modules)
+    data = folded_graph(rows, keys) if fold else _keyed(rows, [m.path for m in a.modules])
+    return _frames(a, data, depth, fold)
+
+
+def graph_rows(a: Analyzed, depth: int) -> GraphData:
+    """The graph of module rows at ``depth``, tied weights included (the widget's payload)."""
+    rows = row_graph(a.modules, a.calls, depth)
+    by_module = a.memory.by_module
+    own = by_module.param_bytes if by_module is not None else None
+    at = _ancestor_at(a, depth)
+    for owner, user, info in tied_edges(a.modules, own):
+        src, dst = at(owner), at(user)
+        if src != dst and src in rows.nodes and dst in rows.nodes:
+            rows.edges.setdefault((src, dst), RowEdge(info, 1, {}, "tied"))
+    return rows
+
+
+def _ancestor_at(a: Analyzed, depth: int) -> Any:
+    modules = a.modules
+
+    def at(row: int) -> int:
+        while modules[row].depth > depth and modules[row].parent >= 0:
+            row = modules[row].parent
+        return row
+
+    return at
+
+
+def _keyed(rows: GraphData, paths: list[str]) -> GraphData:
+    """``rows`` keyed by path (unfolded)."""
+
+    def key(row: int) -> Any:
+        return row if row < 0 else paths[row]
+
+    return GraphData(
+        nodes={key(r): m for r, m in rows.nodes.items()},
+        edges={(key(s), key(d)): e for (s, d), e in rows.edges.items()},
+        calls={key(r): n for r, n in rows.calls.items()},
+    )
+
+
+def _name(key: Any, a: Analyzed) -> str:
+    if key == INPUT:
+        return INPUT_NAME
+    if key == OUTPUT:
+        return OUTPUT_NAME
+    return str(key) or a.title
+
+
+def _frames(a: Analyzed, data: GraphData, depth: int, fold: bool) -> Graph:
+    pd = heavy.pandas()
+    training = a.mode == "training"
+    nodes = []
+    for key, members in data.nodes.items():
+        mods = [a.modules[r] for r in members if r >= 0]
+        nodes.append(
+            (
+                _name(key, a),
+                mods[0].type if mods else _name(key, a).strip("<>"),
+                data.calls.get(key, 0),
+                sum(c.flops for m in mods for c in m.calls),
+                sum(c.activation_bytes for m in mods for c in m.calls),
+                sum(m.params for m in mods),
+                max(len(mods), 1),
+                members[0],
+            )
+        )
+    edges = []
+    for (src, dst), e in data.edges.items():
+        size = nbytes(e.info)
+        grad = size if training and e.info.requires_grad and e.kind == "data" else 0
+        edges.append(
+            (
+                _name(src, a),
+                _name(dst, a),
+                e.info.shape,
+                e.info.dtype,
+                size,
+                tuple(e.ops),
+                e.count,
+                grad,
+                e.kind,
+            )
+        )
+    return Graph(
+        nodes=pd.DataFrame(nodes, columns=list(NODE_COLUMNS)),
+        edges=pd.DataFrame(edges, columns=list(EDGE_COLUMNS)),
+        depth=depth,
+        fold=fold,
+    )
+
+
+#: the payload's graph: the levels of depth 1, 2, ... while their edges total at most this
+PAYLOAD_EDGES = 2000
+#: and at most this many levels
+PAYLOAD_DEPTHS = 6
+
+
+def encode_graph(a: Analyzed, tensor: Any, string: Any) -> dict[str, Any]:
+    """``payload["graph"]``: the graph of module rows at each depth from 1 (unfolded: the
+    front end folds it as its tree, and opens a folded group in place), while small
+    (``PAYLOAD_EDGES``; a level with the same nodes as the one above is ``{"depth", "as"}``:
+    that level's depth); ``tensor(info)`` and ``string(text)`` intern into the payload's
+    dictionaries."""
+    levels: list[dict[str, Any]] = []
+    deepest = max((m.depth for m in a.modules), default=0)
+    total = 0
+    for depth in range(1, min(deepest, PAYLOAD_DEPTHS) + 1):
+        rows = graph_rows(a, depth)
+        full = [level for level in levels if "nodes" in level]
+        if full and rows.nodes.keys() == set(full[-1]["nodes"]):
+            levels.append({"depth": depth, "as": full[-1]["depth"]})
+            continue  # the same nodes as the level above (a ModuleList is never called)
+        total += len(rows.edges)
+        if levels and total > PAYLOAD_EDGES:
+            break
+        edges = list(rows.edges.items())
+        levels.append(
+            {
+                "depth": depth,
+                "nodes": list(rows.nodes),
+                "calls": [rows.calls.get(r, 0) for r in rows.nodes],
+                "src": [s for (s, _), _ in edges],
+                "dst": [d for (_, d), _ in edges],
+                "tensor": [tensor(e.info) for _, e in edges],
+                "ops": [[string(op) for op in e.ops] for _, e in edges],
+                "count": [e.count for _, e in edges],
+                "tied": [int(e.kind == "tied") for _, e in edges],
+            }
+        )
+    return {"levels": levels}
