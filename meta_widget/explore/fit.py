@@ -82,12 +82,13 @@ class Fit:
     def __repr__(self) -> str:
         where = f" per device ({self.devices} x {self.strategy})" if self.devices else ""
         after = (
-            f"; {self.vary}={self.size + 1} needs {format_bytes(self.next_peak_bytes)}"
+            f"; {self.vary}={self.size + 1} does not fit "
+            f"({format_bytes(self.next_peak_bytes)})"
             if self.next_peak_bytes is not None
             else " (the limit)"
         )
         return (
-            f"<Fit {self.vary}={self.size}: {format_bytes(self.peak_bytes)} of "
+            f"<Fit {self.vary}={self.size} fits: {format_bytes(self.peak_bytes)} of "
             f"{format_bytes(self.budget)}{where}{after}; {self.traces} traces>"
         )
 
