@@ -91,6 +91,18 @@ class Comparison:
     rows: list[ModuleDiff]
 
     @property
+    def labels(self) -> tuple[str, str]:
+        """What to call the two sides: their titles, told apart by their sources (e.g. a
+        prediction and ``mw.measure``'s real run) or as "(a)" and "(b)" when the titles are
+        the same."""
+        a, b = self.a.title, self.b.title
+        if a != b:
+            return a, b
+        if self.a.source != self.b.source:
+            return f"{a} ({self.a.source})", f"{b} ({self.b.source})"
+        return f"{a} (a)", f"{b} (b)"
+
+    @property
     def changed(self) -> list[ModuleDiff]:
         """The rows that differ (see the module docstring)."""
         return [r for r in self.rows if r.changed]
@@ -159,7 +171,8 @@ class Comparison:
         return self.widget()._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
-        return f"<Comparison {self.a.title} vs {self.b.title}: {len(self.changed)} modules differ>"
+        a, b = self.labels
+        return f"<Comparison {a} vs {b}: {len(self.changed)} modules differ>"
 
 
 def compare(a: Analysis, b: Analysis) -> Comparison:
@@ -284,9 +297,10 @@ def comparison_payload(comparison: Comparison) -> dict[str, Any]:
         for name in NUMBERS:
             row[name] = [r.value(name, "a"), r.value(name, "b")]
         rows.append(row)
+    a, b = comparison.labels
     return {
-        "a": comparison.a.title,
-        "b": comparison.b.title,
+        "a": a,
+        "b": b,
         "totals": {k: list(v) for k, v in comparison.totals.items()},
         "rows": rows,
     }
