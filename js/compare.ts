@@ -1,6 +1,6 @@
 /**
  * The comparison view of `mw.compare(a, b)`: totals side by side, then the module tree with the
- * modules that differ highlighted, repeated layers folded (`layers.{0..31}` ×32, folded by the
+ * modules that differ highlighted, repeated layers folded (`layers.0–31 · 32 ×`, folded by the
  * kernel). "Differences only" keeps the changed rows and their ancestors. Text only through
  * `textContent`.
  */
@@ -75,7 +75,7 @@ function treeTable(rows: CompareRow[]): HTMLTableElement {
     const name = h("td", "mw-cmp-name");
     name.style.paddingLeft = `${4 + 14 * r.depth}px`;
     name.append(h("span", "", r.module || "(root)"));
-    if (r.count > 1) name.append(h("span", "mw-cmp-count", `×${r.count}`));
+    if (r.count > 1) name.append(h("span", "mw-cmp-count", `· ${r.count} ×`));
     if (r.onlyIn) name.append(h("span", "mw-cmp-only", `only in ${r.onlyIn}`));
     tr.append(name, h("td", "mw-cmp-type", r.type));
     for (const [key, , format] of COLUMNS) tr.append(h("td", "mw-cmp-num", pair(r[key], format)));

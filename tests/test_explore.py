@@ -245,7 +245,7 @@ def test_compare_gqa_with_mha_flags_the_kv_projections_and_attention() -> None:
     assert (k["output_shapes_a"], k["output_shapes_b"]) == ([[(1, 16, 16)]], [[(1, 16, 32)]])
     assert cmp.totals["total_params"] == (gqa.total_params, mha.total_params)
     text = cmp.summary()
-    assert "model.layers.{0..1}.self_attn.k_proj (x2)" in text  # repeated layers folded
+    assert "model.layers.0–1.self_attn.k_proj · 2 ×" in text  # repeated layers folded
 
 
 def test_compare_modules_on_one_side_only() -> None:

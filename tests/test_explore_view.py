@@ -87,11 +87,11 @@ def test_comparison_view_folds_repeated_layers() -> None:
     layers = llama_config().num_hidden_layers
     folded = [r for r in rows if r["count"] > 1]
     assert folded and all(r["count"] == layers for r in folded)
-    assert "model.layers.{0..1}.self_attn.k_proj" in [r["module"] for r in rows]
+    assert "model.layers.0–1.self_attn.k_proj" in [r["module"] for r in rows]
     # every module is in exactly one row (folded rows stand for `count` modules)
     assert sum(r["count"] for r in rows) == len(a.modules)
     changed = {r["module"] for r in rows if r["changed"]}
-    assert changed == {f"model.layers.{{0..1}}.self_attn{p}" for p in ("", ".k_proj", ".v_proj")}
+    assert changed == {f"model.layers.0–1.self_attn{p}" for p in ("", ".k_proj", ".v_proj")}
     data, _ = comparison._repr_mimebundle_()
     assert data["text/plain"] == comparison.summary()
 

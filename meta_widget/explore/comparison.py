@@ -137,7 +137,7 @@ class Comparison:
 
     def summary(self) -> str:
         """Totals side by side, then the changed modules (repeated layers folded: a run of
-        ``layers.0`` ... ``layers.31`` that changed alike is one line ``layers.{0..31}``)."""
+        ``layers.0`` ... ``layers.31`` that changed alike is one line ``layers.0–31 · 32 ×``)."""
         lines = [f"{'':<20}{'a':>16}{'b':>16}{'b - a':>16}"]
         formats = {
             "total_params": format_count,
@@ -227,7 +227,7 @@ _INDEX = re.compile(r"\.(\d+)(?=\.|$)")
 
 def fold(rows: list[ModuleDiff]) -> list[tuple[str, ModuleDiff, int]]:
     """Rows alike but for one layer index folded: ``(path, first row, count)``, where the path
-    of a fold reads ``model.layers.{0..31}.self_attn``."""
+    of a fold reads ``model.layers.0–31.self_attn`` (as the tree writes a fold)."""
     out: list[tuple[str, ModuleDiff, list[str]]] = []
     groups: dict[tuple[Any, ...], int] = {}
     for r in rows:
@@ -245,7 +245,7 @@ def fold(rows: list[ModuleDiff]) -> list[tuple[str, ModuleDiff, int]]:
     folded = []
     for pattern, r, indices in out:
         if len(indices) > 1:
-            path = pattern.replace("{}", "{" + f"{indices[0]}..{indices[-1]}" + "}", 1)
+            path = pattern.replace("{}", f"{indices[0]}–{indices[-1]}", 1)
         else:
             path = r.module
         folded.append((path, r, max(1, len(indices))))
@@ -260,7 +260,7 @@ def _signature(side: Side | None) -> tuple[Any, ...] | None:
 
 def _describe(path: str, r: ModuleDiff, count: int) -> str:
     name = path or "(root)"
-    times = f" (x{count})" if count > 1 else ""
+    times = f" · {count} ×" if count > 1 else ""
     if r.only_in is not None:
         side = r.a or r.b
         assert side is not None
@@ -281,7 +281,7 @@ def _describe(path: str, r: ModuleDiff, count: int) -> str:
 
 
 def comparison_payload(comparison: Comparison) -> dict[str, Any]:
-    """The comparison's totals and its rows, repeated layers folded (``{0..31}`` and a count)."""
+    """The comparison's totals and its rows, repeated layers folded (``0–31`` and a count)."""
     rows = []
     for path, r, count in fold(comparison.rows):
         side = r.a or r.b
