@@ -4,6 +4,7 @@ import { decodeCompare, decodeFit } from "./decode";
 import type { CompareRow } from "./protocol";
 import { draw } from "./explore";
 import { renderFit, verdict } from "./fit";
+import { formatBytes } from "./format";
 
 /** Written by the Python encoders (`python tests/test_explore_view.py`). */
 const files = import.meta.glob<{ default: { fit: unknown; compare: unknown } }>("./fixtures/explore.json", {
@@ -29,6 +30,17 @@ describe("what fits panel", () => {
     expect(el.querySelectorAll(".mw-fit-part").length).toBe(Object.keys(fit.categories).length);
     expect(el.textContent).toContain("Peak at batch = 107: features.1");
     expect(el.textContent).toContain("budget 8.00 MiB");
+  });
+
+  it("puts the bytes on a scale: 0, half and the top (the largest traced, or the budget)", () => {
+    const el = document.createElement("div");
+    renderFit(el, fit);
+    const ticks = [...el.querySelectorAll("text.mw-fit-ytick")].map((t) => t.textContent);
+    const top = Math.max(...fit.history.map(([, b]) => b), fit.budget);
+    expect(ticks).toEqual(["0 B", formatBytes(top / 2), formatBytes(top)]);
+    const ys = [...el.querySelectorAll("text.mw-fit-ytick")].map((t) => Number(t.getAttribute("y")));
+    expect(ys[0]).toBeGreaterThan(ys[1]!); // 0 at the bottom, the top above it
+    expect(ys[1]).toBeGreaterThan(ys[2]!);
   });
 
   it("refuses what is not a fit", () => {

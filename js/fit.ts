@@ -28,22 +28,25 @@ function svg<K extends keyof SVGElementTagNameMap>(tag: K, attrs: Record<string,
   return e;
 }
 
-/** The traced sizes as points (fits: filled, over: hollow) under the dashed budget line. */
+/** The traced sizes as points (fits: filled, over: hollow) under the dashed budget line, on a
+ * byte scale (0, half, the top) and a size scale (0, the largest size traced). */
 export function historyChart(p: FitPayload, width = 380, height = 140): SVGSVGElement {
   const pad = 30;
+  const left = 62; // room for the byte scale's labels ("80.0 GiB")
   const xs = p.history.map(([s]) => s);
   const ys = p.history.map(([, b]) => b);
   const xMax = Math.max(...xs, 1);
-  const yMax = Math.max(...ys, p.budget) * 1.05;
-  const x = (v: number): number => pad + ((width - 2 * pad) * v) / xMax;
+  const top = Math.max(...ys, p.budget);
+  const yMax = top * 1.05;
+  const x = (v: number): number => left + ((width - left - pad) * v) / xMax;
   const y = (v: number): number => height - pad - ((height - 2 * pad) * v) / yMax;
   const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "mw-fit-chart", role: "img" });
   const title = svg("title", {});
   title.textContent = `bytes at each ${p.vary} traced; the dashed line is the budget`;
   root.append(title);
-  root.append(svg("line", { x1: pad, x2: width - pad, y1: y(p.budget), y2: y(p.budget), class: "mw-fit-budget" }));
-  root.append(svg("line", { x1: pad, x2: pad, y1: pad / 2, y2: height - pad, class: "mw-fit-axis" }));
-  root.append(svg("line", { x1: pad, x2: width - pad, y1: height - pad, y2: height - pad, class: "mw-fit-axis" }));
+  root.append(svg("line", { x1: left, x2: width - pad, y1: y(p.budget), y2: y(p.budget), class: "mw-fit-budget" }));
+  root.append(svg("line", { x1: left, x2: left, y1: pad / 2, y2: height - pad, class: "mw-fit-axis" }));
+  root.append(svg("line", { x1: left, x2: width - pad, y1: height - pad, y2: height - pad, class: "mw-fit-axis" }));
   for (const [size, bytes] of p.history) {
     const dot = svg("circle", { cx: x(size), cy: y(bytes), r: 3.5, class: bytes <= p.budget ? "mw-fit-in" : "mw-fit-out" });
     const tip = svg("title", {});
@@ -51,15 +54,19 @@ export function historyChart(p: FitPayload, width = 380, height = 140): SVGSVGEl
     dot.append(tip);
     root.append(dot);
   }
-  const text = (x0: number, y0: number, value: string, anchor = "start"): void => {
-    const t = svg("text", { x: x0, y: y0, class: "mw-fit-label", "text-anchor": anchor });
+  const text = (x0: number, y0: number, value: string, anchor = "start", cls = "mw-fit-label"): void => {
+    const t = svg("text", { x: x0, y: y0, class: cls, "text-anchor": anchor });
     t.textContent = value;
     root.append(t);
   };
-  text(pad, y(p.budget) - 4, `budget ${formatBytes(p.budget)}`);
-  text(pad, height - pad + 12, "0", "middle");
+  for (const v of [0, top / 2, top]) {
+    root.append(svg("line", { x1: left - 3, x2: left, y1: y(v), y2: y(v), class: "mw-fit-axis" }));
+    text(left - 5, y(v) + 3, v ? formatBytes(v) : "0 B", "end", "mw-fit-label mw-fit-ytick");
+  }
+  text(left + 4, y(p.budget) - 4, `budget ${formatBytes(p.budget)}`);
+  text(left, height - pad + 12, "0", "middle");
   text(x(xMax), height - pad + 12, formatExact(xMax), "middle");
-  text(width / 2, height - 4, p.vary, "middle");
+  text((left + width - pad) / 2, height - 4, p.vary, "middle");
   return root;
 }
 

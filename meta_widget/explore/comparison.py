@@ -92,15 +92,13 @@ class Comparison:
 
     @property
     def labels(self) -> tuple[str, str]:
-        """What to call the two sides: their titles, told apart by their sources (e.g. a
-        prediction and ``mw.measure``'s real run) or as "(a)" and "(b)" when the titles are
-        the same."""
+        """What to call the two sides: their titles, with their sources when the titles are
+        the same and the sources are not (a prediction and ``mw.measure``'s real run); the
+        repr and the view add "(a)" and "(b)"."""
         a, b = self.a.title, self.b.title
-        if a != b:
-            return a, b
-        if self.a.source != self.b.source:
+        if a == b and self.a.source != self.b.source:
             return f"{a} ({self.a.source})", f"{b} ({self.b.source})"
-        return f"{a} (a)", f"{b} (b)"
+        return a, b
 
     @property
     def changed(self) -> list[ModuleDiff]:
@@ -172,7 +170,7 @@ class Comparison:
 
     def __repr__(self) -> str:
         a, b = self.labels
-        return f"<Comparison {a} vs {b}: {len(self.changed)} modules differ>"
+        return f"<Comparison {a} (a) vs {b} (b): {len(self.changed)} modules differ>"
 
 
 def compare(a: Analysis, b: Analysis) -> Comparison:
