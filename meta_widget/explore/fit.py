@@ -82,8 +82,7 @@ class Fit:
     def __repr__(self) -> str:
         where = f" per device ({self.devices} x {self.strategy})" if self.devices else ""
         after = (
-            f"; {self.vary}={self.size + 1} does not fit "
-            f"({format_bytes(self.next_peak_bytes)})"
+            f"; {self.vary}={self.size + 1} does not fit ({format_bytes(self.next_peak_bytes)})"
             if self.next_peak_bytes is not None
             else " (the limit)"
         )
