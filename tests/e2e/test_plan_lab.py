@@ -53,6 +53,11 @@ def test_plan_view_opens_a_candidate_and_the_time_column_shows(
     wait_idle(page)
     run_all(page, len(CELLS))
     stdout = "[data-mime-type='application/vnd.jupyter.stdout']"
+    page.wait_for_function(  # the last cell's printed line: the kernel's numbers
+        "sel => (document.querySelectorAll(sel).length > 0)",
+        arg=f".jp-OutputArea-output{stdout}",
+        timeout=SLOW_MS,
+    )
     printed = page.locator(f".jp-OutputArea-output{stdout}").last.inner_text().split()
     root_s, over, best = float(printed[0]), int(printed[1]), int(printed[2])
 
@@ -65,6 +70,11 @@ def test_plan_view_opens_a_candidate_and_the_time_column_shows(
     point = page.locator(f'.mw-plan-point[data-index="{over}"]')
     assert "mw-plan-out" in (point.locator(".mw-plan-dot").get_attribute("class") or "")
     point.hover()
+    page.wait_for_function(
+        "n => document.querySelector('.mw-plan-tip')?.textContent.startsWith(`#${n} `)",
+        arg=over,
+        timeout=SLOW_MS,
+    )
     tip = page.locator(".mw-plan-tip").inner_text()
     assert tip.startswith(f"#{over} ") and "micro-batch" in tip and "over the budget" in tip
     point.click()
@@ -79,17 +89,20 @@ def test_plan_view_opens_a_candidate_and_the_time_column_shows(
     detail = page.locator(".mw-plan-detail")
     detail.locator(".mw-row").first.wait_for(timeout=SLOW_MS)
     assert "on H100" in detail.locator(".mw-header").inner_text()
-    assert page.locator(f'.mw-plan-table tr.mw-plan-opened[data-index="{over}"]').count() == 1
+    page.locator(f'.mw-plan-table tr.mw-plan-opened[data-index="{over}"]').wait_for(timeout=SLOW_MS)
+    assert page.locator(".mw-plan-table tr.mw-plan-opened").count() == 1
     shoot(page, artifacts, "lab-plan", 1400)
     shoot(page, artifacts, "lab-plan", 900)
 
     # the analysis widget with gpu=: the Time column, its root's time the kernel's
     page.set_viewport_size({"width": 1400, "height": 1400})
-    widget = page.locator(".mw-root").filter(has=page.locator(".mw-table.mw-has-time")).last
+    widget = page.locator(".mw-root:visible").filter(has=page.locator(".mw-table.mw-has-time")).last
     time_head = widget.locator(".mw-thead .mw-col-time")
-    time_head.wait_for(timeout=SLOW_MS)
+    time_head.wait_for(state="visible", timeout=SLOW_MS)  # drawn, then shown with the time
+    widget.locator(".mw-thead .mw-col-time", has_text="Time").wait_for(timeout=SLOW_MS)
     assert time_head.inner_text() == "Time"
     cell = widget.locator('.mw-row[data-row="0"] .mw-td.mw-col-time')
+    cell.wait_for(state="visible", timeout=SLOW_MS)
     shown = cell.inner_text().strip()
     value, unit = re.fullmatch(r"([\d.]+) (ms|µs|s)", shown.split("\n")[-1].strip()).groups()
     scale = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}[unit]
@@ -101,7 +114,7 @@ def test_plan_view_opens_a_candidate_and_the_time_column_shows(
 
     # the GPU's memory as the memory charts' budget line (a GPU of 512 KiB: the line in view)
     page.set_viewport_size({"width": 1400, "height": 1400})
-    small = page.locator(".mw-root").filter(has_text="on Small").last
+    small = page.locator(".mw-root:visible").filter(has_text="on Small").last
     small.locator(".mw-tab", has_text="Memory timeline").click()
     legend = small.locator(".mw-chart-timeline .mw-budget-item")
     legend.wait_for(timeout=SLOW_MS)
