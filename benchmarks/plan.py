@@ -1,13 +1,16 @@
-"""Speed of ``mw.plan``: Llama-3-70B training at (1, 4096) on 8 H100s, every candidate traced.
+"""Speed of ``mw.plan``: Llama-3-70B training at (1, 4096) on 8 H100s.
 
-    python benchmarks/plan.py [--layouts N] [--layers 80]
+    python benchmarks/plan.py [--layouts N] [--layers 80] [--full-depth] [--check]
 
 The issue's goal: a plan over at least 64 candidates in at most 60 s on a 2-core machine. The
 default space on 8 devices is 10 layouts (replicate x fsdp x tp) x checkpointing (2) x
-precision (3) x micro-batches (2) = 120 candidates, each a full per-rank trace of FSDP2 / TP
-on a fake process group. ``--layouts N`` plans over the first N layouts only (12 candidates
-each) and prints the seconds per trace, so a shorter run says what the whole plan costs: the
-"whole plan" line is then that rate times the 120 candidates, marked as projected.
+precision (3) x micro-batches (2) = 120 candidates, each traced per rank under FSDP2 / TP on a
+fake process group: by default at 2, 3 and 4 layers and extended by the per-layer rule
+(``meta_widget.explore.depth``), with ``--full-depth`` at all 80. ``--layouts N`` plans over
+the first N layouts only (12 candidates each) and prints the seconds per candidate, so a
+shorter run says what the whole plan costs: the "whole plan" line is then that rate times the
+120 candidates, marked as projected. ``--check`` traces the best candidate at full depth and
+prints both peaks and step times.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layouts", type=int, default=None, help="only the first N layouts")
     parser.add_argument("--layers", type=int, default=80)
+    parser.add_argument("--full-depth", action="store_true", help="trace all layers")
+    parser.add_argument("--check", action="store_true", help="trace the best at full depth")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # FSDP2's view-output warning, once per candidate
     space = Space.checked(8, "training", resolve_gpu("H100"), None, None, None, None)
@@ -53,13 +58,17 @@ def main() -> None:
         devices=8,
         layouts=layouts,
         progress=True,
+        full_depth=args.full_depth,
     )
     rows = p.candidates
     seconds = time.perf_counter() - start
-    traced = sum(c.analysis is not None for c in rows)
-    per = seconds / max(1, traced)
+    ruled = sum(bool(c.traced_layers) for c in rows)
+    per = seconds / max(1, len(rows))
     total = len(space.candidates())
-    print(f"\n{len(rows)} candidates ({traced} traced) in {seconds:.1f} s: {per:.1f} s per trace")
+    print(
+        f"\n{len(rows)} candidates ({ruled} by the per-layer rule, {p.traces} traces) in "
+        f"{seconds:.1f} s: {per:.1f} s per candidate"
+    )
     whole = per * total
     kind = "measured" if len(rows) == total else "projected"
     print(
@@ -67,7 +76,17 @@ def main() -> None:
         f"in <= {GOAL_S:.0f} s: {'met' if whole <= GOAL_S else 'NOT met'}"
     )
     if p.candidates and any(c.fits for c in p.candidates):
-        print(f"best: {p.best}")
+        best = p.best
+        print(f"best: {best}")
+        if args.check and best.traced_layers:
+            start = time.perf_counter()
+            a = best.analysis
+            assert a is not None and a.time is not None
+            print(
+                f"best at full depth ({time.perf_counter() - start:.1f} s): peak "
+                f"{a.peak_bytes:,} B (rule {best.peak_bytes:,} B), step {a.time.step_s:.6g} s "
+                f"(rule {best.step_s:.6g} s)"
+            )
 
 
 if __name__ == "__main__":

@@ -42,9 +42,8 @@ def plan_payload(plan: Plan) -> dict[str, Any]:
         best: int | None = plan.candidates.index(plan.best)
     except NothingFitsError:
         best = None
-    traced = next((c.analysis for c in plan.candidates if c.analysis is not None), None)
     return {
-        "title": traced.title if traced is not None else "model",
+        "title": plan.title,
         "gpu": plan.gpu.name,
         "devices": plan.devices,
         "mode": plan.mode,
@@ -71,7 +70,7 @@ def _candidate(index: int, c: Candidate) -> dict[str, Any]:
         "tokensPerS": c.tokens_per_s,
         "samplesPerS": c.samples_per_s,
         "error": c.error,
-        "openable": c.analysis is not None,
+        "openable": c.openable,
     }
 
 

@@ -471,12 +471,13 @@ def _from_meta_model(meta: MetaModel) -> MetaModel:
     )
 
 
-def _is_transformers_config(obj: Any) -> bool:
+def is_transformers_config(obj: Any) -> bool:
+    """Whether ``obj`` is a transformers config (without importing transformers)."""
     # transformers 5 names the base PreTrainedConfig; 4.x PretrainedConfig
     return any(c.__name__ in ("PretrainedConfig", "PreTrainedConfig") for c in type(obj).__mro__)
 
 
-@register_source("config", _is_transformers_config)
+@register_source("config", is_transformers_config)
 def _from_config(config: Any) -> MetaModel:
     def build() -> torch.nn.Module:
         transformers = heavy.transformers()

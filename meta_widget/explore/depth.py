@@ -1,0 +1,250 @@
+"""A decoder's numbers at full depth from traces of 2, 3 and 4 of its layers (``plan``).
+
+A model whose decoder layers are all alike (same modules, parameters and settings; only their
+index differs) runs the same ops in each middle layer: its trace at ``n + 1`` layers is its
+trace at ``n`` layers with one layer's events, costs and collectives inserted, in each phase
+(forward, backward, the optimizer's loops over parameters). So ``plan`` traces each candidate
+at 2, 3 and 4 layers, and
+
+- **finds the rule**: the events the third layer inserts into the 2-layer trace (a diff of
+  the two event sequences, each event its bytes, op and phase), and the costs, collectives,
+  FLOPs and parameter bytes it adds;
+- **checks it** on the 4-layer trace: its events must be the 3-layer trace's with each
+  inserted run doubled, every byte and op; its costs, collectives, FLOPs and parameter bytes
+  the 3-layer trace's plus the same again. Any difference and the candidate is traced at full
+  depth (``Candidate.traced_layers`` says which);
+- **applies it**: the full depth's events are the 3-layer trace's with each run repeated once
+  per middle layer. The peak is the maximum of their running sum over the parameters, buffers
+  and inputs (the traced peak of that event sequence, as ``MemoryReport`` takes it); the step
+  time is ``step_time`` of the costs and collectives so extended.
+
+Where the layers are not all alike (a layer type list with two kinds, a first dense layer
+before MoE layers, any module attribute other than the layer's index differing), or the model
+is not a transformers config with ``num_hidden_layers``, the rule is not used.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..analysis import Analysis
+from ..data.records import CallRecord
+from ..distributed.comms import CommRecord
+from ..sources.models import is_transformers_config, to_meta
+from ..timing.gpus import GPU
+from ..timing.model import StepTime, step_time
+
+__all__ = ["DEPTHS", "Extended", "Sample", "depth_of", "extend", "sample", "with_layers"]
+
+#: the depths traced: the rule from the first two, checked on the third
+DEPTHS = (2, 3, 4)
+#: module attributes that may differ between alike layers (the layer's own index)
+_INDEX_NAMES = frozenset({"layer_idx", "layer_id", "layer_number", "idx", "index"})
+
+Token = tuple[int, str, str]  # an event: (bytes, op, phase)
+CommKey = tuple[str, int, str, int, str]  # collective, bytes, group, group size, phase
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the rule reads of one depth's analysis."""
+
+    layers: int
+    events: tuple[Token, ...]
+    baseline: int
+    costs: dict[str, Counter[tuple[str, int, int]]]
+    comms: Counter[CommKey]
+    flops: int
+    tokens: int | None
+    samples: int | None
+
+
+def depth_of(model: Any) -> int | None:
+    """The number of decoder layers of ``model`` when the rule applies to it: a transformers
+    config with ``num_hidden_layers`` of at least 5, whose per-layer lists (``layer_types``...)
+    hold one value and whose built layers are alike; else None."""
+    layers = getattr(model, "num_hidden_layers", None)
+    if not is_transformers_config(model) or not isinstance(layers, int) or layers <= max(DEPTHS):
+        return None
+    for value in vars(model).values():
+        if (
+            isinstance(value, (list, tuple))
+            and len(value) == layers
+            and len(set(map(repr, value))) > 1
+        ):
+            return None  # e.g. sliding and full attention layers, dense and MoE layers
+    module = to_meta(with_layers(model, max(DEPTHS) + 1)).module
+    return layers if _alike_layers(module, max(DEPTHS) + 1) else None
+
+
+def with_layers(config: Any, layers: int) -> Any:
+    """A copy of the transformers ``config`` with ``layers`` decoder layers (per-layer lists cut
+    to as many)."""
+    out = copy.deepcopy(config)
+    n = config.num_hidden_layers
+    for name, value in vars(config).items():
+        if isinstance(value, list) and len(value) == n:
+            setattr(out, name, value[:layers])
+    out.num_hidden_layers = layers
+    return out
+
+
+def sample(a: Analysis, layers: int) -> Sample:
+    """The rule's view of ``a``, the analysis of the model at ``layers`` layers."""
+    report = a.memory
+    base = report.baseline_bytes
+    runs = sorted(report.phase_runs)
+    events: list[Token] = []
+    live, run = base, 0
+    for i, (now, _, op) in enumerate(report.timeline):
+        while run + 1 < len(runs) and runs[run + 1][0] <= i:
+            run += 1
+        phase = str(runs[run][1]) if runs else ""
+        events.append((now - live, op, phase))
+        live = now
+    costs: dict[str, Counter[tuple[str, int, int]]] = {}
+    for c in a.calls:
+        costs.setdefault("forward", Counter()).update(c.costs)
+        costs.setdefault("backward", Counter()).update(c.backward_costs)
+    for phase, table in a.orphan_costs.items():
+        costs.setdefault(f"outside {phase}", Counter()).update(table)
+    time = a.time
+    tokens = samples = None
+    if time is not None:  # what one rank's step processes, times the data-parallel ranks
+        if time.tokens_per_s is not None:
+            tokens = round(time.tokens_per_s * time.step_s)
+        if time.samples_per_s is not None:
+            samples = round(time.samples_per_s * time.step_s)
+    comms = Counter(
+        (c.collective, c.bytes, c.group, c.group_size, str(c.phase)) for c in a.comm_records
+    )
+    return Sample(layers, tuple(events), base, costs, comms, int(a.total_flops), tokens, samples)
+
+
+@dataclass(frozen=True)
+class Extended:
+    """The numbers of the full depth, by the rule."""
+
+    peak_bytes: int
+    time: StepTime
+
+
+def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int) -> Extended | None:
+    """The full depth's peak and step time from the samples at 2, 3 and 4 layers; None when
+    the third sample does not follow the rule of the first two."""
+    two, three, four = samples
+    runs = _inserted(two.events, three.events)
+    if runs is None or _repeat(three.events, runs, 2) != list(four.events):
+        return None
+    extra = layers - three.layers
+    linear = [
+        _linear(
+            [Counter({k: getattr(s, k) for k in ("baseline", "flops")}) for s in samples], extra
+        ),
+        _linear([s.comms for s in samples], extra),
+        *(_linear([s.costs.get(p, Counter()) for s in samples], extra) for p in _phases(samples)),
+    ]
+    checked = [c for c in linear if c is not None]
+    if len(checked) < len(linear):
+        return None
+    totals, comms, *phases = checked
+    costs = dict(zip(_phases(samples), phases, strict=True))
+    deltas = np.array([t[0] for t in _repeat(three.events, runs, extra + 1)], dtype=np.int64)
+    peak = totals["baseline"] + (int(np.cumsum(deltas).max()) if deltas.size else 0)
+    call = CallRecord(0, "", "", -1, -1, 0, [], costs=dict(costs.get("forward", {})))
+    call.backward_costs = dict(costs.get("backward", {}))
+    outside = {
+        p.removeprefix("outside "): dict(c) for p, c in costs.items() if p.startswith("outside ")
+    }
+    records: list[Any] = [
+        CommRecord(i, coll, nbytes, group, size, "", phase, -1, -1, "")
+        for i, ((coll, nbytes, group, size, phase), n) in enumerate(sorted(comms.items()))
+        for _ in range(n)
+    ]
+    dp = max(1, data_parallel)
+    tokens = None if three.tokens is None else three.tokens // dp
+    batch = None if three.samples is None else three.samples // dp
+    flops = totals["flops"]
+    time = step_time([call], outside, records, gpu, flops, tokens, batch, data_parallel=dp)
+    return Extended(peak, time)
+
+
+def _phases(samples: Sequence[Sample]) -> list[str]:
+    return sorted({p for s in samples for p in s.costs})
+
+
+def _linear(counters: Sequence[Counter[Any]], extra: int) -> Counter[Any] | None:
+    """The third counter plus ``extra`` times the per-layer step; None unless the fourth is
+    the third plus the same step as the third the second."""
+    two, three, four = counters
+    step, again = _step(two, three), _step(three, four)
+    if step != again or any(n < 0 for n in step.values()):
+        return None
+    out = Counter(three)
+    for key, n in step.items():
+        out[key] += n * extra
+    return out
+
+
+def _step(before: Counter[Any], after: Counter[Any]) -> dict[Any, int]:
+    """What ``after`` adds to ``before``, zeros left out."""
+    keys = set(before) | set(after)
+    return {k: after[k] - before[k] for k in keys if after[k] != before[k]}
+
+
+def _inserted(short: Sequence[Token], long: Sequence[Token]) -> list[tuple[int, int]] | None:
+    """The runs ``long`` inserts into ``short``: (start, end) in ``long``; None when ``long``
+    changes or drops anything, or inserts nothing."""
+    matcher = difflib.SequenceMatcher(None, short, long, autojunk=False)
+    runs = []
+    for tag, _, _, j1, j2 in matcher.get_opcodes():
+        if tag == "insert":
+            runs.append((j1, j2))
+        elif tag != "equal":
+            return None
+    return runs or None
+
+
+def _repeat(events: Sequence[Token], runs: Sequence[tuple[int, int]], times: int) -> list[Token]:
+    """``events`` with each run appearing ``times`` times where it appears once."""
+    out: list[Token] = []
+    at = 0
+    for start, end in runs:
+        out.extend(events[at:end])
+        out.extend(list(events[start:end]) * (times - 1))
+        at = end
+    out.extend(events[at:])
+    return out
+
+
+def _alike_layers(module: torch.nn.Module, layers: int) -> bool:
+    """Whether ``module`` has a ModuleList of ``layers`` alike modules (every submodule's type,
+    parameter and buffer shapes and dtypes, and plain attributes other than an index)."""
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == layers]
+    return any(len({_signature(layer) for layer in found}) == 1 for found in lists)
+
+
+def _signature(layer: torch.nn.Module) -> tuple[Any, ...]:
+    parts: list[Any] = []
+    for name, m in layer.named_modules():
+        plain = sorted(
+            (k, repr(v))
+            for k, v in vars(m).items()
+            if not k.startswith("_")
+            and k not in _INDEX_NAMES
+            and isinstance(v, (int, float, str, bool, type(None), tuple))
+        )
+        tensors = [
+            (k, tuple(t.shape), t.dtype)
+            for k, t in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
+        ]
+        parts.append((name, type(m).__qualname__, tuple(plain), tuple(tensors)))
+    return tuple(parts)

@@ -1,0 +1,135 @@
+"""``mw.plan``'s per-layer rule (``meta_widget.explore.depth``): candidates traced at 2, 3 and
+4 layers and extended to the full depth give the numbers a full-depth trace gives, to the byte;
+a candidate whose traces break the rule, and a model whose layers differ, are traced at full
+depth."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+import meta_widget as mw
+from meta_widget.explore import depth as depth_rule
+from meta_widget.explore import plan as plan_module
+
+transformers = pytest.importorskip("transformers")
+
+LAYERS = 9
+SIZE = (2, 32)
+#: HSDP with tensor parallelism (every collective group), checkpointing or not, every precision,
+#: two micro-batches (the accumulating backward): 6 candidates
+SPACE: dict[str, Any] = dict(
+    gpu="H100",
+    devices=8,
+    layouts=[{"replicate": 2, "fsdp": 2, "tp": 2}],
+    micro_batches=[2],
+    budget="16MiB",
+)
+
+
+def llama(layers: int = LAYERS, **extra: Any) -> Any:
+    return transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **extra,
+    )
+
+
+def same_numbers(a: plan_module.Candidate, b: plan_module.Candidate) -> None:
+    assert a.key == b.key
+    assert a.peak_bytes == b.peak_bytes, a.key  # to the byte
+    assert a.fits == b.fits
+    for name in ("step_s", "mfu", "tokens_per_s"):
+        assert math.isclose(getattr(a, name), getattr(b, name), rel_tol=1e-9), (a.key, name)
+
+
+def test_rule_gives_the_full_depth_numbers_for_every_candidate() -> None:
+    """Each candidate by the rule equals the same candidate traced at full depth (FSDP alone,
+    micro-batches 1, is ``test_traces_that_break_the_rule...``'s and the benchmark's)."""
+    by_rule = mw.plan(llama(), SIZE, **SPACE)
+    full = mw.plan(llama(), SIZE, full_depth=True, **SPACE)
+    assert len(by_rule.candidates) == 6
+    assert all(c.traced_layers == (2, 3, 4) for c in by_rule.candidates)
+    assert all(c.traced_layers == () for c in full.candidates)
+    for a, b in zip(by_rule.candidates, full.candidates, strict=True):
+        same_numbers(a, b)
+    assert by_rule.traces == 3 * 6 and full.traces == 6
+    assert by_rule.best.key == full.best.key
+    assert set(by_rule.to_dataframe()["traced_layers"]) == {"2, 3, 4"}
+    assert set(full.to_dataframe()["traced_layers"]) == {"all"}
+
+
+def test_best_analysis_is_traced_at_full_depth_when_asked_for() -> None:
+    p = mw.plan(
+        llama(),
+        SIZE,
+        gpu="H100",
+        devices=8,
+        layouts=[{"fsdp": 8}],
+        precisions=["as given"],
+        activation_checkpointing=[False],
+        micro_batches=[1],
+    )
+    best = p.best
+    assert best.openable and best.traced_layers == (2, 3, 4)
+    traces = p.traces
+    a = best.analysis  # traced now, at full depth
+    assert a is not None and a.peak_bytes == best.peak_bytes
+    assert sum(1 for m in a.modules if m.type == "LlamaDecoderLayer") == LAYERS
+    assert p.traces == traces  # the plan's count is of the plan's own runs
+    assert best.analysis is a  # once
+
+
+def test_traces_that_break_the_rule_are_traced_at_full_depth(monkeypatch: Any) -> None:
+    """Under FSDP the 1-layer trace is no 2-layer trace less a layer (the one layer is both the
+    first and the last): with depths 1, 2, 3 the check on the third fails, and the candidate
+    is traced at full depth."""
+    monkeypatch.setattr(plan_module, "DEPTHS", (1, 2, 3))
+    space = dict(gpu="H100", devices=8, layouts=[{"fsdp": 8}], precisions=["as given"])
+    p = mw.plan(llama(), SIZE, activation_checkpointing=[False], micro_batches=[1], **space)
+    (c,) = p.candidates
+    assert c.traced_layers == () and c._analysis is not None
+    assert c.peak_bytes == c._analysis.peak_bytes
+    assert p.traces == 3 + 1
+
+
+def test_layers_that_differ_are_not_extended() -> None:
+    """The rule needs alike layers: a per-layer list with two kinds, too few layers, a model that
+    is not a config, or options that name the full model's modules turn it off."""
+    mixed = llama()
+    mixed.layer_types = ["sliding_attention", "full_attention"] * 4 + ["full_attention"]
+    assert depth_rule.depth_of(mixed) is None
+    assert depth_rule.depth_of(llama(4)) is None
+    assert depth_rule.depth_of(llama()) == LAYERS
+    assert depth_rule.depth_of(transformers.LlamaForCausalLM) is None
+    p = mw.plan(
+        llama(),
+        SIZE,
+        gpu="H100",
+        devices=8,
+        layouts=[{"fsdp": 8}],
+        precisions=["as given"],
+        activation_checkpointing=[False],
+        micro_batches=[1],
+        assume={},
+    )
+    assert p.candidates[0].traced_layers == ()
+
+
+def test_alike_layers_compare_settings_not_only_shapes() -> None:
+    """Two layers with the same parameters but another attribute (a window) are not alike."""
+    model = transformers.LlamaForCausalLM(llama(6)).to("meta")
+    assert depth_rule._alike_layers(model, 6)
+    model.model.layers[3].self_attn.sliding_window = 16
+    assert not depth_rule._alike_layers(model, 6)
+
+
+def test_full_depth_must_be_a_bool() -> None:
+    with pytest.raises(mw.OptionError, match="full_depth"):
+        mw.plan(llama(), SIZE, gpu="H100", full_depth="yes")
