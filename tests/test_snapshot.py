@@ -218,3 +218,32 @@ def test_a_hostile_pickle_is_refused_unread(tmp_path: Path) -> None:
         mw.load_snapshot({"segments": [], "device_traces": [[]]})
     with pytest.raises(mw.SnapshotError, match="cannot read"):
         mw.load_snapshot(tmp_path / "missing.pickle")
+
+
+def test_a_file_past_the_read_budget_is_not_read_further(tmp_path: Path) -> None:
+    """A gzip bomb (64 MiB of zeros in 64 KiB) and an endless file (``/dev/zero``) stop at
+    ``max_bytes`` with a message; a real trace under the budget still loads, gzipped or not."""
+    import gzip
+
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb") as f:
+        for _ in range(64):
+            f.write(bytes(2**20))
+    assert bomb.stat().st_size < 2**20
+    with pytest.raises(mw.SnapshotError, match=r"more than max_bytes=16,777,216 bytes once gunz"):
+        mw.load_snapshot(bomb, max_bytes=16 * 2**20)
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(mw.SnapshotError, match="more than max_bytes=1,048,576 bytes: it was"):
+            mw.load_snapshot("/dev/zero", max_bytes=2**20)
+    path = tmp_path / "trace.json"
+    profiled().export_chrome_trace(str(path))
+    size = path.stat().st_size
+    with pytest.raises(mw.SnapshotError, match="max_bytes"):
+        mw.load_snapshot(path, max_bytes=size - 1)
+    assert mw.load_snapshot(path, max_bytes=size).peak_bytes > 0
+    packed = tmp_path / "trace.json.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert mw.load_snapshot(packed, max_bytes=size).peak_bytes > 0
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(mw.SnapshotError, match="max_bytes must be a positive int"):
+            mw.load_snapshot(path, max_bytes=bad)

@@ -325,13 +325,30 @@ def from_trace(data: Any, shown: str, device: str | None = None) -> SnapshotTime
     return out
 
 
-def read_file(path: str | os.PathLike[str]) -> bytes:
-    """The bytes of a recording's file, gunzipped when it is a ``.gz``."""
+#: the most bytes a recording is read as (gunzipped): past it, ``load_snapshot`` stops reading
+#: and says so (a gzip bomb, ``/dev/zero`` or a file far larger than a run's history would
+#: otherwise fill the memory); ``max_bytes=`` raises it
+MAX_BYTES = 2 * 2**30
+
+
+def read_file(path: str | os.PathLike[str], max_bytes: int = MAX_BYTES) -> bytes:
+    """The bytes of a recording's file, gunzipped when it is a ``.gz``, at most ``max_bytes``
+    of them (``SnapshotError`` past that, having read no more than ``max_bytes + 1``)."""
+    shown = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise SnapshotError(f"cannot read {os.fspath(path)!r}: {exc.strerror}.") from exc
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            f = gzip.GzipFile(fileobj=raw) if gzipped else raw
+            data = f.read(max_bytes + 1)
+    except (OSError, EOFError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise SnapshotError(f"cannot read {shown!r}: {why}.") from exc
+    if len(data) > max_bytes:
+        raise SnapshotError(
+            f"{shown!r} holds more than max_bytes={max_bytes:,} bytes"
+            f"{' once gunzipped' if gzipped else ''}: it was not read further. A recording "
+            "that large is rare (a gzip bomb or the wrong file?); pass a larger max_bytes= to "
+            "load_snapshot to read it anyway."
+        )
     return data

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import heavy
 from ..memory.snapshot import (
+    MAX_BYTES,
     SnapshotError,
     SnapshotTimeline,
     from_snapshot,
@@ -193,12 +194,14 @@ def _from_profiler(prof: Any, device: str | None) -> SnapshotTimeline:
         return from_trace(read_recording(read_file(path), "the profiler's trace"), "", device)
 
 
-def _timeline(source: Any, device: int | str | None) -> tuple[SnapshotTimeline, str]:
+def _timeline(
+    source: Any, device: int | str | None, max_bytes: int
+) -> tuple[SnapshotTimeline, str]:
     if _is_profiler(source):
         return _from_profiler(source, device if isinstance(device, str) else None), "a profiler"
     if isinstance(source, (str, os.PathLike)):
         shown = os.fspath(source)
-        data = read_recording(read_file(source), shown)
+        data = read_recording(read_file(source, max_bytes), shown)
     elif isinstance(source, (bytes, bytearray)):
         shown = "the bytes given"
         data = read_recording(bytes(source), shown)
@@ -221,7 +224,9 @@ def _timeline(source: Any, device: int | str | None) -> tuple[SnapshotTimeline, 
     )
 
 
-def load_snapshot(source: Any, *, device: int | str | None = None) -> MemorySnapshot:
+def load_snapshot(
+    source: Any, *, device: int | str | None = None, max_bytes: int = MAX_BYTES
+) -> MemorySnapshot:
     """Read a recorded run's memory history, to show it in the widget's timeline.
 
     Parameters
@@ -235,6 +240,9 @@ def load_snapshot(source: Any, *, device: int | str | None = None) -> MemorySnap
     device
         For a snapshot, the index of the device trace (default: the one with most events);
         for a profiler trace, ``"cpu"`` or ``"cuda:N"`` (default: CUDA's if it has events).
+    max_bytes
+        The most bytes a file is read as, gunzipped (default 2 GiB): past it nothing more is
+        read and a ``SnapshotError`` says so (a gzip bomb, ``/dev/zero``).
 
     Returns
     -------
@@ -245,7 +253,10 @@ def load_snapshot(source: Any, *, device: int | str | None = None) -> MemorySnap
     Raises
     ------
     SnapshotError
-        Not a snapshot or trace, damaged, without events, or a pickle naming a global.
+        Not a snapshot or trace, damaged, without events, a pickle naming a global, or a file
+        past ``max_bytes``.
     """
-    timeline, shown = _timeline(source, device)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise SnapshotError(f"load_snapshot: max_bytes must be a positive int, not {max_bytes!r}.")
+    timeline, shown = _timeline(source, device, max_bytes)
     return MemorySnapshot(timeline, shown)
