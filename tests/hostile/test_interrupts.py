@@ -366,15 +366,23 @@ def test_the_interrupt_reaches_the_caller(request: pytest.FixtureRequest) -> Non
     assert not _diff(before, _state(net))
 
 
-def _soak(runs: int, seed: int) -> tuple[int, int]:
-    """``runs`` analyses, each interrupted by a real SIGINT-like interrupt at a random moment.
+def _soak(
+    runs: int,
+    seed: int,
+    net: torch.nn.Module | None = None,
+    work: Callable[[], Any] | None = None,
+) -> tuple[int, int]:
+    """``runs`` runs of ``work`` (default: a training analysis of ``user_meta_model()``), each
+    interrupted by a real SIGINT-like interrupt at a random moment; ``net`` is the user's model
+    whose state must be left as it was.
 
     Returns how many were interrupted inside the analysis, and how many interrupts Python
     dropped itself (one landing as a weak reference's callback starts, before any of its code
     runs, is printed and dropped by Python: reported to ``sys.unraisablehook``).
     """
-    net = user_meta_model()
-    work = _training(net)
+    if net is None or work is None:
+        net = user_meta_model()
+        work = _training(net)
     before = _state(net)
     work()
     # only picks the moments, never waited on: the fastest of three runs, so that a busy moment
@@ -414,7 +422,7 @@ def _soak(runs: int, seed: int) -> tuple[int, int]:
                 inside += result is None
             timer.join()
             if not reached:  # never raised: it must have been dropped by Python, not by us
-                assert result is not None and result.error is None
+                assert result is not None and getattr(result, "error", None) is None
                 assert unraisable and issubclass(unraisable[-1].exc_type, KeyboardInterrupt)
                 dropped += 1
                 unraisable.clear()
@@ -432,3 +440,51 @@ def test_random_interrupts_leave_nothing(request: pytest.FixtureRequest) -> None
     inside, dropped = _soak(300, seed=2)
     assert inside > 100
     assert dropped < 30  # each one printed by Python as "Exception ignored in ... _free"
+
+
+def _tiny_llama_config() -> Any:
+    transformers = pytest.importorskip("transformers")
+    return transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
+def test_random_interrupts_during_generate_leave_nothing(request: pytest.FixtureRequest) -> None:
+    """``mode="generate"`` on the user's own meta model, 64 new tokens (most decode steps
+    given by the per-step rule, ``trace.decode_skip``, with the model's forward stubbed)."""
+    if _ran_in_own_process(request):
+        return
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        net = transformers.LlamaForCausalLM(_tiny_llama_config())
+    state = {k: v for k, v in vars(net).items() if not k.startswith("_")}
+
+    def work() -> Any:
+        return mw.analyze(net, input_size=(1, 8), mode="generate", new_tokens=64)
+
+    inside, _ = _soak(120, seed=3, net=net, work=work)
+    assert inside > 40
+    assert {k: v for k, v in vars(net).items() if not k.startswith("_")} == state
+    assert type(net).forward is transformers.LlamaForCausalLM.forward  # the stub is gone
+
+
+def test_random_interrupts_during_measure_leave_nothing(request: pytest.FixtureRequest) -> None:
+    """``mw.measure`` runs the user's real model under the recorder: interrupted anywhere, its
+    hooks, flags and weights are as they were."""
+    if _ran_in_own_process(request):
+        return
+    torch.manual_seed(0)
+    net = Net()
+    weights = {k: v.clone() for k, v in net.state_dict().items()}
+
+    def work() -> Any:
+        return mw.measure(net, input_size=(4, 8))
+
+    inside, _ = _soak(120, seed=4, net=net, work=work)
+    assert inside > 40
+    assert all(torch.equal(v, weights[k]) for k, v in net.state_dict().items())
