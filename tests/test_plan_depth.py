@@ -133,3 +133,48 @@ def test_alike_layers_compare_settings_not_only_shapes() -> None:
 def test_full_depth_must_be_a_bool() -> None:
     with pytest.raises(mw.OptionError, match="full_depth"):
         mw.plan(llama(), SIZE, gpu="H100", full_depth="yes")
+
+
+SMALL = dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=256,
+)  # fmt: skip
+ONE = dict(
+    gpu="H100",
+    devices=4,
+    layouts=[{"fsdp": 4}],
+    precisions=["as given"],
+    activation_checkpointing=[False],
+    micro_batches=[1],
+)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        lambda: transformers.Qwen2Config(num_hidden_layers=7, **SMALL),
+        lambda: transformers.MistralConfig(num_hidden_layers=7, sliding_window=16, **SMALL),
+        lambda: transformers.MixtralConfig(
+            num_hidden_layers=7, num_local_experts=4, num_experts_per_tok=2, **SMALL
+        ),
+    ],
+    ids=["qwen2", "mistral-sliding-window", "mixtral-moe"],
+)
+def test_rule_holds_on_other_decoders(config: Any) -> None:
+    by_rule = mw.plan(config(), SIZE, **ONE)
+    full = mw.plan(config(), SIZE, full_depth=True, **ONE)
+    assert by_rule.candidates[0].traced_layers == (2, 3, 4)
+    same_numbers(by_rule.candidates[0], full.candidates[0])
+
+
+def test_a_decoder_whose_traces_break_the_rule_is_traced_at_full_depth() -> None:
+    """GPT-2's alike blocks, yet its 4-layer trace is not its 3-layer one with the runs a layer
+    inserts doubled: its candidate is traced at full depth, its numbers that trace's."""
+    config = transformers.GPT2Config(
+        n_layer=7, n_embd=64, n_head=4, vocab_size=256, bos_token_id=0, eos_token_id=0
+    )
+    assert depth_rule.depth_of(config) == 7
+    p = mw.plan(config, SIZE, **ONE)
+    (c,) = p.candidates
+    assert c.traced_layers == () and c.peak_bytes == c.analysis.peak_bytes
+    assert p.traces == 3 + 1
