@@ -78,6 +78,14 @@ describe("the plan view", () => {
     expect(xRange({ ...plan, budget: 80 * 2 ** 30 }).budgetShown).toBe(false);
   });
 
+  it("says that a candidate by the per-layer rule is traced at full depth when opened", () => {
+    const ruled = { ...raw, candidates: raw.candidates.map((c) => ({ ...c, tracedLayers: [2, 3, 4] })) };
+    show(ruled);
+    const c = traced[0]!;
+    (el.querySelector(`.mw-plan-point[data-index="${c.index}"]`) as SVGGElement).dispatchEvent(new MouseEvent("click"));
+    expect(el.querySelector(".mw-plan-detail-head")!.textContent).toContain("tracing it at full depth");
+  });
+
   it("says the candidate on hover: layout, checkpointing, precision, micro-batches, peak, step, MFU", () => {
     show(raw);
     const c = traced[0]!;

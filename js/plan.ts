@@ -37,6 +37,7 @@ function decodeCandidate(raw: Obj, i: number): PlanCandidate {
     samplesPerS: numOrNull(raw.samplesPerS),
     error: typeof raw.error === "string" ? raw.error : null,
     openable: raw.openable === true,
+    tracedLayers: Array.isArray(raw.tracedLayers) ? raw.tracedLayers.filter((d): d is number => typeof d === "number") : [],
   };
 }
 
@@ -130,7 +131,8 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
     if (!c.openable) return;
     opened = c.index;
     mark();
-    detailHead.textContent = `Opening candidate #${c.index}: ${candidateText(c)}…`;
+    const full = c.tracedLayers?.length ? " (tracing it at full depth: its numbers came from the per-layer rule)" : "";
+    detailHead.textContent = `Opening candidate #${c.index}: ${candidateText(c)}${full}…`;
     handlers.onOpen(c.index);
   };
   const chart = planChart(p, {

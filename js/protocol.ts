@@ -465,6 +465,9 @@ export interface PlanCandidate {
   error: string | null;
   /** The kernel has an analysis to open for it. */
   openable: boolean;
+  /** The depths traced when its numbers came from the per-layer rule (`[2, 3, 4]`): opening it
+   * traces the full depth first. Empty (or absent) when traced at full depth. */
+  tracedLayers?: number[];
 }
 
 /** The plan view of `mw.plan`. */

@@ -71,6 +71,7 @@ def _candidate(index: int, c: Candidate) -> dict[str, Any]:
         "samplesPerS": c.samples_per_s,
         "error": c.error,
         "openable": c.openable,
+        "tracedLayers": list(c.traced_layers),
     }
 
 
