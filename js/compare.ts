@@ -5,7 +5,7 @@
  * `textContent`.
  */
 import { h } from "./details";
-import { formatBytes, formatCount, formatFlops } from "./format";
+import { NONE, formatBytes, formatCount, formatFlops } from "./format";
 import { COMPARE_NUMBERS, type CompareNumber, type ComparePayload, type CompareRow } from "./protocol";
 
 const TOTALS: [string, string, (n: number) => string][] = [
@@ -24,10 +24,10 @@ export const COMPARE_COLUMNS: Record<CompareNumber, [string, (n: number) => stri
 };
 const COLUMNS = COMPARE_NUMBERS.map((key) => [key, ...COMPARE_COLUMNS[key]] as const);
 
-/** `a → b (+d)`, or just `a` when equal. */
+/** `a → b (+d)`, or just `a` when equal; "–" when both are 0, as the tree and `summary()` write it. */
 export function pair(values: [number, number], format: (n: number) => string): string {
   const [a, b] = values;
-  if (a === b) return format(a);
+  if (a === b) return a === 0 ? NONE : format(a);
   const d = b - a;
   return `${format(a)} → ${format(b)} (${d > 0 ? "+" : "−"}${format(Math.abs(d))})`;
 }

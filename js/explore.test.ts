@@ -4,7 +4,7 @@ import { decodeCompare, decodeFit } from "./decode";
 import type { CompareRow } from "./protocol";
 import { draw } from "./explore";
 import { renderFit, verdict } from "./fit";
-import { formatBytes } from "./format";
+import { formatBytes, formatFlops } from "./format";
 
 /** Written by the Python encoders (`python tests/test_explore_view.py`). */
 const files = import.meta.glob<{ default: { fit: unknown; compare: unknown } }>("./fixtures/explore.json", {
@@ -105,5 +105,11 @@ describe("comparison view", () => {
     expect(el.querySelector("img")).toBeNull();
     expect(el.textContent).toContain('<img src=x onerror="alert(1)">');
     expect(pair([0, 4], String)).toBe("0 → 4 (+4)");
+  });
+
+  it("writes a zero on both sides as the tree and summary() do: –, not 0 FLOPs (issue 28.8)", () => {
+    expect(pair([0, 0], formatFlops)).toBe("–");
+    expect(pair([0, 5_324_800], formatFlops)).toBe("0 FLOPs → 5.32 MFLOPs (+5.32 MFLOPs)");
+    expect(pair([2818572288, 2818572288], formatBytes)).toBe("2.63 GiB");
   });
 });

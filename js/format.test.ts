@@ -9,6 +9,24 @@ import {
   formatShapes,
 } from "./format";
 
+/** The table `tests/test_format_cases.py` holds the Python formatters to (meta_widget/units.py). */
+type Case = [number | string, string, string];
+const shared = import.meta.glob<{ default: Record<"bytes" | "count" | "flops", Case[]> }>(
+  "../tests/format_cases.json",
+  { eager: true },
+);
+const CASES = Object.values(shared)[0]?.default;
+const FORMATS = { bytes: formatBytes, count: formatCount, flops: formatFlops } as const;
+
+describe("the shared table of formats (as meta_widget.units writes them)", () => {
+  it("is found", () => expect(CASES).toBeDefined());
+  for (const kind of ["bytes", "count", "flops"] as const) {
+    it.each(CASES?.[kind] ?? [])(`${kind}: %s -> %s (%s)`, (value, expected) =>
+      expect(FORMATS[kind](Number(value))).toBe(expected),
+    );
+  }
+});
+
 describe("formatBytes (1024-based)", () => {
   it.each([
     [0, "0 B"],

@@ -5,7 +5,7 @@
  */
 import type { DtypeChoice } from "./charts";
 import { checkpointMarker } from "./checkpoint";
-import { formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
+import { NONE, formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
 import type { Analysis, CallInfo, ModuleInfo } from "./protocol";
 import { nodeName, nodeType, nodeValues, type Aggregate, type Row, type Tree } from "./tree";
 import type { Cell, RowCells, TimeCell } from "./columns";
@@ -153,11 +153,6 @@ export function describeRow(ctx: RowContext, row: Row): RowCells {
   };
 }
 
-/**
- * The one symbol for "none" (zero, or not applicable) in the table, as in `a.summary()` and the
- * static view (`meta_widget.views.summary.NONE`).
- */
-export const NONE = "–";
 
 /** What the table says when it has no rows ("" when it has some). */
 export function emptyText(a: Analysis | null, rows: number, filter: string): string {

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from decimal import ROUND_HALF_UP, Context, Decimal
 
 #: bytes per element of the dtypes offered as what-ifs; int4 packs two weights in a byte
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -13,35 +15,65 @@ def is_floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex"))
 
 
+#: the one symbol for "none" (missing, not finite; in tables also zero), as the widget writes it
+NONE = "–"
+_BYTES = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_COUNTS = ("", "K", "M", "B", "T")
+_FLOPS = ("FLOPs", "KFLOPs", "MFLOPs", "GFLOPs", "TFLOPs", "PFLOPs", "EFLOPs")
+#: enough digits for any float written without an exponent
+_EXACT = Context(prec=400)
+
+
+def _fixed(value: float, decimals: int) -> str:
+    """``value`` (>= 0) with ``decimals`` decimals, ties away from zero on its exact binary value:
+    what JavaScript's ``toFixed`` writes (``f"{2.625:.2f}"`` rounds half to even: 2.62)."""
+    step = Decimal(1).scaleb(-decimals)
+    return f"{Decimal(value).quantize(step, ROUND_HALF_UP, _EXACT):f}"
+
+
+def _three_figures(value: float) -> str:
+    """Three significant figures, the decimals chosen on the rounded value (9.996 -> ``10.0``)."""
+    text = _fixed(value, 2)
+    if float(text) >= 10:
+        text = _fixed(value, 1)
+    if float(text) >= 100:
+        text = _fixed(value, 0)
+    return text
+
+
+def _scaled(n: float, base: int, units: Sequence[str]) -> str:
+    """The rule ``js/format.ts`` follows too, checked on both sides by ``tests/format_cases.json``.
+
+    The largest unit the number reaches; in the first unit an integer, else three figures; a
+    number that rounds up to ``base`` is written in the next unit (1023.995 KiB: ``1.00 MiB``).
+    """
+    value = float(n)
+    if not math.isfinite(value):
+        return NONE
+    size, unit = abs(value), 0
+    while size >= base and unit < len(units) - 1:
+        size, unit = size / base, unit + 1
+    text = _fixed(size, 0) if unit == 0 else _three_figures(size)
+    if float(text) >= base and unit < len(units) - 1:
+        size, unit = size / base, unit + 1
+        text = _three_figures(size)
+    sign = "-" if value < 0 and float(text) else ""
+    return f"{sign}{text} {units[unit]}".rstrip()
+
+
 def format_bytes(n: float) -> str:
-    """Bytes in binary units: ``1.50 GiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def _scaled(n: float, units: Sequence[str]) -> str:
-    value = float(n)
-    for unit in units:
-        if abs(value) < 1000 or unit == units[-1]:
-            return f"{value:.2f} {unit}".rstrip() if unit else f"{int(value)}"
-        value /= 1000
-    raise AssertionError("unreachable")
+    """Bytes in binary units (1 KiB = 1024 B): ``2.63 GiB``, ``512 B``; ``–`` if not finite."""
+    return _scaled(n, 1024, _BYTES)
 
 
 def format_count(n: float) -> str:
-    """A count in decimal units: ``70.55 B`` for 70,553,706,496."""
-    return _scaled(n, ("", "K", "M", "B", "T"))
+    """A count in decimal units (K, M, B for billions, T): ``70.6 B`` for 70,553,706,496."""
+    return _scaled(n, 1000, _COUNTS)
 
 
 def format_flops(n: float) -> str:
-    """FLOPs in decimal units: ``295.67 TFLOPs``."""
-    if n < 1000:
-        return f"{int(n)} FLOPs"
-    return _scaled(n, ("", "KFLOPs", "MFLOPs", "GFLOPs", "TFLOPs", "PFLOPs"))
+    """FLOPs in decimal units: ``605 TFLOPs``, ``512 FLOPs``."""
+    return _scaled(n, 1000, _FLOPS)
 
 
 def format_shape(shape: Sequence[int]) -> str:

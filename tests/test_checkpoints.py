@@ -201,7 +201,7 @@ def test_the_tree_and_the_widget_payload(
     assert mods["params"][layer] == sum(p.numel() for p in small_model.model.layers[1].parameters())
     assert payload["source"] == "checkpoint" and payload["calls"]["module"] == []
     text = info.summary()
-    assert "0–1 · 2 ×" in info.summary(depth=3) and "bfloat16 48.81 KiB" in text
+    assert "0–1 · 2 ×" in info.summary(depth=3) and "bfloat16 48.8 KiB" in text
     bundle = info._repr_mimebundle_()
     data = bundle[0] if isinstance(bundle, tuple) else bundle
     assert "application/vnd.jupyter.widget-view+json" in data

@@ -15,6 +15,7 @@ from torch import nn
 import meta_widget as mw
 from meta_widget.explore.sweeps import Progress
 from meta_widget.memory.report import CATEGORIES
+from meta_widget.units import format_bytes
 from meta_widget.views.estimates import (
     distributed,
     largest_block_bytes,
@@ -46,6 +47,11 @@ def test_max_fit_batch_of_a_cnn_fits_and_the_next_does_not() -> None:
     assert fit.analysis.peak_bytes == at.peak_bytes and fit.budget == budget
     # exponential then binary search: about 2 log2(size) traces, far fewer than size
     assert fit.traces <= 2 * fit.size.bit_length() + 2 < fit.size
+    # the repr gives the margins, which three figures of peaks near the budget hide
+    spare = format_bytes(budget - at.peak_bytes)
+    over = format_bytes(after.peak_bytes - budget)
+    assert f"{spare} to spare; batch={fit.size + 1} does not fit: " in repr(fit)
+    assert repr(fit).endswith(f"over by {over}; {fit.traces} traces>")
 
 
 def test_max_fit_sequence_length_of_a_decoder_in_training() -> None:

@@ -103,7 +103,7 @@ def test_cell_magic_builds_on_meta_and_shows_every_new_module(ip: InteractiveShe
     assert len(cap.outputs) == 6
     assert [WIDGET in o.data for o in cap.outputs] == [True, False] * 3
     texts = [o.data["text/plain"] for o in cap.outputs[1::2]]
-    assert "10.00 B" in texts[1]  # 100,000 x 100,000 + 100,000 parameters
+    assert "10.0 B" in texts[1]  # 100,000 x 100,000 + 100,000 parameters
     # the modules are analyzed with the inputs: the Linear's output shape is there
     assert "[1, 3]" in texts[2]
     result, cap = run(ip, "%%meta\nn = 3")

@@ -135,7 +135,7 @@ def test_it_refuses_when_the_model_does_not_fit() -> None:
     err = info.value
     assert isinstance(err, MemoryError)
     assert err.needed == needed and err.available == needed
-    assert "need 120.00 KiB" in str(err) and "only 120.00 KiB is available" in str(err)
+    assert "need 120 KiB" in str(err) and "only 120 KiB is available" in str(err)
     _, report = materialize(gpt2_config(), available_bytes=2 * needed)
     assert report.available_bytes == 2 * needed and report.bytes == needed
 

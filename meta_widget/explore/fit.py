@@ -81,14 +81,18 @@ class Fit:
 
     def __repr__(self) -> str:
         where = f" per device ({self.devices} x {self.strategy})" if self.devices else ""
+        # the margins, which three figures of the peaks alone hide near the budget
         after = (
-            f"; {self.vary}={self.size + 1} does not fit ({format_bytes(self.next_peak_bytes)})"
+            f"; {self.vary}={self.size + 1} does not fit: "
+            f"{format_bytes(self.next_peak_bytes)}, over by "
+            f"{format_bytes(self.next_peak_bytes - self.budget)}"
             if self.next_peak_bytes is not None
             else " (the limit)"
         )
+        spare = format_bytes(self.budget - self.peak_bytes)
         return (
             f"<Fit {self.vary}={self.size} fits: {format_bytes(self.peak_bytes)} of "
-            f"{format_bytes(self.budget)}{where}{after}; {self.traces} traces>"
+            f"{format_bytes(self.budget)}{where}, {spare} to spare{after}; {self.traces} traces>"
         )
 
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from ..units import format_bytes, format_count, format_flops, format_shapes
+from ..units import NONE, format_bytes, format_count, format_flops, format_shapes
 
 if TYPE_CHECKING:
     from ..data.tree import ModuleNode
     from .analyzed import Analyzed
 
-#: the one symbol for "none" (zero, or not applicable), as the widget's table writes it
-NONE = "–"
 #: "Output mem": the bytes of new storage a module's outputs hold (README "What the numbers mean")
 _COLUMNS = ("Module · type", "Output shapes", "Params", "Param mem", "Output mem", "FLOPs")
 #: a training step adds the FLOPs of each module's backward
