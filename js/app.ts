@@ -149,8 +149,9 @@ export class App {
     this.dispatch({ type: "payload", analysis: a });
   }
 
-  handleMessage(msg: Message): void {
-    this.dispatch(msg);
+  /** A message from the kernel, which arrived at `at` (`performance.now()`; earlier: replayed). */
+  handleMessage(msg: Message, at = performance.now()): void {
+    this.dispatch(msg, at);
   }
 
   /** Expand the tree to `depth` (root = 0); the memory chart shows modules at that depth. */
@@ -204,9 +205,9 @@ export class App {
   // -------------------------------------------------------------------------------------------
 
   /** Move the session on by one event, then do what the view must: timers, a new tree, a redraw. */
-  private dispatch(event: SessionEvent): void {
+  private dispatch(event: SessionEvent, at = performance.now()): void {
     const prev = this.session;
-    this.session = reduce(prev, event, performance.now());
+    this.session = reduce(prev, event, at);
     const a = this.session.analysis;
     if (a !== prev.analysis) this.showAnalysis(prev.analysis, a);
     else if (event.type === "payload" && a) this.showAnalysis(a, a);

@@ -84,71 +84,109 @@ export const COLUMNS: Column[] = [
   { key: "time", label: "Time", sort: "time", numeric: true, bar: "time", hint: TIME_HINT },
 ];
 
-/** Widths of the numeric columns (params, param mem, activations, FLOPs), pixels. */
-const FIXED_COLUMNS = [80, 98, 110, 104];
 /** Width of the Time column (a bound tag and a time), pixels; only with `time`. */
 export const TIME_WIDTH = 132;
-/** The module, input-shape and output-shape columns: minimum widths and shares of the rest. */
-const FLEX_MIN = [220, 130, 130];
-const FLEX_SHARE = [2.4, 1, 1];
+
+/** The module column's minimum, and how far it gives way once every other column it may
+ * leave out is out (a table narrower than the module, Output mem and FLOPs columns). */
+export const NAME_MIN = 220;
+const NAME_FLOOR = 170;
+
+/** A track of the grid: its minimum width and its share of the room left (0: fixed width). */
+interface Track {
+  key: Column["key"];
+  min: number;
+  share: number;
+}
+
+/** The module, input-shape and output-shape columns share what is left 2.4 : 1 : 1. */
+const TRACKS: Track[] = [
+  { key: "name", min: NAME_MIN, share: 2.4 },
+  { key: "inputs", min: 130, share: 1 },
+  { key: "outputs", min: 130, share: 1 },
+  { key: "params", min: 80, share: 0 },
+  { key: "paramBytes", min: 98, share: 0 },
+  { key: "activationBytes", min: 110, share: 0 },
+  { key: "flops", min: 104, share: 0 },
+  { key: "time", min: TIME_WIDTH, share: 0 },
+];
 const sum = (xs: number[]): number => xs.reduce((x, y) => x + y, 0);
 
 /** How far below its minimum width a table keeps the columns it shows (a scrollbar's width). */
 const SLACK = 24;
 
-/** Columns left out, in this order, of a table narrower than all columns' minimums. */
-export type DroppedColumn = "inputs" | "outputs";
-export const DROP_ORDER: DroppedColumn[] = ["inputs", "outputs"];
+/**
+ * Columns left out, in this order, of a table narrower than all columns' minimums: the shapes,
+ * then the parameter memory (the parameters times their bytes), the time, the parameter count.
+ * The module, Output mem and FLOPs columns always stay; every value left out is in Details.
+ */
+export type DroppedColumn = "inputs" | "outputs" | "paramBytes" | "time" | "params";
+export const DROP_ORDER: DroppedColumn[] = ["inputs", "outputs", "paramBytes", "time", "params"];
+
+/** The header label of each column that may be left out (the module header lists them). */
+export const DROPPED_LABELS: Record<DroppedColumn, string> = {
+  inputs: "Input shapes",
+  outputs: "Output shapes",
+  paramBytes: "Param mem",
+  time: "Time",
+  params: "Params",
+};
 
 export interface ColumnLayout {
   /** `grid-template-columns` in whole pixels. */
   template: string;
-  /** Shape columns left out (their values stay in the Details panel). */
+  /** Columns left out (their values stay in the Details panel). */
   hidden: DroppedColumn[];
   /** Below this the table scrolls sideways. */
   minWidth: number;
+}
+
+/** Share `free` pixels among flexible tracks in proportion to `shares`, each at least its min. */
+function shareOut(free: number, mins: number[], shares: number[]): number[] {
+  let flex = shares.map((s) => Math.floor((free * s) / sum(shares)));
+  if (!flex.some((x, i) => x < (mins[i] as number))) return flex;
+  // a column below its minimum takes its minimum; the others share the rest
+  const floor = mins.map((m, i) => Math.max(m, flex[i] as number));
+  const over = sum(floor) - free;
+  if (over <= 0) return floor;
+  const room = floor.map((x, i) => x - (mins[i] as number));
+  const total = sum(room);
+  flex = floor.map((x, i) => (total > 0 ? x - Math.ceil((over * (room[i] as number)) / total) : x));
+  return flex.map((x, i) => Math.max(mins[i] as number, x));
 }
 
 /**
  * The columns of a table `width` wide, computed once per width instead of by the layout engine
  * for every row: the numbers keep their widths; the module and shape columns share what is left
  * 2.4 : 1 : 1, never below their minimums. A narrow table (a notebook beside a side panel) leaves
- * out the input shapes, then the output shapes, before it scrolls sideways. `time`: the Time
- * column is shown (one more fixed column, last).
+ * out columns in `DROP_ORDER` before it scrolls sideways; with all of them out the module column
+ * gives way down to `NAME_FLOOR`. `shown`: how many columns the table on screen leaves out (null:
+ * none is on screen). `time`: the Time column is shown.
  */
 export function columnLayout(width: number, shown: number | null = null, time = false): ColumnLayout {
-  const fixedColumns = time ? [...FIXED_COLUMNS, TIME_WIDTH] : FIXED_COLUMNS;
-  const fixed = sum(fixedColumns);
-  let dropped = 0;
-  const need = (d: number): number => fixed + sum(FLEX_MIN.slice(0, FLEX_MIN.length - d));
-  // a column on screen (`shown`: how many were left out before) stays until the table is
-  // SLACK px narrower than it needs, squeezing the module column: a scrollbar that comes and
-  // goes (the tree's, the page's, the notebook's) does not make columns come and go
+  const tracks = TRACKS.filter((t) => t.key !== "time" || time);
+  const order = DROP_ORDER.filter((c) => tracks.some((t) => t.key === c));
+  const keptTracks = (d: number): Track[] => tracks.filter((t) => !(order.slice(0, d) as string[]).includes(t.key));
+  const need = (d: number): number => sum(keptTracks(d).map((t) => t.min));
+  // a column on screen stays until the table is SLACK px narrower than it needs, squeezing the
+  // module column: a scrollbar that comes and goes (the tree's, the page's, the notebook's) does
+  // not make columns come and go
   const kept = (d: number): boolean => shown !== null && d <= shown;
   const room = (d: number): number => need(d) - (kept(d) ? SLACK : 0);
-  while (dropped < DROP_ORDER.length && width < room(dropped)) dropped += 1;
-  // the module column is first; input shapes (index 1) go before output shapes (index 2)
-  const keep = [0, 1, 2].filter((i) => i === 0 || i > dropped);
-  const mins = keep.map((i) => FLEX_MIN[i] as number);
-  const squeeze = kept(dropped) ? Math.max(0, Math.min(SLACK, need(dropped) - width)) : 0;
-  mins[0] = (mins[0] as number) - squeeze;
-  const shares = keep.map((i) => FLEX_SHARE[i] as number);
-  const free = Math.max(0, width - fixed);
-  let flex = shares.map((s) => Math.floor((free * s) / sum(shares)));
-  // a column below its minimum takes its minimum; the others share the rest
-  if (flex.some((x, i) => x < (mins[i] as number))) {
-    const floor = mins.map((m, i) => Math.max(m, flex[i] as number));
-    const over = sum(floor) - free;
-    if (over > 0) {
-      const room = floor.map((x, i) => x - (mins[i] as number));
-      const total = sum(room);
-      flex = floor.map((x, i) => (total > 0 ? x - Math.ceil((over * (room[i] as number)) / total) : x));
-      flex = flex.map((x, i) => Math.max(mins[i] as number, x));
-    } else flex = floor;
-  }
+  let dropped = 0;
+  while (dropped < order.length && width < room(dropped)) dropped += 1;
+  const visible = keptTracks(dropped);
+  const give = dropped === order.length ? NAME_MIN - NAME_FLOOR : kept(dropped) ? SLACK : 0;
+  const squeeze = Math.max(0, Math.min(give, need(dropped) - width));
+  const flexTracks = visible.filter((t) => t.share > 0);
+  const mins = flexTracks.map((t) => t.min - (t.key === "name" ? squeeze : 0));
+  const fixed = sum(visible.filter((t) => t.share === 0).map((t) => t.min));
+  const flex = shareOut(Math.max(0, width - fixed), mins, flexTracks.map((t) => t.share));
+  let k = 0;
+  const px = visible.map((t) => (t.share > 0 ? (flex[k++] as number) : t.min));
   return {
-    template: [...flex, ...fixedColumns].map((x) => `${x}px`).join(" "),
-    hidden: DROP_ORDER.slice(0, dropped),
+    template: px.map((x) => `${x}px`).join(" "),
+    hidden: order.slice(0, dropped),
     minWidth: need(dropped) - squeeze,
   };
 }

@@ -80,7 +80,7 @@ describe("a class label in the tree", () => {
     const { splitType } = await import("./treeview");
     expect(splitType("80 × LlamaDecoderLayer")).toEqual(["80 × Llama", "DecoderLayer"]);
     expect(splitType("LlamaRotaryEmbedding")).toEqual(["LlamaRotary", "Embedding"]);
-    expect(splitType("Linear")).toEqual(["Linear", ""]);
+    expect(splitType("Linear")).toEqual(["", "Linear"]);
   });
 });
 

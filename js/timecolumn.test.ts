@@ -94,6 +94,6 @@ describe("the Time column", () => {
     const w = widths(columnLayout(1400, null, true).template);
     expect(w.slice(3)).toEqual([80, 98, 110, 104, 132]);
     expect(w.reduce((x, y) => x + y, 0)).toBeLessThanOrEqual(1400);
-    expect(columnLayout(700, null, true).minWidth).toBe(columnLayout(700).minWidth + 132);
+    expect(columnLayout(1400, null, true).minWidth).toBe(columnLayout(1400).minWidth + 132);
   });
 });

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { columnLayout } from "./treeview";
+import { columnLayout, indentFor, splitType } from "./treeview";
 
 const widths = (template: string): number[] => template.split(" ").map((x) => Number.parseInt(x, 10));
 
@@ -22,9 +22,26 @@ describe("columnLayout", () => {
     const narrow = columnLayout(700);
     expect(narrow.hidden).toEqual(["inputs", "outputs"]);
     expect(widths(narrow.template)).toEqual([308, 80, 98, 110, 104]);
+  });
+
+  it("leaves out Param mem, then Params, before Output mem and FLOPs (a notebook beside Lab's file browser)", () => {
+    // ~560 px: a 900 px window with the file browser open
+    const lab = columnLayout(560);
+    expect(lab.hidden).toEqual(["inputs", "outputs", "paramBytes"]);
+    expect(widths(lab.template)).toEqual([266, 80, 110, 104]);
+    expect(lab.minWidth).toBeLessThanOrEqual(560);
+    const narrower = columnLayout(480);
+    expect(narrower.hidden).toEqual(["inputs", "outputs", "paramBytes", "params"]);
+    expect(widths(narrower.template)).toEqual([266, 110, 104]);
+    // the Time column goes before the parameter count
+    expect(columnLayout(560, null, true).hidden).toEqual(["inputs", "outputs", "paramBytes", "time"]);
+  });
+
+  it("squeezes the module column to its floor before the table scrolls sideways", () => {
+    expect(widths(columnLayout(400).template)).toEqual([186, 110, 104]);
     const tiny = columnLayout(300);
-    expect(tiny.minWidth).toBe(612);
-    expect(widths(tiny.template)[0]).toBe(220); // never below its minimum: scrolls instead
+    expect(tiny.minWidth).toBe(384);
+    expect(widths(tiny.template)[0]).toBe(170); // never below its floor: scrolls instead
   });
 
   it("keeps the columns it shows while a scrollbar comes and goes", () => {
@@ -41,12 +58,27 @@ describe("columnLayout", () => {
   });
 
   it("never gives a column less than its minimum", () => {
-    for (let width = 600; width <= 2000; width += 7) {
+    for (let width = 440; width <= 2000; width += 7) {
       const l = columnLayout(width);
       const w = widths(l.template);
       expect(w[0]).toBeGreaterThanOrEqual(220);
-      for (const x of w.slice(1, w.length - 4)) expect(x).toBeGreaterThanOrEqual(130);
+      const shapes = 2 - l.hidden.filter((c) => c === "inputs" || c === "outputs").length;
+      for (const x of w.slice(1, 1 + shapes)) expect(x).toBeGreaterThanOrEqual(130);
       if (width >= l.minWidth) expect(w.reduce((x, y) => x + y, 0)).toBeLessThanOrEqual(width);
     }
+  });
+});
+
+describe("a narrow module column", () => {
+  it("indents deep rows less", () => {
+    expect(indentFor(300)).toBe(16);
+    expect(indentFor(250)).toBe(12);
+    expect(indentFor(210)).toBe(8);
+    expect(indentFor(190)).toBe(6);
+  });
+
+  it("keeps a short class whole (all tail) and a long one's last words", () => {
+    expect(splitType("LlamaRMSNorm")).toEqual(["", "LlamaRMSNorm"]);
+    expect(splitType("2 × LlamaDecoderLayer")).toEqual(["2 × Llama", "DecoderLayer"]);
   });
 });

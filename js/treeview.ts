@@ -5,7 +5,7 @@
  * The view knows nothing about payloads: the app hands it the flattened rows and a `describe`
  * function that returns the text of a row's cells. Every string goes through `textContent`.
  */
-import { COLUMNS, DROP_ORDER, cellValues, columnLayout, type Cell, type RowCells } from "./columns";
+import { COLUMNS, DROP_ORDER, DROPPED_LABELS, cellValues, columnLayout, type Cell, type RowCells } from "./columns";
 import { visibleWindow, type Row, type SortColumn } from "./tree";
 
 export { OUTPUT_MEM_HINT, columnLayout, type Cell, type RowCells } from "./columns";
@@ -62,8 +62,9 @@ interface RowEl {
   nameCell: HTMLDivElement;
   caret: TextEl<HTMLSpanElement>;
   name: TextEl<HTMLSpanElement>;
-  /** The class, in two parts (`splitType`): its head shortens with "…", its tail stays. */
-  type: { el: HTMLSpanElement; head: TextEl<HTMLSpanElement>; tail: TextEl<HTMLSpanElement> };
+  /** The class, in parts (`splitType`): a group's count ("80 × ") and the tail stay, the head
+   * between them shortens with "…". */
+  type: { el: HTMLSpanElement; count: TextEl<HTMLSpanElement>; head: TextEl<HTMLSpanElement>; tail: TextEl<HTMLSpanElement> };
   /** "×3", the error, assumption and checkpoint marks: created when a row first needs them. */
   marks: Partial<Record<"badge" | "err" | "assumed" | "ckpt", HTMLSpanElement>>;
   cells: (TextEl<HTMLDivElement> & { bar: boolean; fraction: number })[];
@@ -110,6 +111,9 @@ export class TreeView {
   private resizeObs: ResizeObserver | null = null;
   private colsWidth = -1;
   private nameHead!: HTMLDivElement;
+  /** "+3 in Details": how many columns a narrow table left out (`showHidden`). */
+  private hiddenMark = document.createElement("span");
+  private nameSortTitle = "";
   private timeShown = false;
 
   constructor(
@@ -124,7 +128,11 @@ export class TreeView {
     this.head.setAttribute("role", "row");
     for (const c of COLUMNS) {
       const cell = div(`mw-th mw-col-${c.key}${c.numeric ? " mw-num" : ""}`, c.label);
-      if (c.key === "name") this.nameHead = cell;
+      if (c.key === "name") {
+        this.nameHead = cell;
+        this.hiddenMark.className = "mw-hidden-cols";
+        cell.append(this.hiddenMark);
+      }
       cell.setAttribute("role", "columnheader");
       if (c.sort) {
         const sort = c.sort;
@@ -132,6 +140,7 @@ export class TreeView {
         cell.title = `${c.hint ? `${c.hint}\n` : ""}Sort siblings by this column (click again to reverse, a third time to reset)`;
         cell.addEventListener("click", () => this.h.onSort(sort));
         this.headCells.set(sort, cell);
+        if (c.key === "name") this.nameSortTitle = cell.title;
       }
       this.head.append(cell);
     }
@@ -232,14 +241,22 @@ export class TreeView {
     this.colsWidth = w;
     const layout = columnLayout(w, before, this.timeShown);
     this.el.style.setProperty("--mw-cols", layout.template);
+    this.el.style.setProperty("--mw-indent", `${indentFor(Number.parseInt(layout.template, 10))}px`);
     this.el.style.setProperty("--mw-min-width", `${layout.minWidth}px`);
     for (const col of DROP_ORDER) {
       this.el.classList.toggle(`mw-hide-${col}`, layout.hidden.includes(col));
     }
-    const names = layout.hidden.map((c) => (c === "inputs" ? "input" : "output"));
-    this.nameHead.title = names.length
-      ? `Too narrow for the ${names.join(" and ")} shapes: see them in Details, or widen the view`
+    this.showHidden(layout.hidden.map((c) => DROPPED_LABELS[c]));
+  }
+
+  /** The module header says which columns a narrow table left out ("+3"), and where they are. */
+  private showHidden(labels: string[]): void {
+    const tip = labels.length
+      ? `Too narrow for ${labels.join(", ")}: select a row to see them in Details, or widen the view`
       : "";
+    this.nameHead.title = [tip, this.nameSortTitle].filter((x) => x).join("\n");
+    this.hiddenMark.textContent = labels.length ? `+${labels.length} in Details` : "";
+    this.hiddenMark.title = tip;
   }
 
   destroy(): void {
@@ -342,11 +359,12 @@ export class TreeView {
     const name = textEl("span", "mw-mname");
     const type = {
       el: document.createElement("span"),
+      count: textEl("span", "mw-mtype-count"),
       head: textEl("span", "mw-mtype-head"),
       tail: textEl("span", "mw-mtype-tail"),
     };
     type.el.className = "mw-mtype";
-    type.el.append(type.head.el, type.tail.el);
+    type.el.append(type.count.el, type.head.el, type.tail.el);
     nameCell.append(caret.el, name.el, type.el);
     el.append(nameCell);
     const cells: RowEl["cells"] = [];
@@ -439,13 +457,19 @@ export class TreeView {
     el.classList.toggle("mw-unmatched", !row.matched);
     el.classList.toggle("mw-highlight", this.highlighted.has(i));
     el.classList.toggle("mw-ckpt-row", Boolean(d.checkpoint));
-    const indent = `${6 + row.level * 16}px`;
-    if (r.nameCell.style.paddingLeft !== indent) r.nameCell.style.paddingLeft = indent;
+    // the indent per level is the table's --mw-indent (narrower in a narrow table)
+    const level = String(row.level);
+    if (r.nameCell.style.getPropertyValue("--mw-level") !== level) r.nameCell.style.setProperty("--mw-level", level);
     setText(r.caret, row.hasChildren ? (row.expanded ? "▾" : "▸") : "");
     r.caret.el.classList.toggle("mw-leaf", !row.hasChildren);
     setText(r.name, d.name);
+    // a name gives way only after its class's head, and keeps 5 characters ("norm" stays whole)
+    const minCh = `${Math.min(d.name.length, 5)}ch`;
+    if (r.name.el.style.minWidth !== minCh) r.name.el.style.minWidth = minCh;
     const [head, tail] = splitType(d.type);
-    setText(r.type.head, head);
+    const count = /^\d+ × /.exec(head)?.[0] ?? "";
+    setText(r.type.count, count);
+    setText(r.type.head, head.slice(count.length));
     setText(r.type.tail, tail);
     if (r.nameCell.hasAttribute("title")) r.nameCell.title = nameTitle(d);
     this.mark(r, "badge", d.calls > 1, `×${d.calls}`, `called ${d.calls} times`);
@@ -494,6 +518,14 @@ export class TreeView {
   };
 }
 
+/**
+ * Pixels per tree level in a module column `width` wide: 16, and less in a narrow column, where
+ * deep rows would otherwise spend their room on indentation and cut their names.
+ */
+export function indentFor(width: number): number {
+  return width >= 280 ? 16 : width >= 230 ? 12 : width >= 200 ? 8 : 6;
+}
+
 /** The shortest and longest tail of a class label kept whole ("DecoderLayer", "Embedding"). */
 const TAIL_MIN = 8;
 const TAIL_MAX = 14;
@@ -501,10 +533,11 @@ const TAIL_MAX = 14;
 /**
  * A class label split for a middle ellipsis done by CSS: the head shrinks with "…", the tail
  * never does. The tail starts at a word of the class's CamelCase, 8 to 14 characters from the
- * end: "80 × LlamaDecoderLayer" squeezed reads "80 × Ll…DecoderLayer". Short labels are all head.
+ * end: "80 × LlamaDecoderLayer" squeezed reads "80 × Ll…DecoderLayer". A short label is all tail:
+ * it is never cut ("LlamaRMSNorm").
  */
 export function splitType(type: string): [string, string] {
-  if (type.length <= TAIL_MAX) return [type, ""];
+  if (type.length <= TAIL_MAX) return ["", type];
   let at = type.length - TAIL_MIN;
   while (at > type.length - TAIL_MAX && !/[A-Z]/.test(type[at] ?? "")) at -= 1;
   if (!/[A-Z]/.test(type[at] ?? "")) at = type.length - TAIL_MIN - 1;

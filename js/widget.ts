@@ -5,8 +5,15 @@
  * `depth` (optional: how deep the tree opens at first).
  * Custom messages from the kernel (`start`, `calls`, `done`, `error`) stream a trace in;
  * `{type: "select", module}` goes back when the user selects a row.
+ *
+ * The kernel sends `start` (the module table) as soon as it displays the widget, before any view
+ * has mounted, and anywidget delivers a custom message only to the listeners there are: a view
+ * that mounted later missed it, and drew the calls after it over no module table ("123 calls
+ * recorded" over "Waiting for the first calls…" and "params 0"). `initialize`, which runs once
+ * per model before any message is delivered, keeps the stream (`keepStreamed`) and every view
+ * starts from it (`mount`).
  */
-import type { AnyModel, Render } from "@anywidget/types";
+import type { AnyModel, Initialize, Render } from "@anywidget/types";
 import { App } from "./app";
 import type { RerunMessage, ViewMessage } from "./protocol";
 import { decodeMessage, decodePayload } from "./decode";
@@ -16,7 +23,51 @@ export interface Traits {
   payload: unknown;
   selected: number;
   depth?: number;
+  /** The kernel-side widget's own id: the key of its stream's backlog (`backlogs`). */
+  stream_id?: string;
 }
+
+/**
+ * The raw messages the kernel streamed to each model since its last `start` (the last `done`
+ * once it ended: the payload trait then holds the analysis), by the model's `stream_id`:
+ * anywidget gives `initialize` and each view different wrappers of one model.
+ */
+const backlogs = new Map<string, Streamed[]>();
+
+/** A message the kernel sent, and when it arrived (`performance.now()`). */
+export interface Streamed {
+  content: unknown;
+  at: number;
+}
+
+/** The messages a stream's backlog keeps: the start, then what follows it until `done`. */
+const AFTER_START = new Set(["calls", "phase", "error"]);
+
+/** Add `content`, a message from the kernel that arrived `at`, to a stream's backlog `log`. */
+export function keepStreamed(log: Streamed[], content: unknown, at = performance.now()): void {
+  const type = typeOf(content);
+  if (type === "start" || type === "done") log.splice(0, log.length, { content, at });
+  else if (AFTER_START.has(type) && typeOf(log[0]?.content) === "start") log.push({ content, at });
+}
+
+function typeOf(content: unknown): string {
+  const type = typeof content === "object" && content !== null ? (content as { type?: unknown }).type : undefined;
+  return typeof type === "string" ? type : "";
+}
+
+/** Once per model, before the kernel's messages reach it: keep its stream for later views. */
+export const initialize: Initialize<Traits> = ({ model }) => {
+  const id = model.get("stream_id");
+  if (typeof id !== "string" || !id) return;
+  const log: Streamed[] = [];
+  backlogs.set(id, log);
+  const keep = (content: unknown): void => keepStreamed(log, content);
+  model.on("msg:custom", keep);
+  return () => {
+    model.off("msg:custom", keep);
+    backlogs.delete(id);
+  };
+};
 
 /**
  * The part of anywidget's model that the view uses, in anywidget's own types; the standalone
@@ -46,10 +97,10 @@ export function mount(model: WidgetModel, el: HTMLElement, standalone = false): 
     },
   });
   const onPayload = (): void => app.setAnalysis(decodePayload(model.get("payload")));
-  const onMsg = (content: unknown): void => {
+  const onMsg = (content: unknown, at = performance.now()): void => {
     const msg = decodeMessage(content);
     if (!msg) return;
-    app.handleMessage(msg);
+    app.handleMessage(msg, at); // a replayed start keeps its time: the views' clocks agree
     // the final payload is in the trait once "done" arrives (its change event may come first)
     if (msg.type === "done") onPayload();
   };
@@ -60,15 +111,19 @@ export function mount(model: WidgetModel, el: HTMLElement, standalone = false): 
   };
   model.on("change:payload", onPayload);
   model.on("change:depth", onDepth);
-  model.on("msg:custom", onMsg as (...args: unknown[]) => void);
   onDepth();
   onPayload();
+  // what the kernel streamed before this view mounted (its start among it), then the rest
+  const id = model.get("stream_id");
+  for (const { content, at } of (typeof id === "string" && backlogs.get(id)) || []) onMsg(content, at);
+  const onLive = (content: unknown): void => onMsg(content);
+  model.on("msg:custom", onLive);
   // is a kernel-side widget behind this view? (none, when restored from a saved notebook)
   if (kernel) send({ type: "hello" });
   const cleanup = (): void => {
     model.off("change:payload", onPayload);
     model.off("change:depth", onDepth);
-    model.off("msg:custom", onMsg as (...args: unknown[]) => void);
+    model.off("msg:custom", onLive);
     app.destroy();
   };
   return { app, cleanup };
@@ -104,4 +159,4 @@ const render: Render<Traits> = ({ model, el }) => {
   };
 };
 
-export default { render };
+export default { initialize, render };

@@ -10,6 +10,7 @@ import html
 import json
 import pathlib
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,14 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
     payload = traitlets.Dict().tag(sync=True)
     selected = traitlets.Int(-1).tag(sync=True)
     depth = traitlets.Int(3).tag(sync=True)
+    #: this widget's own id: the front end keeps what the kernel streamed to it under it, so
+    #: that a view mounting after the stream's ``start`` (sent as soon as the widget is
+    #: displayed, before any view exists) starts from it (``initialize`` in ``js/widget.ts``)
+    stream_id = traitlets.Unicode().tag(sync=True)
+
+    @traitlets.default("stream_id")
+    def _stream_id_default(self) -> str:
+        return uuid.uuid4().hex
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
