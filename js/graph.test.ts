@@ -94,11 +94,13 @@ describe("helpers", () => {
 });
 
 describe("GraphView", () => {
-  it("draws every node and edge, selects on click, marks a selection made elsewhere", () => {
+  it("draws every node and edge, selects on click, marks a selection made elsewhere", async () => {
     const picked: number[] = [];
     const view = new GraphView({ onSelect: (r) => picked.push(r) });
     document.body.append(view.el);
     view.render(tree, aggs, 2, 900);
+    expect(view.el.querySelectorAll(".mw-graph-node").length).toBe(0); // laid out in a task of its own
+    await view.ready;
     const nodes = view.el.querySelectorAll<SVGGElement>(".mw-graph-node");
     const model = at(2);
     expect(nodes.length).toBe(model.nodes.length);
@@ -115,9 +117,10 @@ describe("GraphView", () => {
     view.el.remove();
   });
 
-  it("opens a folded group in place from its toggle", () => {
+  it("opens a folded group in place from its toggle", async () => {
     const view = new GraphView({ onSelect: () => undefined });
     view.render(tree, aggs, 2, 900);
+    await view.ready;
     const toggle = view.el.querySelector(".mw-graph-toggle") as SVGTextElement;
     expect(toggle.firstChild?.textContent).toBe("+");
     toggle.dispatchEvent(new MouseEvent("click", { bubbles: true }));

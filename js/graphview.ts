@@ -1,5 +1,9 @@
 /**
- * The Graph tab: the model's data flow laid out in layers (dagre), drawn as SVG.
+ * The Graph tab: the model's data flow laid out in layers (graphlayout.ts), drawn as SVG.
+ *
+ * What is drawn stays small whatever the model: repeated siblings fold as in the tree, and a
+ * module with thousands of children drawn shows its first ones and a "… N more" node
+ * (graphcap.ts). The layout runs in a task of its own after the tab shows.
  *
  * Nodes are shaded by FLOPs or memory (a switch), the peak's module is marked, a folded group
  * opens and closes in place (its "+" / "−"), edges show their tensor on hover (and, in a
@@ -8,15 +12,18 @@
  * variables, so the host's theme (light, dark) is the graph's. Clicking a node selects its
  * module (`onSelect`); `select(row)` marks the node showing a module selected elsewhere.
  */
-import dagre from "@dagrejs/dagre";
 import { h } from "./details";
 import { formatBytes, formatCount, formatFlops, formatShape } from "./format";
 import { foldGraph, graphDepths, levelFor, nodeOfRow, shade, type GEdge, type GNode, type GraphModel, type Metric } from "./graph";
+import { capSiblings, showMore } from "./graphcap";
+import { layoutGraph, type Box } from "./graphlayout";
 import type { Aggregate, Tree } from "./tree";
 
 const SVG = "http://www.w3.org/2000/svg";
 const NODE_H = 40;
 const CHAR_W = 7;
+/** The smallest scale Fit shrinks a tall graph to (its labels still read). */
+const MIN_FIT = 0.75;
 /** Each view's own marker ids: `url(#id)` finds the document's first, maybe in a hidden view. */
 let views = 0;
 
@@ -53,6 +60,8 @@ export class GraphView {
   private aggs: readonly Aggregate[] = [];
   private depth = 0;
   private open = new Set<string>();
+  /** How many children each module path shows before its "… N more" node (graphcap.ts). */
+  private shown = new Map<string, number>();
   private metric: Metric = "flops";
   private backward = false;
   private model: GraphModel | null = null;
@@ -61,7 +70,10 @@ export class GraphView {
   private view = { x: 0, y: 0, k: 1 };
   private size = { w: 1, h: 1 };
   private uid = `mw-g${++views}`;
+  private timer: ReturnType<typeof setTimeout> | null = null;
   timing: GraphTiming | null = null;
+  /** Resolves when the layout `render` asked for is drawn. */
+  ready: Promise<void> = Promise.resolve();
 
   constructor(private handlers: GraphHandlers) {
     const button = (label: string, title: string, on: () => void): HTMLButtonElement => {
@@ -95,6 +107,7 @@ export class GraphView {
       this.backLabel,
       button("Fold all", "Close every group opened in place", () => {
         this.open.clear();
+        this.shown.clear();
         this.draw(true);
       }),
       button("Fit", "Fit the graph in view", () => this.fit()),
@@ -111,6 +124,7 @@ export class GraphView {
     const fresh = tree !== this.tree;
     if (fresh && tree.analysis !== this.tree?.analysis) {
       this.open.clear();
+      this.shown.clear();
       this.depth = depth;
     }
     this.tree = tree;
@@ -118,7 +132,28 @@ export class GraphView {
     this.size = { w: Math.max(320, width), h: Math.max(360, Math.min(720, Math.round(width * 0.6))) };
     this.svgEl.setAttribute("width", String(this.size.w));
     this.svgEl.setAttribute("height", String(this.size.h));
-    this.draw(fresh || !this.model);
+    if (fresh || !this.model || this.timer !== null) this.drawSoon();
+    else this.draw(false);
+  }
+
+  /**
+   * Lay out in a task of its own, after the frame that asked (the widget's whole render, the
+   * tab switch) has painted: the two never add up to one long task. One pending layout at a
+   * time; it draws the latest state. `ready` resolves once it has.
+   */
+  private drawSoon(): void {
+    if (this.timer !== null) return;
+    this.note.textContent = "Laying out the graph…";
+    this.ready = new Promise((done) => {
+      this.timer = setTimeout(() => {
+        this.timer = null;
+        try {
+          this.draw(true);
+        } finally {
+          done();
+        }
+      }, 0);
+    });
   }
 
   /** Mark the node showing module row `row` (selected in the tree or a chart). */
@@ -172,26 +207,20 @@ export class GraphView {
     this.depthLabel.title = `Graph depths in this payload: ${depths.join(", ")}`;
     if (relayout || !this.model) {
       const t0 = performance.now();
-      this.model = foldGraph(tree, level, this.open, this.aggs);
+      this.model = capSiblings(foldGraph(tree, level, this.open, this.aggs), this.shown);
       this.layoutAndDraw(t0);
       this.fit();
     } else {
       this.restyle();
     }
-    const folded = this.model.nodes.filter((n) => n.repeats > 1).length;
-    this.note.textContent = `Modules at depth ${level.depth} (and shallower leaves) and the tensors between them: an edge runs from the module call that made a tensor to each one that read it, through the ops listed on it (a residual add, a cat). ${folded ? `${folded} folded node${folded > 1 ? "s stand" : " stands"} for repeated layers (“+” opens one in place). ` : ""}Shaded by ${this.metric === "flops" ? "FLOPs" : "memory (parameters + output mem)"}; ▲ marks the peak's module. Hover an edge for its tensor; click a node to select it; wheel to zoom, drag to pan.`;
+    const folded = this.model.nodes.filter((n) => n.repeats > 1 && n.more === null).length;
+    const hidden = this.model.nodes.reduce((s, n) => s + (n.more === null ? 0 : n.rows.length), 0);
+    this.note.textContent = `Modules at depth ${level.depth} (and shallower leaves) and the tensors between them: an edge runs from the module call that made a tensor to each one that read it, through the ops listed on it (a residual add, a cat). ${folded ? `${folded} folded node${folded > 1 ? "s stand" : " stands"} for repeated layers (“+” opens one in place). ` : ""}${hidden ? `${formatCount(hidden)} module${hidden > 1 ? "s" : ""} not drawn stand in “… more” nodes (click one to draw more). ` : ""}Shaded by ${this.metric === "flops" ? "FLOPs" : "memory (parameters + output mem)"}; ▲ marks the peak's module. Hover an edge for its tensor; click a node to select it; wheel to zoom, drag to pan.`;
   }
 
   private layoutAndDraw(t0: number): void {
     const m = this.model as GraphModel;
-    const g = new dagre.graphlib.Graph({ multigraph: true });
-    g.setGraph({ rankdir: "TB", nodesep: 24, ranksep: 36, marginx: 8, marginy: 8 });
-    g.setDefaultEdgeLabel(() => ({}));
-    for (const n of m.nodes) g.setNode(n.key, { width: nodeWidth(n), height: NODE_H });
-    m.edges.forEach((e, i) => {
-      if (e.src !== e.dst) g.setEdge(e.src, e.dst, {}, String(i));
-    });
-    dagre.layout(g);
+    const lay = layoutGraph(new Map(m.nodes.map((n) => [n.key, nodeWidth(n)])), m.edges, NODE_H, this.size.w / this.size.h);
     const t1 = performance.now();
     this.root.replaceChildren();
     this.nodeEls.clear();
@@ -199,21 +228,47 @@ export class GraphView {
     const nodeLayer = svg("g", { class: "mw-graph-nodes" });
     this.root.append(edgeLayer, nodeLayer);
     m.edges.forEach((e, i) => {
-      if (e.src === e.dst) return;
-      const pts = (g.edge({ v: e.src, w: e.dst, name: String(i) }) as { points?: { x: number; y: number }[] } | undefined)?.points ?? [];
-      edgeLayer.append(this.edgeEl(e, pts));
+      if (e.src !== e.dst) edgeLayer.append(this.edgeEl(e, lay.points[i] ?? []));
     });
     for (const n of m.nodes) {
-      const p = g.node(n.key) as { x: number; y: number; width: number; height: number };
-      nodeLayer.append(this.nodeEl(n, m.edges.filter((e) => e.src === n.key && e.dst === n.key), p));
+      const p = lay.boxes.get(n.key) as Box;
+      nodeLayer.append(n.more === null ? this.nodeEl(n, m.edges.filter((e) => e.src === n.key && e.dst === n.key), p) : this.moreEl(n, p));
     }
-    const bounds = g.graph() as { width?: number; height?: number };
-    this.root.dataset.width = String(bounds.width ?? 0);
-    this.root.dataset.height = String(bounds.height ?? 0);
+    this.root.dataset.width = String(lay.width);
+    this.root.dataset.height = String(lay.height);
     this.restyle();
     const t2 = performance.now();
     this.timing = { nodes: m.nodes.length, edges: m.edges.length, layoutMs: t1 - t0, drawMs: t2 - t1 };
     this.el.dataset.layoutMs = (t1 - t0).toFixed(1); // read by benchmarks/widget.py
+  }
+
+  /** A "… N more" node: clicking it shows twice as many of its module's children. */
+  private moreEl(n: GNode, p: Box): SVGGElement {
+    const grp = svg("g", { class: `mw-graph-node mw-graph-more${n.peak ? " mw-peak" : ""}`, transform: `translate(${(p.x - p.width / 2).toFixed(1)},${(p.y - p.height / 2).toFixed(1)})` });
+    grp.dataset.key = n.key;
+    grp.dataset.label = n.label;
+    grp.dataset.row = "-1";
+    grp.dataset.hidden = String(n.rows.length);
+    const title = svg("title");
+    title.textContent = `${n.label} (${n.type}): ${formatCount(n.rows.length)} module${n.rows.length === 1 ? "" : "s"} not drawn · ${formatFlops(n.flops)} · ${formatBytes(n.memory)}\nClick to draw more of them`;
+    const rect = svg("rect", { width: p.width, height: p.height, rx: 4, class: "mw-graph-box" });
+    const name = svg("text", { x: 8, y: 16, class: "mw-graph-name" });
+    name.textContent = clip(n.label, p.width);
+    const type = svg("text", { x: 8, y: 31, class: "mw-graph-type" });
+    type.textContent = clip(moreLine(n), p.width - (n.peak ? 14 : 0));
+    grp.append(title, rect, name, type);
+    if (n.peak) {
+      const mark = svg("text", { x: p.width - 14, y: 31, class: "mw-graph-peak" });
+      mark.textContent = "▲";
+      grp.append(mark);
+    }
+    grp.addEventListener("click", () => {
+      if (n.more === null) return;
+      showMore(this.shown, n.more);
+      this.draw(true);
+    });
+    this.nodeEls.set(n.key, grp);
+    return grp;
   }
 
   private edgeEl(e: GEdge, pts: { x: number; y: number }[]): SVGGElement {
@@ -243,7 +298,7 @@ export class GraphView {
     return grp;
   }
 
-  private nodeEl(n: GNode, loops: GEdge[], p: { x: number; y: number; width: number; height: number }): SVGGElement {
+  private nodeEl(n: GNode, loops: GEdge[], p: Box): SVGGElement {
     const x = p.x - p.width / 2;
     const y = p.y - p.height / 2;
     const io = n.rows[0] !== undefined && n.rows[0] < 0;
@@ -316,7 +371,8 @@ export class GraphView {
   private fit(): void {
     const w = Number(this.root.dataset.width ?? 0) || 1;
     const hh = Number(this.root.dataset.height ?? 0) || 1;
-    const k = Math.min(1.5, this.size.w / w, this.size.h / hh);
+    // a long graph starts readable at its top (drag or wheel for the rest), not shrunk to dust
+    const k = Math.max(Math.min(MIN_FIT, this.size.w / w), Math.min(1.5, this.size.w / w, this.size.h / hh));
     this.view = { k, x: (this.size.w - w * k) / 2, y: Math.max(0, (this.size.h - hh * k) / 2) };
     this.applyView();
   }
@@ -411,8 +467,12 @@ export class GraphView {
   }
 }
 
+/** The second line of a "… N more" node. */
+const moreLine = (n: GNode): string => `${n.type} · click for more`;
+
 function nodeWidth(n: GNode): number {
-  const text = Math.max(n.label.length, n.type.length + (n.repeats > 1 ? 6 : 0));
+  const type = n.more === null ? n.type.length + (n.repeats > 1 ? 6 : 0) : moreLine(n).length;
+  const text = Math.max(n.label.length, type);
   return Math.max(90, Math.min(260, text * CHAR_W + 30));
 }
 

@@ -61,7 +61,9 @@ export function repeatedBlocks(a: Analysis): { count: number; type: string; boun
     const byType = new Map<string, number[]>();
     for (const c of m.children) {
       const t = a.modules[c]?.type ?? "";
-      byType.set(t, [...(byType.get(t) ?? []), c]);
+      const run = byType.get(t);
+      if (run) run.push(c);
+      else byType.set(t, [c]);
     }
     for (const run of byType.values()) if (run.length > best.length) best = run;
   }
