@@ -51,19 +51,20 @@ READ_TABLE = """() => {
     return {label: th.firstChild.textContent, cut: cut(th),
             inside: r.left >= box.left - 1 && r.right <= box.right + 1};
   });
+  const text = el => (el ? el.textContent : '');
   const rows = [...table.querySelectorAll('.mw-row')].filter(shown).map(row => {
     const cell = row.querySelector('.mw-name').getBoundingClientRect();
     const name = row.querySelector('.mw-mname');
     const head = row.querySelector('.mw-mtype-head');
     const tail = row.querySelector('.mw-mtype-tail');
     return {
-      name: name.textContent, nameCut: cut(name),
-      type: row.querySelector('.mw-mtype').textContent,
-      count: row.querySelector('.mw-mtype-count').textContent,
-      tail: tail.textContent,
-      tailOut: tail.textContent !== '' && tail.getBoundingClientRect().right > cell.right + 1,
-      over: Math.round(tail.getBoundingClientRect().right - cell.right),
-      headCut: cut(head),
+      name: text(name), nameCut: !!name && cut(name),
+      type: text(row.querySelector('.mw-mtype')),
+      count: text(row.querySelector('.mw-mtype-count')),
+      tail: text(tail),
+      tailOut: !!tail && tail.textContent !== '' && tail.getBoundingClientRect().right > cell.right + 1,
+      over: tail ? Math.round(tail.getBoundingClientRect().right - cell.right) : 0,
+      headCut: !!head && cut(head),
     };
   });
   // the lines the model's title takes (the tops of its text's line boxes)
@@ -72,7 +73,7 @@ READ_TABLE = """() => {
   range.selectNodeContents(title);
   const titleLines = new Set([...range.getClientRects()].map(r => Math.round(r.top))).size;
   return {scrollWidth: table.scrollWidth, clientWidth: table.clientWidth, heads, rows,
-          hidden: table.querySelector('.mw-hidden-cols').textContent, titleLines};
+          hidden: text(table.querySelector('.mw-hidden-cols')), titleLines};
 }"""
 
 
