@@ -62,7 +62,8 @@ READ_TABLE = """() => {
       type: text(row.querySelector('.mw-mtype')),
       count: text(row.querySelector('.mw-mtype-count')),
       tail: text(tail),
-      tailOut: !!tail && tail.textContent !== '' && tail.getBoundingClientRect().right > cell.right + 1,
+      tailOut: !!tail && tail.textContent !== ''
+        && tail.getBoundingClientRect().right > cell.right + 1,
       over: tail ? Math.round(tail.getBoundingClientRect().right - cell.right) : 0,
       headCut: !!head && cut(head),
     };
