@@ -12,6 +12,7 @@ on screen; every number left out is in Details. Screenshots at 900 px (file brow
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,35 @@ def check_name_tooltip(page: Any, rows: list[dict[str, Any]]) -> None:
         assert cell.get_attribute("title") == f"{row['name']} ({row['type']})"
 
 
+#: The root row's number cells by their column's label.
+READ_ROOT = """() => {
+  const table = document.querySelector('.mw-root .mw-table');
+  const labels = [...table.querySelectorAll('.mw-th')].map(th => th.firstChild.textContent);
+  const cells = [...table.querySelector('.mw-row').children].map(c => c.textContent.trim());
+  return Object.fromEntries(labels.map((l, i) => [l, cells[i]]));
+}"""
+
+
+def check_numbers_as_summary(page: Any) -> None:
+    """The root row's numbers are written as ``summary()`` writes them (issue 28, item 8: the
+    widget said 2.63 GiB where summary() said 2.62): the same analysis, run here."""
+    import transformers
+
+    import meta_widget as mw
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    lines = mw.analyze(config, input_size=(1, 32), depth=5).summary().splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("Module"))
+    names = ["Params", "Param mem", "Output mem", "FLOPs"]
+    root = lines[head + 2]  # under the rule
+    numbers = re.split(r"\s{2,}", root.strip())[-len(names) :]
+    shown = page.evaluate(READ_ROOT)
+    assert {n: shown[n] for n in names} == dict(zip(names, numbers, strict=True)), (shown, root)
+
+
 def test_table_fits_beside_the_file_browser(
     page: Any, jupyter_lab: dict[str, Any], artifacts: Path
 ) -> None:
@@ -130,6 +160,7 @@ def test_table_fits_beside_the_file_browser(
     page.wait_for_selector(".mw-root .mw-row", timeout=SLOW_MS)
     wide = check_fits(page, "1400-light", artifacts, names_whole=True)
     assert {"Input shapes", "Param mem", "Params"} <= {h["label"] for h in wide["heads"]}
+    check_numbers_as_summary(page)
     # 900 px with the file browser open beside the notebook
     page.set_viewport_size({"width": 900, "height": 1200})
     command(page, "filebrowser:activate")
