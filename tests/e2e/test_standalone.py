@@ -179,15 +179,20 @@ def test_dark_theme(page: Any, gpt2_html: Path, artifacts: Path) -> None:
     assert bg == "rgb(22, 27, 34)"
 
 
+#: the labels of the column headers on screen (a header's first text: the Module header also
+#: holds "+N in Details" when columns are left out)
+HEAD_LABELS = "cells => cells.filter(c => c.offsetParent).map(c => c.firstChild.textContent)"
+
+
 def test_narrow_view_leaves_out_shape_columns(page: Any, gpt2_html: Path, artifacts: Path) -> None:
     """Beside a side panel a notebook is ~700-900 px wide: the numbers stay in view."""
     page.set_viewport_size({"width": 720, "height": 800})
     open_page(page, gpt2_html)
     table = page.locator(".mw-table")
-    heads = page.eval_on_selector_all(
-        ".mw-th", "cells => cells.filter(c => c.offsetParent).map(c => c.textContent)"
-    )
+    heads = page.eval_on_selector_all(".mw-th", HEAD_LABELS)
     assert heads == ["Module", "Params", "Param mem", "Output mem", "FLOPs"]
+    # the Module header says how many columns were left out (their numbers are in Details)
+    assert page.locator(".mw-th.mw-col-name .mw-hidden-cols").inner_text() == "+2 in Details"
     # no sideways scroll, and the FLOPs column ends inside the table
     assert table.evaluate("t => t.scrollWidth <= t.clientWidth")
     flops = page.locator(".mw-th.mw-col-flops").bounding_box()
@@ -197,9 +202,7 @@ def test_narrow_view_leaves_out_shape_columns(page: Any, gpt2_html: Path, artifa
     page.screenshot(path=str(artifacts / "standalone-narrow.png"), full_page=True)
     page.set_viewport_size({"width": 880, "height": 800})
     settle(page)
-    heads = page.eval_on_selector_all(
-        ".mw-th", "cells => cells.filter(c => c.offsetParent).map(c => c.textContent)"
-    )
+    heads = page.eval_on_selector_all(".mw-th", HEAD_LABELS)
     assert heads[:2] == ["Module", "Output shapes"]
 
 
@@ -215,9 +218,7 @@ def test_columns_stay_when_the_tree_starts_to_scroll(page: Any, gpt2_html: Path)
     settle(page)
 
     def heads() -> list[str]:
-        return page.eval_on_selector_all(
-            ".mw-th", "cells => cells.filter(c => c.offsetParent).map(c => c.textContent)"
-        )
+        return page.eval_on_selector_all(".mw-th", HEAD_LABELS)
 
     before = heads()
     assert "Input shapes" in before and "Output shapes" in before
