@@ -204,13 +204,47 @@ def _inserted(short: Sequence[Token], long: Sequence[Token]) -> list[tuple[int, 
     """The runs ``long`` inserts into ``short``: (start, end) in ``long``; None when ``long``
     changes or drops anything, or inserts nothing."""
     matcher = difflib.SequenceMatcher(None, short, long, autojunk=False)
-    runs = []
+    runs: list[tuple[int, int]] = []
     for tag, _, _, j1, j2 in matcher.get_opcodes():
         if tag == "insert":
             runs.append((j1, j2))
         elif tag != "equal":
             return None
-    return runs or None
+    return _joined(short, long, runs) or None
+
+
+def _joined(
+    short: Sequence[Token], long: Sequence[Token], runs: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """``runs`` with two neighbours made one where ``long`` less that one run is ``short`` too.
+
+    The diff may split one layer's events around an event that also ends the run before it
+    (GPT-2's optimizer loop: ``[free, sqrt, div, free]`` matched at its first ``free``), and two
+    runs repeated apart are not the run repeated whole: each pair is tried as one run at the
+    first's start.
+    """
+    out = list(runs)
+    i = 0
+    while i + 1 < len(out):
+        (a, b), (c, d) = out[i], out[i + 1]
+        whole = (a, a + (b - a) + (d - c))
+        trial = [*out[:i], whole, *out[i + 2 :]]
+        if _without(long, trial) == list(short):
+            out = trial
+        else:
+            i += 1
+    return out
+
+
+def _without(events: Sequence[Token], runs: Sequence[tuple[int, int]]) -> list[Token]:
+    """``events`` less ``runs``."""
+    out: list[Token] = []
+    at = 0
+    for start, end in runs:
+        out.extend(events[at:start])
+        at = end
+    out.extend(events[at:])
+    return out
 
 
 def _repeat(events: Sequence[Token], runs: Sequence[tuple[int, int]], times: int) -> list[Token]:
