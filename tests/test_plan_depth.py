@@ -29,6 +29,17 @@ SPACE: dict[str, Any] = dict(
 )
 
 
+#: one candidate: FSDP 8, as given, no checkpointing, one micro-batch
+FSDP8: dict[str, Any] = dict(
+    gpu="H100",
+    devices=8,
+    layouts=[{"fsdp": 8}],
+    precisions=["as given"],
+    activation_checkpointing=[False],
+    micro_batches=[1],
+)
+
+
 def llama(layers: int = LAYERS, **extra: Any) -> Any:
     return transformers.LlamaConfig(
         vocab_size=256,
@@ -66,16 +77,7 @@ def test_rule_gives_the_full_depth_numbers_for_every_candidate() -> None:
 
 
 def test_best_analysis_is_traced_at_full_depth_when_asked_for() -> None:
-    p = mw.plan(
-        llama(),
-        SIZE,
-        gpu="H100",
-        devices=8,
-        layouts=[{"fsdp": 8}],
-        precisions=["as given"],
-        activation_checkpointing=[False],
-        micro_batches=[1],
-    )
+    p = mw.plan(llama(), SIZE, **FSDP8)
     best = p.best
     assert best.openable and best.traced_layers == (2, 3, 4)
     traces = p.traces
@@ -91,8 +93,7 @@ def test_traces_that_break_the_rule_are_traced_at_full_depth(monkeypatch: Any) -
     first and the last): with depths 1, 2, 3 the check on the third fails, and the candidate
     is traced at full depth."""
     monkeypatch.setattr(plan_module, "DEPTHS", (1, 2, 3))
-    space = dict(gpu="H100", devices=8, layouts=[{"fsdp": 8}], precisions=["as given"])
-    p = mw.plan(llama(), SIZE, activation_checkpointing=[False], micro_batches=[1], **space)
+    p = mw.plan(llama(), SIZE, **FSDP8)
     (c,) = p.candidates
     assert c.traced_layers == () and c._analysis is not None
     assert c.peak_bytes == c._analysis.peak_bytes
@@ -108,17 +109,7 @@ def test_layers_that_differ_are_not_extended() -> None:
     assert depth_rule.depth_of(llama(4)) is None
     assert depth_rule.depth_of(llama()) == LAYERS
     assert depth_rule.depth_of(transformers.LlamaForCausalLM) is None
-    p = mw.plan(
-        llama(),
-        SIZE,
-        gpu="H100",
-        devices=8,
-        layouts=[{"fsdp": 8}],
-        precisions=["as given"],
-        activation_checkpointing=[False],
-        micro_batches=[1],
-        assume={},
-    )
+    p = mw.plan(llama(), SIZE, assume={}, **FSDP8)
     assert p.candidates[0].traced_layers == ()
 
 
