@@ -162,8 +162,18 @@ def test_streaming_states_agree(page: Any, jupyter_lab: dict[str, Any], artifact
         timeout=SLOW_MS,
     )
     wait_idle(page)
-    out = page.locator(".jp-NotebookPanel .jp-OutputArea-output pre").last.inner_text()
-    total_params, n_calls = (int(x) for x in out.split()[:2])
+    # the last cell's printed line (its outputs may also hold a library's import noise on
+    # stderr, e.g. torchao's in a fresh environment)
+    last = page.locator(".jp-NotebookPanel .jp-CodeCell").last.locator(".jp-OutputArea")
+    page.wait_for_function(
+        """el => /^\\d+ \\d+\\s*$/m.test(el.innerText)""",
+        arg=last.element_handle(),
+        timeout=SLOW_MS,
+    )
+    out = last.inner_text()
+    found = re.search(r"^(\d+) (\d+)\s*$", out, re.MULTILINE)
+    assert found, out
+    total_params, n_calls = int(found.group(1)), int(found.group(2))
     states = page.evaluate("() => window.__mwStates")
     gate.unlink(missing_ok=True)
     page.screenshot(path=str(artifacts / "lab-streaming-70b-done.png"), full_page=True)
