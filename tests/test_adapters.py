@@ -104,6 +104,10 @@ def test_torchao_weight_only_parameter_bytes(bits: str) -> None:
     assert a.param_bytes == _storage_bytes(model)
     assert a.total_params == 256 * 512 + 512 + 512 * 256 + 256
     assert a.param_bytes < a.total_params * 2  # less than the bfloat16 model's
-    # and the prediction is what a real run of the quantized model holds at its peak
+    # and the prediction is what a real run of the quantized model holds at its peak: every
+    # storage its ops return, to the byte. The CPU allocator's peak may add a kernel's own
+    # workspace, which depends on the host: on an AVX512-BF16 CPU, oneDNN's bf16 matmul of the
+    # dequantized weight takes 134,784 bytes more here; elsewhere none
     measured = mw.measure(model, input_size=(4, 256), dtypes=[torch.bfloat16])
-    assert measured.peak_bytes == pytest.approx(a.peak_bytes, rel=0.02)
+    assert measured.recorded_peak_bytes == a.peak_bytes
+    assert a.peak_bytes <= measured.peak_bytes <= a.peak_bytes + 2 * 512 * 256
