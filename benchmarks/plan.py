@@ -1,6 +1,6 @@
 """Speed of ``mw.plan``: Llama-3-70B training at (1, 4096) on 8 H100s.
 
-    python benchmarks/plan.py [--layouts N] [--layers 80] [--full-depth] [--check]
+    python benchmarks/plan.py [--layouts N] [--layers 80] [--workers N] [--full-depth] [--check]
 
 The issue's goal: a plan over at least 64 candidates in at most 60 s on a 2-core machine. The
 default space on 8 devices is 10 layouts (replicate x fsdp x tp) x checkpointing (2) x
@@ -10,7 +10,8 @@ fake process group: by default at 2, 3 and 4 layers and extended by the per-laye
 the first N layouts only (12 candidates each) and prints the seconds per candidate, so a
 shorter run says what the whole plan costs: the "whole plan" line is then that rate times the
 120 candidates, marked as projected. ``--check`` traces the best candidate at full depth and
-prints both peaks and step times.
+prints both peaks and step times. ``--workers N`` sets ``plan``'s processes (default: one per
+core, ``meta_widget.explore.workers``); ``--workers 1`` is the plan in one process.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import warnings
 from typing import Any
 
 import meta_widget as mw
-from meta_widget.explore.plan import Space
+from meta_widget.explore.candidates import Space
 from meta_widget.timing.gpus import resolve_gpu
 
 GOAL_S, GOAL_CANDIDATES = 60.0, 64
@@ -41,6 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layouts", type=int, default=None, help="only the first N layouts")
     parser.add_argument("--layers", type=int, default=80)
+    parser.add_argument("--workers", type=int, default=None, help="processes (default per core)")
     parser.add_argument("--full-depth", action="store_true", help="trace all layers")
     parser.add_argument("--check", action="store_true", help="trace the best at full depth")
     args = parser.parse_args()
@@ -59,6 +61,7 @@ def main() -> None:
         layouts=layouts,
         progress=True,
         full_depth=args.full_depth,
+        workers=args.workers,
     )
     rows = p.candidates
     seconds = time.perf_counter() - start

@@ -195,11 +195,11 @@ def test_hsdp_layouts_are_candidates_and_each_axis_can_be_narrowed() -> None:
 
 
 def test_default_layouts_use_every_device_and_keep_tensor_parallelism_in_a_node() -> None:
-    from meta_widget.explore.plan import default_layouts
+    from meta_widget.explore.candidates import default_layouts
     from meta_widget.timing.gpus import resolve_gpu
 
     layouts = default_layouts(64, resolve_gpu("H100"))
     assert all(r * f * t == 64 for r, f, t in layouts)
     assert max(t for _, _, t in layouts) == 8  # 8 GPUs per H100 node
     assert len(layouts) == len(set(layouts)) == 7 + 6 + 5 + 4  # tp 1, 2, 4, 8
-    assert len(mw.explore.plan.candidates(8)) == 10 * 12  # 10 layouts of 8 devices
+    assert len(mw.explore.candidates.candidates(8)) == 10 * 12  # 10 layouts of 8 devices

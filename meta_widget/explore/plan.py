@@ -28,8 +28,9 @@ for inputs that are not tokens; the shortest step when neither is known).
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -37,143 +38,28 @@ import pandas as pd
 from ..analysis import Analysis, analyze
 from ..distributed.parallel import ParallelError
 from ..options import LayoutError, OptionError, OptionTypeError, check_budget
+from ..sources.models import is_transformers_config
 from ..timing.gpus import GPU, resolve_gpu
 from ..units import format_bytes
+from .candidates import (
+    _NUMBERS,
+    COLUMNS,
+    Candidate,
+    Space,
+)
 from .depth import DEPTHS, Sample, depth_of, extend, sample, with_layers
 from .fit import NothingFitsError
 from .sweeps import ProgressFn, progress_function
+from .workers import default_workers, share
 
 __all__ = ["Candidate", "Plan", "plan"]
 
-#: the precisions tried: name -> the options of ``analyze`` that give it
-PRECISIONS: dict[str, dict[str, Any]] = {
-    "as given": {},
-    "autocast bf16": {"autocast": "bfloat16"},
-    "param_dtype bf16": {"param_dtype": "bfloat16"},
-}
 #: options ``plan`` sets itself
 _OWN_OPTIONS = ("parallel", "autocast", "param_dtype", "widget", "gpu")
 #: options of ``analyze`` that name or watch the full model's modules: with any of them, every
 #: candidate is traced at full depth
 _NAMES_MODULES = ("checkpoint", "assume", "listeners")
-#: the names a layout of ``plan(layouts=...)`` may give
-MESH = ("replicate", "fsdp", "tp")
-#: the columns of ``Plan.to_dataframe()``
-COLUMNS = (
-    "replicate",
-    "fsdp",
-    "tp",
-    "activation_checkpointing",
-    "precision",
-    "micro_batches",
-    "peak_bytes",
-    "fits",
-    "step_s",
-    "mfu",
-    "tokens_per_s",
-    "samples_per_s",
-    "error",
-    "traced_layers",
-)
 _MODES = ("training", "inference")
-
-
-@dataclass
-class Candidate:
-    """One configuration :func:`plan` traced (or could not).
-
-    Attributes
-    ----------
-    fsdp, tp, replicate
-        The layout: FSDP and tensor-parallel degrees, in ``replicate`` HSDP replicas
-        (``replicate * fsdp * tp`` devices).
-    activation_checkpointing
-        Whether every block is checkpointed.
-    precision
-        ``"as given"``, ``"autocast bf16"`` or ``"param_dtype bf16"``.
-    micro_batches
-        Forward and backward passes per optimizer step.
-    peak_bytes
-        Rank 0's traced peak; None when the candidate could not be traced.
-    fits
-        ``peak_bytes <= budget`` (False when not traced).
-    step_s, mfu, tokens_per_s, samples_per_s
-        ``analysis.time``'s; None when not traced (``tokens_per_s`` also for inputs that are
-        not tokens).
-    error
-        Why the candidate was not traced or its trace failed; None otherwise.
-    traced_layers
-        The depths traced when the numbers follow from the per-layer rule (``(2, 3, 4)``;
-        ``meta_widget.explore.depth``); ``()`` when the model was traced at full depth.
-    analysis
-        The traced :class:`~meta_widget.Analysis` at full depth (traced when first asked for
-        after the per-layer rule); None when ``analyze`` refused the layout.
-    """
-
-    fsdp: int
-    tp: int
-    activation_checkpointing: bool
-    precision: str
-    micro_batches: int
-    peak_bytes: int | None = None
-    fits: bool = False
-    step_s: float | None = None
-    mfu: float | None = None
-    tokens_per_s: float | None = None
-    samples_per_s: float | None = None
-    error: str | None = None
-    replicate: int = 1
-    traced_layers: tuple[int, ...] = ()
-    _analysis: Analysis | None = field(default=None, repr=False)
-    #: traces the full depth, for a candidate whose numbers came from the per-layer rule
-    _trace_full: Callable[[], Analysis] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def analysis(self) -> Analysis | None:
-        """The candidate traced at full depth (traced now if its numbers came from the
-        per-layer rule); None when ``analyze`` refused its layout."""
-        if self._analysis is None and self._trace_full is not None:
-            self._analysis = self._trace_full()
-            self._trace_full = None
-        return self._analysis
-
-    @property
-    def openable(self) -> bool:
-        """Whether :attr:`analysis` is there or can be traced."""
-        return self._analysis is not None or self._trace_full is not None
-
-    @property
-    def layout(self) -> tuple[int, int, int]:
-        """(replicate, fsdp, tp)."""
-        return (self.replicate, self.fsdp, self.tp)
-
-    @property
-    def key(self) -> tuple[Any, ...]:
-        """What identifies the candidate: layout, checkpointing, precision, micro-batches."""
-        return (
-            *self.layout,
-            self.activation_checkpointing,
-            self.precision,
-            self.micro_batches,
-        )
-
-    def options(self) -> dict[str, Any]:
-        """The options of ``analyze`` that give this candidate (besides the plan's own)."""
-        sizes = (("replicate", self.replicate), ("fsdp", self.fsdp), ("tp", self.tp))
-        parallel = {name: n for name, n in sizes if n > 1}
-        return {
-            "parallel": parallel or None,
-            "activation_checkpointing": self.activation_checkpointing,
-            "micro_batches": self.micro_batches,
-            **PRECISIONS[self.precision],
-        }
-
-    def row(self) -> dict[str, Any]:
-        """The candidate as a row of ``Plan.to_dataframe()`` (``traced_layers`` as text:
-        ``"2, 3, 4"``, or ``"all"`` for the full depth)."""
-        row = {c: getattr(self, c) for c in COLUMNS}
-        row["traced_layers"] = ", ".join(map(str, self.traced_layers)) or "all"
-        return row
 
 
 @dataclass
@@ -268,6 +154,7 @@ def plan(
     micro_batches: Sequence[int] | None = None,
     progress: bool | ProgressFn = False,
     full_depth: bool = False,
+    workers: int | None = None,
     **analyze_options: Any,
 ) -> Plan:
     """The fastest configuration of ``model`` that fits ``budget`` on ``devices`` GPUs, every
@@ -296,7 +183,7 @@ def plan(
     activation_checkpointing
         The settings to try (training): default ``(False, True)``.
     precisions
-        Names of ``meta_widget.explore.plan.PRECISIONS`` to try: default all three.
+        Names of ``meta_widget.explore.candidates.PRECISIONS`` to try: default all three.
     micro_batches
         Micro-batch counts to try (training): default ``(1, 2)``.
     progress
@@ -308,6 +195,12 @@ def plan(
         extended by the per-layer rule those traces check (``meta_widget.explore.depth``), ~10x
         faster for an 80-layer model; a candidate whose traces break the rule is traced at full
         depth.
+    workers
+        Processes that trace candidates at once (this one and ``workers - 1`` children;
+        ``meta_widget.explore.workers``). Default: one per core this process may use (at most
+        8) for a transformers config and at least 16 candidates, else 1. Children rebuild the
+        model from its config, so ``workers > 1`` needs ``model`` to be a transformers config,
+        no ``input_data``, and options that pickle.
     **analyze_options
         Other options of ``analyze`` (``optimizer``, ``device``, ``dtypes``...); ``plan`` sets
         ``parallel``, ``autocast`` and ``param_dtype`` itself.
@@ -355,139 +248,103 @@ def plan(
         title[0] = a.title
         return a
 
-    for i, c in enumerate(todo):
-        if report is not None:
-            report(i, len(todo), _label(c))
+    def here(key: tuple[Any, ...]) -> Candidate:
+        c = by_key[key]
         if c.layout in refused:
             c.error = refused[c.layout]
         else:
             _trace(c, refused, limit, run, layers, accelerator)
+        return c
+
+    def on_done(i: int, result: Any, remote: bool) -> None:
+        c = todo[i]
+        if remote:
+            runs[0] += result.pop("runs")
+            title[0] = result.pop("title") or title[0]
+            _take(c, result, run)
         done.append(c)
+        if report is not None:
+            report(len(done), len(todo), _label(c))
+
+    job = {
+        "run": trace_in_child,
+        "model": model,
+        "input_size": input_size,
+        "mode": mode,
+        "gpu": accelerator,
+        "options": analyze_options,
+        "layers": layers,
+        "budget": limit,
+    }
+    count = _workers(workers, len(todo), job, model, input_data)
+    if report is not None:
+        report(0, len(todo), f"{count} processes" if count > 1 else _label(todo[0]))
+    by_key = {c.key: c for c in todo}
+    share(list(by_key), here, job, count, on_done)
     if report is not None:
         report(len(todo), len(todo), f"{runs[0]} traced")
-    return Plan(done, limit, accelerator, devices, mode, runs[0], title[0])
+    return Plan(list(todo), limit, accelerator, devices, mode, runs[0], title[0])
 
 
-@dataclass(frozen=True)
-class Space:
-    """The axes :func:`plan` combines, checked: layouts ``(replicate, fsdp, tp)``,
-    checkpointing settings, precision names and micro-batch counts."""
+def trace_in_child(job: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
+    """A child of ``plan(workers=N)`` traces the candidate ``key`` (``Candidate.key``) of
+    ``job`` (``plan``'s model, input size, mode, GPU, options, layers and budget): its numbers,
+    the traces it ran and the model's title."""
+    runs, title = [0], [""]
 
-    layouts: tuple[tuple[int, int, int], ...]
-    checkpointing: tuple[bool, ...]
-    precisions: tuple[str, ...]
-    micro_batches: tuple[int, ...]
-
-    @classmethod
-    def checked(
-        cls,
-        devices: int,
-        mode: str,
-        gpu: GPU,
-        layouts: Sequence[Mapping[str, int]] | None,
-        checkpointing: Sequence[bool] | None,
-        precisions: Sequence[str] | None,
-        micro_batches: Sequence[int] | None,
-    ) -> Space:
-        """The axes given (or their defaults) checked against ``devices`` and ``mode``."""
-        training = mode == "training"
-        if not training and (checkpointing is not None or micro_batches is not None):
-            raise OptionError(
-                "plan: activation_checkpointing= and micro_batches= are axes of training; "
-                f"leave them out with mode={mode!r}."
-            )
-        return cls(
-            _layouts(layouts, devices, gpu),
-            _axis(
-                "activation_checkpointing",
-                checkpointing,
-                (False, True) if training else (False,),
-                bool,
-            ),
-            _axis("precisions", precisions, tuple(PRECISIONS), str, PRECISIONS),
-            _axis("micro_batches", micro_batches, (1, 2) if training else (1,), int),
+    def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
+        runs[0] += 1
+        model = job["model"]
+        a = analyze(
+            model if depth is None else with_layers(model, depth),
+            job["input_size"],
+            mode=job["mode"],
+            gpu=job["gpu"],
+            **options,
+            **job["options"],
         )
+        title[0] = a.title
+        return a
 
-    def candidates(self) -> list[Candidate]:
-        """Every combination, not yet traced: layouts (FSDP-first), then checkpointing,
-        precision and micro-batches."""
-        return [
-            Candidate(fsdp, tp, checkpointing, precision, micro, replicate=replicate)
-            for replicate, fsdp, tp in self.layouts
-            for checkpointing in self.checkpointing
-            for precision in self.precisions
-            for micro in self.micro_batches
-        ]
+    replicate, fsdp, tp, checkpointing, precision, micro = key
+    c = Candidate(fsdp, tp, checkpointing, precision, micro, replicate=replicate)
+    _trace(c, job.setdefault("refused", {}), job["budget"], run, job["layers"], job["gpu"])
+    return {**{name: getattr(c, name) for name in _NUMBERS}, "runs": runs[0], "title": title[0]}
 
 
-def candidates(devices: int, mode: str = "training", gpu: str | GPU = "H100") -> list[Candidate]:
-    """The candidates :func:`plan` tries by default on ``devices`` GPUs in ``mode``, not yet
-    traced."""
-    return Space.checked(devices, mode, resolve_gpu(gpu), None, None, None, None).candidates()
+def _take(c: Candidate, numbers: dict[str, Any], run: Callable[..., Analysis]) -> None:
+    """Fill in ``c`` with the numbers a child traced; its analysis is traced here when asked
+    for (never for a refused layout or a failed trace: there is nothing to open)."""
+    for name in _NUMBERS:
+        setattr(c, name, numbers[name])
+    if c.peak_bytes is not None:
+        options = c.options()
+        c._trace_full = lambda: run(options)
 
 
-def default_layouts(devices: int, gpu: GPU) -> list[tuple[int, int, int]]:
-    """Every ``(replicate, fsdp, tp)`` with product ``devices`` and ``tp <= gpus_per_node``:
-    by tp, then fewest replicas (plain FSDP first)."""
-    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
-    return [
-        (replicate, devices // tp // replicate, tp)
-        for tp in divisors
-        if tp <= max(1, gpu.gpus_per_node)
-        for replicate in divisors
-        if (devices // tp) % replicate == 0
-    ]
-
-
-def _layouts(
-    given: Sequence[Mapping[str, int]] | None, devices: int, gpu: GPU
-) -> tuple[tuple[int, int, int], ...]:
+def _workers(given: Any, candidates: int, job: dict[str, Any], model: Any, data: Any) -> int:
+    """The processes to use: ``given``, checked, or the default (``default_workers``) where
+    children can rebuild the job (a transformers config, no input data, options that pickle)."""
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+        raise OptionTypeError(f"plan: workers must be a whole number >= 1, not {given!r}.")
+    count = default_workers(candidates) if given is None else min(given, max(1, candidates))
+    if count <= 1:
+        return 1
+    why = None
+    if not is_transformers_config(model):
+        why = "model is not a transformers config (children rebuild the model from its config)"
+    elif data is not None:
+        why = "input_data is given (children are never sent tensors)"
+    else:
+        try:
+            pickle.dumps(job)
+        except Exception as e:
+            why = f"the model or options do not pickle ({type(e).__name__}: {e})"
+    if why is None:
+        return count
     if given is None:
-        return tuple(default_layouts(devices, gpu))
-    if isinstance(given, (str, Mapping)) or not isinstance(given, Sequence) or not given:
-        raise OptionTypeError(
-            f"plan: layouts must be a non-empty list of dicts, not {given!r}: e.g. "
-            '[{"fsdp": 8}, {"replicate": 2, "fsdp": 4}, {"fsdp": 4, "tp": 2}].'
-        )
-    found = tuple(_layout(layout, devices) for layout in given)
-    return tuple(dict.fromkeys(found))
-
-
-def _layout(layout: Any, devices: int) -> tuple[int, int, int]:
-    """One layout of ``plan(layouts=...)`` checked: (replicate, fsdp, tp), product ``devices``."""
-    known = isinstance(layout, Mapping) and set(layout) <= set(MESH)
-    sizes = tuple(layout.get(k, 1) for k in MESH) if known else ()
-    if not sizes or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes
-    ):
-        raise OptionError(
-            f"plan: layout {layout!r} must map replicate, fsdp and tp to whole numbers >= 1."
-        )
-    replicate, fsdp, tp = sizes
-    if replicate * fsdp * tp != devices:
-        raise OptionError(
-            f"plan: layout {layout!r} uses {replicate * fsdp * tp} devices, not the "
-            f"devices={devices} every candidate uses (replicate x fsdp x tp)."
-        )
-    return replicate, fsdp, tp
-
-
-def _axis(
-    name: str, given: Sequence[Any] | None, default: tuple[Any, ...], kind: type, known: Any = None
-) -> tuple[Any, ...]:
-    """One axis given (or its default), each value of ``kind`` (and in ``known``), no repeats."""
-    if given is None:
-        return default
-    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence) or not given:
-        raise OptionTypeError(
-            f"plan: {name} must be a non-empty list or tuple (e.g. {list(default)}), not {given!r}."
-        )
-    for value in given:
-        bad = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
-        if bad or (known is not None and value not in known) or (kind is int and value < 1):
-            allowed = f"one of {list(known)}" if known is not None else f"a {kind.__name__}"
-            raise OptionError(f"plan: {name} holds {value!r}; each must be {allowed}.")
-    return tuple(dict.fromkeys(given))
+        return 1
+    raise OptionError(f"plan: workers={given} cannot be used: {why}; pass workers=1.")
 
 
 def _trace(
