@@ -241,6 +241,8 @@ def predict(case: Case) -> int:
         input_data=data,
         mode="training" if case.training else "inference",
         device="cuda",
+        # the measurement's optimizer: AdamW(foreach=False), not PyTorch's CUDA default
+        **({"foreach": False} if case.training else {}),
         **case.options,
     )
     if a.error is not None:

@@ -247,15 +247,8 @@ class Analysis:
         if not self.traced:
             raise ValueError(f"{self.title} was not traced (no inputs): it has no step to time")
         inputs = [t for _, t in named_tensors(self.options.input_data)]
-        return time_step(
-            self.calls,
-            self.orphan_costs,
-            self.comm_records,
-            resolve_gpu(gpu),
-            inputs,
-            self.options,
-            self.total_flops,
-        )
+        records = self.calls, self.orphan_costs, self.comm_records
+        return time_step(*records, resolve_gpu(gpu), inputs, self.options, self.total_flops)
 
     def _time_columns(self, path: str, calls: list[CallRecord]) -> dict[str, Any]:
         """``time_s`` and ``bound`` of ``calls`` (None, None without ``gpu=``)."""
@@ -419,6 +412,7 @@ def analyze(
     dtypes: torch.dtype | str | Sequence[torch.dtype | str] | None = None,
     mode: str = "inference",
     optimizer: str | None = DEFAULT_OPTIMIZER,
+    foreach: bool | None = None,
     loss: Callable[[Any], Any] | None = None,
     device: str = "cuda",
     activation_checkpointing: bool | str | Sequence[str] = False,
@@ -475,9 +469,12 @@ def analyze(
         check is answered by the token count (a recorded assumption). A model without
         ``generate()`` (not a ``GenerationMixin``) is an ``OptionError``. See
         ``docs/serving.md``.
-    optimizer
+    optimizer, foreach
         In training: ``"adamw"`` (default), ``"adam"``, ``"sgd"``, ``"sgd-momentum"`` or None
-        (no step). Given in inference, it is not used, and ``notes`` says so.
+        (no step; given in inference it is unused, and ``notes`` says so), built as
+        ``torch.optim`` builds it with ``foreach=foreach``: None, PyTorch's default on
+        ``device`` (multi-tensor on ``"cuda"``, a list of temporaries at once; one parameter
+        at a time on ``"cpu"``). See ``meta_widget.trace.optimizers``.
     loss
         In training: a function ``loss(output) -> scalar tensor`` (no loss is known by name);
         default the sum of every floating output.
@@ -585,8 +582,7 @@ def analyze(
 
 
 def _hub_model(model: str | os.PathLike[str], options: Options) -> Any:
-    """A string that is no file or folder here and is a Hub id: its ``HubModel`` (see
-    ``meta_widget.sources.hub``); None for anything else (a checkpoint path)."""
+    """A Hub id that is no file or folder here: its ``HubModel`` (``sources.hub``), else None."""
     if not isinstance(model, str) or os.path.lexists(model):
         return None
     try:

@@ -46,9 +46,7 @@ def llama(layers: int = LAYERS, **extra: Any) -> Any:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        **extra,
+        **{"num_attention_heads": 4, "num_key_value_heads": 2, **extra},
     )
 
 
@@ -184,3 +182,18 @@ def test_a_layer_the_diff_splits_is_one_run_again(config: Any) -> None:
     full = mw.plan(config(), SIZE, full_depth=True, **ONE)
     assert by_rule.candidates[0].traced_layers == (2, 3, 4)
     same_numbers(by_rule.candidates[0], full.candidates[0])
+
+
+def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
+    """Tensor parallelism alone leaves the norms plain tensors beside DTensors, and PyTorch's
+    multi-tensor AdamW (its default on CUDA) fails on the mix, as a real run does: the 2-layer
+    trace's error is the candidate's, with no full-depth trace; ``foreach=False`` traces."""
+    space: dict[str, Any] = dict(FSDP8, devices=4, layouts=[{"tp": 4}])
+    config = llama(num_key_value_heads=4)
+    p = mw.plan(config, SIZE, **space)
+    (c,) = p.candidates
+    assert c.error is not None and "mixed torch.Tensor and DTensor" in c.error
+    assert c.traced_layers == (2,) and p.traces == 1 and not c.fits
+    assert c.analysis is not None and c.analysis.error is not None  # the full depth, when asked
+    (ok,) = mw.plan(config, SIZE, foreach=False, **space).candidates
+    assert ok.error is None and ok.traced_layers == (2, 3, 4) and ok.peak_bytes

@@ -336,3 +336,17 @@ def test_modules_carry_their_constructor_settings() -> None:
     settings = [strings[i] for i in payload["modules"]["extra_repr"]]
     assert settings == ["", *(m.extra_repr() for m in model)]
     assert "stride=(2, 2)" in settings[1] and "eps=1e-06" in settings[2] and "p=0.25" in settings[3]
+
+
+def test_the_optimizers_implementation_is_a_badge_when_given() -> None:
+    import torch
+
+    import meta_widget as mw
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    for foreach, label in ((False, "foreach off"), (True, "foreach on")):
+        a = mw.analyze(model, (2, 8), mode="training", foreach=foreach)
+        assert label in [b[0] for b in protocol.encode_settings(a.options)]
+    a = mw.analyze(model, (2, 8), mode="training")
+    labels = [b[0] for b in protocol.encode_settings(a.options)]
+    assert not any(s.startswith("foreach") for s in labels)  # PyTorch's default: no badge

@@ -32,11 +32,11 @@ import meta_widget as mw
 CPU = torch.device("cpu")
 
 #: what a user writes (PyTorch's defaults: on the CPU the single-tensor implementations)
-OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
-    "adamw": lambda ps: torch.optim.AdamW(ps),
-    "adam": lambda ps: torch.optim.Adam(ps),
-    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.01),
-    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": lambda ps, **kw: torch.optim.AdamW(ps, **kw),
+    "adam": lambda ps, **kw: torch.optim.Adam(ps, **kw),
+    "sgd": lambda ps, **kw: torch.optim.SGD(ps, lr=0.01, **kw),
+    "sgd-momentum": lambda ps, **kw: torch.optim.SGD(ps, lr=0.01, momentum=0.9, **kw),
 }
 
 
@@ -102,7 +102,14 @@ class RealStep:
     freed after backward, the optimizer made after backward (making one allocates nothing).
     """
 
-    def __init__(self, model: nn.Module, x: torch.Tensor, optimizer: str | None, training: bool):
+    def __init__(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        optimizer: str | None,
+        training: bool,
+        **optimizer_options: Any,
+    ) -> None:
         model = copy.deepcopy(model).train(training)
         params = [p for p in model.parameters() if p.requires_grad]
         tracker = MemTracker()
@@ -117,7 +124,7 @@ class RealStep:
                 loss.backward()
                 del loss
                 if optimizer is not None:
-                    opt = OPTIMIZERS[optimizer](params)
+                    opt = OPTIMIZERS[optimizer](params, **optimizer_options)
                     tracker.track_external(opt)
                     opt.step()
             peak = tracker.get_tracker_snapshot("peak")[CPU]
@@ -156,6 +163,37 @@ def test_training_peak_is_a_real_cpu_steps_peak(name: str, optimizer: str | None
     assert a.memory.gradient_bytes == real.grad_bytes == nbytes(model.parameters())
     assert a.memory.optimizer_state_bytes == real.state_bytes
     assert a.memory.baseline_bytes == real.start
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd-momentum"])
+def test_the_optimizers_implementation_is_the_real_steps(optimizer: str, foreach: bool) -> None:
+    """``foreach=True``, PyTorch's multi-tensor step (its default on CUDA), holds a whole list
+    of temporaries at once; ``False`` one parameter's: each equals the real step run so."""
+    model, x = model_and_input("mlp")
+    a = mw.analyze(
+        model, input_data=x, mode="training", optimizer=optimizer, device="cpu", foreach=foreach
+    )
+    assert a.error is None, a.error
+    real = RealStep(model, x, optimizer, training=True, foreach=foreach)
+    host = a.memory.optimizer_host_bytes if a.memory.peak_phase == "optimizer" else 0
+    assert a.peak_bytes + host == real.peak, (a.peak_bytes, host, real.peak)
+
+
+def test_the_optimizer_runs_as_pytorch_runs_it_on_the_device() -> None:
+    """By default the step is PyTorch's default on the device analyzed: multi-tensor on CUDA,
+    one parameter at a time on the CPU; here the two peaks differ."""
+    model, x = model_and_input("mlp")
+
+    def peak(**options: Any) -> int:
+        a = mw.analyze(model, input_data=x, mode="training", **options)
+        assert a.error is None and a.memory.peak_phase == "optimizer", a.error
+        return a.peak_bytes
+
+    multi, loop = peak(device="cpu", foreach=True), peak(device="cpu", foreach=False)
+    assert multi != loop
+    assert peak(device="cuda") == multi and peak(device="cpu") == loop
+    assert peak(device="cuda", foreach=False) == loop
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", None])

@@ -68,7 +68,9 @@ class Candidate:
         Why the candidate was not traced or its trace failed; None otherwise.
     traced_layers
         The depths traced when the numbers follow from the per-layer rule (``(2, 3, 4)``;
-        ``meta_widget.explore.depth``); ``()`` when the model was traced at full depth.
+        ``meta_widget.explore.depth``); the one depth whose trace failed (its ``error``, which
+        the full depth gives too: it is not traced for nothing); ``()`` when the model was
+        traced at full depth.
     analysis
         The traced :class:`~meta_widget.Analysis` at full depth (traced when first asked for
         after the per-layer rule); None when ``analyze`` refused the layout.

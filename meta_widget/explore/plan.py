@@ -382,15 +382,19 @@ def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) 
     False when a trace failed or the traces do not follow the rule (then a full-depth trace
     says what happened)."""
     samples: list[Sample] = []
+    options = c.options()
     for d in DEPTHS:
-        a = run(c.options(), d)
-        if a.error is not None or a.time is None:
+        a = run(options, d)
+        if a.error is not None:  # the full depth fails the same way: not traced for nothing
+            c.error, c.traced_layers = f"{a.error.type}: {a.error.message}", (d,)
+            c._trace_full = lambda: run(options)
+            return True
+        if a.time is None:
             return False
         samples.append(sample(a, d))
     full = extend(samples, layers, gpu, c.replicate * c.fsdp)
     if full is None:
         return False
-    options = c.options()
     c.peak_bytes, c.traced_layers = full.peak_bytes, DEPTHS
     c._trace_full = lambda: run(options)
     _set_time(c, full.time)

@@ -138,7 +138,7 @@ def _dtypes(value: Any, before: Mapping[str, Any], _notes: list[str]) -> Any:
 @dataclass(frozen=True)
 class TraceSpec:
     """What one trace runs (``analyze``'s docstring says each option in full): a forward pass
-    (``mode="inference"``), a training step with its ``optimizer`` and ``loss``, or
+    (``mode="inference"``), a training step with its ``optimizer`` (``foreach``) and ``loss``, or
     transformers' ``generate()`` (``mode="generate"``, ``new_tokens``, ``cache_implementation``,
     ``max_length``); the
     ``device`` whose attention kernel is accounted; the assumption policy (``strict``,
@@ -149,6 +149,9 @@ class TraceSpec:
     optimizer: str | None = field(
         default=DEFAULT_OPTIMIZER,
         metadata=_checked_by(lambda v, before, notes: check_optimizer(v, before["mode"], notes)),
+    )
+    foreach: bool | None = field(
+        default=None, metadata=_checked_by(lambda v, _b, _n: check_optional_flag(v, "foreach"))
     )
     loss: Callable[[Any], Any] | None = field(
         default=None, metadata=_checked_by(_alone(check_loss))

@@ -17,6 +17,11 @@ op cache hit credit the cost the first run recorded):
 - ``bytes``: the bytes the op reads and writes: every tensor argument's and output's
   ``numel * element_size`` (a DTensor's local shard in a parallel trace).
 
+A multi-tensor op (``_foreach_*``: the optimizer step as PyTorch runs it on CUDA) credits one
+cost per tensor of its lists, each that tensor's bytes (written in place when the op returns
+nothing): the kernel moves each tensor's bytes, so the step's time is their sum, and a model
+with one more layer adds exactly that layer's costs (the per-layer rule of ``plan``).
+
 Views and metadata ops cost nothing and record nothing: ops whose outputs alias their inputs
 (``view``, ``transpose``, ``expand``, ``detach``, ...; the op cache's ``"view"`` bypass), ops
 that only change metadata (``transpose_``, ``resize_``), allocation-only ops (``empty``,
@@ -32,10 +37,22 @@ import torch
 
 from .storage import local
 
-__all__ = ["PEAK_OF_DTYPE", "Cost", "causal_index", "is_convolution", "is_free", "op_cost"]
+__all__ = [
+    "PEAK_OF_DTYPE",
+    "Cost",
+    "OpCost",
+    "causal_index",
+    "foreach_costs",
+    "is_convolution",
+    "is_foreach",
+    "is_free",
+    "op_cost",
+]
 
 #: (peak class, executed FLOPs, bytes read and written)
 Cost = tuple[str, int, int]
+#: what one op credits: a cost, or one per tensor of a multi-tensor op's lists
+OpCost = Cost | tuple[Cost, ...]
 
 aten = torch.ops.aten
 _Tensor = torch.Tensor
@@ -126,6 +143,36 @@ def causal_index(func: Any) -> int | None:
         if argument.name == "is_causal":
             return i
     return None
+
+
+def is_foreach(func: Any) -> bool:
+    """Whether ``func`` is a multi-tensor op (``_foreach_add_``...): its cost is per tensor."""
+    return func._overloadpacket.__name__.startswith("_foreach_")
+
+
+def foreach_costs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, on_local: bool
+) -> tuple[Cost, ...] | None:
+    """The costs of a multi-tensor op: one per tensor of its first list, each the bytes that
+    tensor's part of the op reads and writes (its element of every list argument and of the
+    output list; the first list's, written in place, when the op returns nothing)."""
+    first = next((a for a in args if type(a) in _SEQUENCES), None)
+    if not first:
+        return None
+    n = len(first)
+
+    def element(values: Any, i: int) -> Any:
+        return values[i] if type(values) in _SEQUENCES and len(values) == n else values
+
+    outs = out if type(out) in _SEQUENCES and len(out) == n else first
+    costs = []
+    for i in range(n):
+        part = tuple(element(a, i) for a in args)
+        named = {k: element(v, i) for k, v in kwargs.items()}
+        cost = op_cost(part, named, outs[i], 0, None, False, on_local)
+        if cost is not None:
+            costs.append(cost)
+    return tuple(costs) or None
 
 
 def is_convolution(func: Any) -> bool:

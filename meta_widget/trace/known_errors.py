@@ -275,6 +275,22 @@ register_explanation(
     ),
 )
 register_explanation(
+    "foreach_mixed_dtensor",
+    r"_foreach_\w+\S* got mixed torch\.Tensor and DTensor",
+    title="A multi-tensor optimizer step over DTensors and plain tensors",
+    explanation=(
+        "The optimizer step runs as PyTorch runs it on CUDA: one multi-tensor (foreach) op per "
+        "list of parameters. Tensor parallelism alone turned some parameters into DTensors and "
+        "left others (norms, biases of modules outside the plan) plain tensors, and a foreach "
+        "op cannot take both: a real run of torch.optim.AdamW(params) fails the same way."
+    ),
+    fix=(
+        "Pass foreach=False (the optimizer one parameter at a time, as "
+        "torch.optim.AdamW(params, foreach=False) runs; fused=True holds no more), or give "
+        "every parameter a DTensor (FSDP's fully_shard does; SequenceParallel for the norms)."
+    ),
+)
+register_explanation(
     "unbacked_size",
     r"may return an output Tensor with data-dependent shape|get_ctx\(\) for the meta",
     title="An op whose output size depends on values",

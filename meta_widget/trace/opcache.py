@@ -134,7 +134,7 @@ class _Entry:
     container: type | None
     flops: int
     #: the op's cost (``meta_widget.trace.costs``), or None: it costs nothing
-    cost: tuple[str, int, int] | None = None
+    cost: Any = None
 
     def build(self, args: tuple[Any, ...]) -> Any:
         outs = [_make(s, args) for s in self.specs]
@@ -219,9 +219,7 @@ class OpCache:
             return None
         return tuple(parts)
 
-    def lookup(
-        self, key: Any
-    ) -> tuple[Callable[[tuple[Any, ...]], Any], int, tuple[str, int, int] | None] | None:
+    def lookup(self, key: Any) -> tuple[Callable[[tuple[Any, ...]], Any], int, Any] | None:
         """The output builder, FLOPs and cost of a cached ``key``; None (counted) if it must
         run."""
         entry = self._entries.get(key)
@@ -241,7 +239,7 @@ class OpCache:
         args: tuple[Any, ...],
         out: Any,
         flops: int,
-        cost: tuple[str, int, int] | None = None,
+        cost: Any = None,
     ) -> None:
         """Record what the op of ``key`` returned on ``args`` (``flops`` and ``cost``: what it
         counted)."""

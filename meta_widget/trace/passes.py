@@ -27,7 +27,7 @@ import torch
 # a process would show activations that are never freed. So it is imported before any trace.
 import torch._dynamo
 
-from ..choices import Optimizer, Phase
+from ..choices import Phase
 from ..data.flatten import named_tensors
 from ..data.records import Allocation, CallRecord, Event
 from ..data.walk import ModuleWalk
@@ -44,16 +44,10 @@ from .fastpath import patch_fast_paths
 from .generate import CacheSummary, Generation, StopChecks
 from .kernels import WORKSPACES, AttentionKernels
 from .opcache import CacheStats
+from .optimizers import OPTIMIZERS, foreach_for
 from .recorder import Recorder
 from .replay import Tapes
 from .storage import local, storage_key
-
-OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
-    Optimizer.ADAMW: lambda ps: torch.optim.AdamW(ps, foreach=False),
-    Optimizer.ADAM: lambda ps: torch.optim.Adam(ps, foreach=False),
-    Optimizer.SGD: lambda ps: torch.optim.SGD(ps, lr=0.01, foreach=False),
-    Optimizer.SGD_MOMENTUM: lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9, foreach=False),
-}
 
 
 @dataclass
@@ -184,6 +178,7 @@ def trace(
         default_device,
     )
     run.micro_batches = spec.micro_batches
+    run.foreach = foreach_for(device, spec.foreach)
     run.generation = generation
     checkpointed = spec.checkpointed(module)
     start = time.perf_counter()
@@ -310,6 +305,7 @@ class _Run:
         self.opt: Any = None
         self.factories = DeviceLessFactories(default_device)
         self.generation: Generation | None = None  # mode="generate": its generate()
+        self.foreach: bool | None = None  # the optimizer's implementation (``FOREACH``)
 
     def step(
         self,
@@ -381,7 +377,7 @@ class _Run:
         on_phase: Callable[[str], None] | None,
     ) -> None:
         self._phase(Phase.OPTIMIZER, on_phase)
-        self.opt = OPTIMIZERS[optimizer](params)
+        self.opt = OPTIMIZERS[optimizer](params, self.foreach)
         self.opt.step()
         for p, state in self.opt.state.items():
             for v in state.values():

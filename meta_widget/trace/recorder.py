@@ -41,7 +41,16 @@ from ..data.walk import ModuleWalk, walk
 from ..undo import DispatchModes, Undo
 from .assume import META_FIXES, Assumptions, Policy, data_dependent
 from .callstack import CallStack, Listener
-from .costs import Cost, causal_index, is_convolution, is_free, op_cost
+from .costs import (
+    Cost,
+    OpCost,
+    causal_index,
+    foreach_costs,
+    is_convolution,
+    is_foreach,
+    is_free,
+    op_cost,
+)
 from .kernels import EXTRA_FLOPS
 from .opcache import DECOMPOSED, VIEW, OpCache, static_bypass
 from .storage import StorageTracker, local
@@ -81,6 +90,8 @@ class OpPlan:
     causal: int | None = None
     #: a convolution: float32 runs at the TF32 peak
     convolution: bool = False
+    #: a multi-tensor op (``_foreach_*``): a cost per tensor of its lists
+    foreach: bool = False
 
 
 class _OpMode(TorchDispatchMode):
@@ -304,7 +315,7 @@ class Recorder:
             flows = None
         self._count(plan, n, owner, backward)  # returns at once for 0
         if cost is not None:
-            self._cost(cost, owner, backward)
+            self._cost(cost, plan.foreach, owner, backward)
         self.storage.track_output(out, plan.name, owner, backward)
         if flows is not None:  # a forward call whose body the graph follows
             self._flow(plan, args, kwargs, out, owner)  # type: ignore[arg-type]
@@ -403,6 +414,7 @@ class Recorder:
             free=is_free(func, uncached, VIEW),
             causal=causal_index(func),
             convolution=is_convolution(func),
+            foreach=is_foreach(func),
         )
 
     def _count(self, plan: OpPlan, n: int, owner: CallRecord | None, backward: bool) -> None:
@@ -424,15 +436,17 @@ class Recorder:
 
     def _measure(
         self, plan: OpPlan, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, n: int
-    ) -> Cost | None:
+    ) -> OpCost | None:
         """The cost of one op that ran (``meta_widget.trace.costs``), None for a free one."""
         if plan.free:
             return None
+        if plan.foreach:
+            return foreach_costs(args, kwargs, out, self.local_flops)
         return op_cost(args, kwargs, out, n, plan.causal, plan.convolution, self.local_flops)
 
-    def _cost(self, cost: Cost, owner: CallRecord | None, backward: bool) -> None:
-        """Credit one op of ``cost`` to ``owner``'s backward, or to the ops outside calls of the
-        running phase."""
+    def _cost(self, cost: OpCost, many: bool, owner: CallRecord | None, backward: bool) -> None:
+        """Credit one op of ``cost`` (``many``: a cost per tensor of a multi-tensor op) to
+        ``owner``'s backward, or to the ops outside calls of the running phase."""
         if owner is not None and not backward:  # the common case first
             table = owner.costs
         elif backward:
@@ -440,7 +454,8 @@ class Recorder:
             table = owner.backward_costs
         else:
             table = self.orphan_costs.setdefault(str(self.callstack.phase), {})
-        table[cost] = table.get(cost, 0) + 1
+        for each in cost if many else (cost,):
+            table[each] = table.get(each, 0) + 1  # type: ignore[index,arg-type]
 
     def _forget(self, key: int) -> None:
         """A storage died: what the assumptions knew of it (an assumed shape, known values)

@@ -332,7 +332,8 @@ def encode_settings(options: Any) -> list[list[str]]:
     """The settings that change the numbers, as the header's badges: ``[label, tooltip]`` each.
 
     The mode and the source are the header's chips already; these are the rest: autocast, the
-    parameters' dtype, the parallel layout, micro-batches, activation checkpointing. Defaults
+    parameters' dtype, the parallel layout, micro-batches, the optimizer's implementation when
+    given (``foreach``), activation checkpointing. Defaults
     (none of them given) send an empty list.
     """
     out: list[list[str]] = []
@@ -372,6 +373,15 @@ def encode_settings(options: Any) -> list[list[str]]:
                 f"{n} micro-batches",
                 f"analyze(..., micro_batches={n}): gradient "
                 "accumulation over that many forward/backward passes per step",
+            ]
+        )
+    foreach = getattr(options, "foreach", None)
+    if foreach is not None and getattr(options, "training", False):
+        out.append(
+            [
+                f"foreach {'on' if foreach else 'off'}",
+                f"analyze(..., foreach={foreach}): the optimizer step "
+                + ("as one multi-tensor op per list" if foreach else "one parameter at a time"),
             ]
         )
     if getattr(options, "activation_checkpointing", False):
