@@ -26,7 +26,9 @@ PLAN_BUDGET = 300 * 2**10
 
 def small_plan() -> Any:
     """The tiny Llama (1, 16) on 2 H100s in 300 KiB: every layout, with and without
-    checkpointing, as given and bf16 parameters, one micro-batch (12 candidates)."""
+    checkpointing, as given and bf16 parameters, one micro-batch (12 candidates); the optimizer
+    one parameter at a time, which tensor parallelism alone needs (its norms stay plain
+    tensors, which PyTorch's multi-tensor step refuses beside DTensors)."""
     return mw.plan(
         llama_config(),
         input_size=(1, 16),
@@ -35,6 +37,7 @@ def small_plan() -> Any:
         budget=PLAN_BUDGET,
         precisions=["as given", "param_dtype bf16"],
         micro_batches=[1],
+        foreach=False,
     )
 
 

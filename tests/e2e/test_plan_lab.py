@@ -25,7 +25,7 @@ CELLS = [
     "    num_attention_heads=4, num_key_value_heads=2, vocab_size=100,\n"
     "    max_position_embeddings=64, architectures=['LlamaForCausalLM'])",
     "p = mw.plan(cfg, input_size=(1, 16), gpu='H100', devices=2, budget='300KiB',\n"
-    "            precisions=['as given', 'param_dtype bf16'], micro_batches=[1])\n"
+    "            precisions=['as given', 'param_dtype bf16'], micro_batches=[1], foreach=False)\n"
     "p",
     "a = mw.analyze(cfg, input_size=(1, 16), mode='training', gpu='H100')\na",
     "b = mw.analyze(cfg, input_size=(1, 16), mode='training', gpu=mw.GPU(name='Small',\n"
