@@ -128,14 +128,7 @@ SMALL = dict(
     hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
     vocab_size=256,
 )  # fmt: skip
-ONE = dict(
-    gpu="H100",
-    devices=4,
-    layouts=[{"fsdp": 4}],
-    precisions=["as given"],
-    activation_checkpointing=[False],
-    micro_batches=[1],
-)
+ONE = dict(FSDP8, devices=4, layouts=[{"fsdp": 4}])
 
 
 @pytest.mark.parametrize(

@@ -232,21 +232,21 @@ def plan(
         raise OptionTypeError(f"plan: full_depth must be True or False, not {full_depth!r}.")
     by_name = set(analyze_options) & set(_NAMES_MODULES)  # options that name the full model's
     layers = None if full_depth or by_name else depth_of(model)
-    runs, title = [0], ["model"]
+    job = {
+        "run": trace_in_child,
+        "model": model,
+        "input_size": input_size,
+        "input_data": input_data,
+        "mode": mode,
+        "gpu": accelerator,
+        "options": analyze_options,
+        "layers": layers,
+        "budget": limit,
+    }
+    counts: dict[str, Any] = {"runs": 0, "title": "model"}
 
     def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
-        runs[0] += 1
-        a = analyze(
-            model if depth is None else with_layers(model, depth),
-            input_size,
-            input_data=input_data,
-            mode=mode,
-            gpu=accelerator,
-            **options,
-            **analyze_options,
-        )
-        title[0] = a.title
-        return a
+        return _analyze(job, counts, options, depth)
 
     def here(key: tuple[Any, ...]) -> Candidate:
         c = by_key[key]
@@ -259,65 +259,64 @@ def plan(
     def on_done(i: int, result: Any, remote: bool) -> None:
         c = todo[i]
         if remote:
-            runs[0] += result.pop("runs")
-            title[0] = result.pop("title") or title[0]
+            counts["runs"] += result.pop("runs")
+            counts["title"] = result.pop("title") or counts["title"]
             _take(c, result, run)
         done.append(c)
         if report is not None:
             report(len(done), len(todo), _label(c))
 
-    job = {
-        "run": trace_in_child,
-        "model": model,
-        "input_size": input_size,
-        "mode": mode,
-        "gpu": accelerator,
-        "options": analyze_options,
-        "layers": layers,
-        "budget": limit,
-    }
     count = _workers(workers, len(todo), job, model, input_data)
     if report is not None:
         report(0, len(todo), f"{count} processes" if count > 1 else _label(todo[0]))
     by_key = {c.key: c for c in todo}
     share(list(by_key), here, job, count, on_done)
     if report is not None:
-        report(len(todo), len(todo), f"{runs[0]} traced")
-    return Plan(list(todo), limit, accelerator, devices, mode, runs[0], title[0])
+        report(len(todo), len(todo), f"{counts['runs']} traced")
+    return Plan(list(todo), limit, accelerator, devices, mode, counts["runs"], counts["title"])
 
 
 def trace_in_child(job: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
     """A child of ``plan(workers=N)`` traces the candidate ``key`` (``Candidate.key``) of
     ``job`` (``plan``'s model, input size, mode, GPU, options, layers and budget): its numbers,
     the traces it ran and the model's title."""
-    runs, title = [0], [""]
+    counts: dict[str, Any] = {"runs": 0, "title": ""}
 
     def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
-        runs[0] += 1
-        model = job["model"]
-        a = analyze(
-            model if depth is None else with_layers(model, depth),
-            job["input_size"],
-            mode=job["mode"],
-            gpu=job["gpu"],
-            **options,
-            **job["options"],
-        )
-        title[0] = a.title
-        return a
+        return _analyze(job, counts, options, depth)
 
     replicate, fsdp, tp, checkpointing, precision, micro = key
     c = Candidate(fsdp, tp, checkpointing, precision, micro, replicate=replicate)
     _trace(c, job.setdefault("refused", {}), job["budget"], run, job["layers"], job["gpu"])
-    return {**{name: getattr(c, name) for name in _NUMBERS}, "runs": runs[0], "title": title[0]}
+    return {**{name: getattr(c, name) for name in _NUMBERS}, "openable": c.openable, **counts}
+
+
+def _analyze(
+    job: dict[str, Any], counts: dict[str, Any], options: dict[str, Any], depth: int | None
+) -> Analysis:
+    """``analyze`` of ``job``'s model (at ``depth`` decoder layers, or whole) with a
+    candidate's ``options``, counted in ``counts``."""
+    model = job["model"]
+    counts["runs"] += 1  # a refused layout is a run too
+    a = analyze(
+        model if depth is None else with_layers(model, depth),
+        job["input_size"],
+        input_data=job["input_data"],
+        mode=job["mode"],
+        gpu=job["gpu"],
+        **options,
+        **job["options"],
+    )
+    counts["title"] = a.title
+    return a
 
 
 def _take(c: Candidate, numbers: dict[str, Any], run: Callable[..., Analysis]) -> None:
     """Fill in ``c`` with the numbers a child traced; its analysis is traced here when asked
-    for (never for a refused layout or a failed trace: there is nothing to open)."""
+    for (never for a refused layout: there is nothing to open)."""
     for name in _NUMBERS:
         setattr(c, name, numbers[name])
-    if c.peak_bytes is not None:
+    if numbers["openable"]:
         options = c.options()
         c._trace_full = lambda: run(options)
 

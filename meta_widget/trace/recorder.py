@@ -454,7 +454,10 @@ class Recorder:
             table = owner.backward_costs
         else:
             table = self.orphan_costs.setdefault(str(self.callstack.phase), {})
-        for each in cost if many else (cost,):
+        if not many:  # the hot path: one cost
+            table[cost] = table.get(cost, 0) + 1  # type: ignore[index,arg-type]
+            return
+        for each in cost:
             table[each] = table.get(each, 0) + 1  # type: ignore[index,arg-type]
 
     def _forget(self, key: int) -> None:
