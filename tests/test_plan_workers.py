@@ -12,6 +12,8 @@ import pytest
 
 import meta_widget as mw
 from meta_widget.explore import plan as plan_module
+from meta_widget.explore.depth import depth_of
+from meta_widget.timing.gpus import resolve_gpu
 
 transformers = pytest.importorskip("transformers")
 
@@ -153,3 +155,23 @@ def test_workers_need_a_config_and_no_input_data() -> None:
             workers=2,
             **SPACE,
         )
+
+
+def test_a_child_traces_a_refused_layout_once() -> None:
+    """A child refuses a layout's other candidates without tracing them, as this process does
+    (a child that drew all four of the refused layout's candidates ran four traces: 28 for 25)."""
+    job = dict(
+        run=plan_module.trace_in_child,
+        model=llama(),
+        input_size=SIZE,
+        input_data=None,
+        mode="training",
+        gpu=resolve_gpu("H100"),
+        options={},
+        layers=depth_of(llama()),
+        budget=3 * 2**20,
+    )
+    first = plan_module.trace_in_child(job, (1, 1, 4, False, "as given", 1))
+    again = plan_module.trace_in_child(job, (1, 1, 4, True, "param_dtype bf16", 1))
+    assert first["runs"] == 1 and again["runs"] == 0
+    assert first["error"] == again["error"] and "LayoutError" in str(again["error"])

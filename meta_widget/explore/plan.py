@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import Analysis, analyze
-from ..distributed.parallel import ParallelError
+from ..distributed.parallel import ParallelError, keeping_decisions
 from ..options import LayoutError, OptionError, OptionTypeError, check_budget
 from ..sources.models import is_transformers_config
 from ..timing.gpus import GPU, resolve_gpu
@@ -242,6 +242,9 @@ def plan(
         "options": analyze_options,
         "layers": layers,
         "budget": limit,
+        # what each process of the plan runs its candidates in (a child: its whole life): the
+        # candidates' worlds keep DTensor's sharding decisions
+        "session": keeping_decisions,
     }
     counts: dict[str, Any] = {"runs": 0, "title": "model"}
 
@@ -250,10 +253,7 @@ def plan(
 
     def here(key: tuple[Any, ...]) -> Candidate:
         c = by_key[key]
-        if c.layout in refused:
-            c.error = refused[c.layout]
-        else:
-            _trace(c, refused, limit, run, layers, accelerator)
+        _trace(c, refused, limit, run, layers, accelerator)
         return c
 
     def on_done(i: int, result: Any, remote: bool) -> None:
@@ -270,7 +270,8 @@ def plan(
     if report is not None:
         report(0, len(todo), f"{count} processes" if count > 1 else _label(todo[0]))
     by_key = {c.key: c for c in todo}
-    share(list(by_key), here, job, count, on_done)
+    with job["session"]():
+        share(list(by_key), here, job, count, on_done)
     if report is not None:
         report(len(todo), len(todo), f"{counts['runs']} traced")
     return Plan(list(todo), limit, accelerator, devices, mode, counts["runs"], counts["title"])
@@ -355,7 +356,11 @@ def _trace(
     gpu: GPU,
 ) -> None:
     """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given and the traces
-    follow it, else from a full-depth trace; or record why its layout was refused."""
+    follow it, else from a full-depth trace; or record why its layout was refused (a layout
+    ``refused`` already is not traced again, in this process or in a child)."""
+    if c.layout in refused:
+        c.error = refused[c.layout]
+        return
     try:
         if layers is not None and _by_rule(c, run, layers, gpu):
             c.fits = c.peak_bytes is not None and c.peak_bytes <= budget

@@ -4,8 +4,9 @@ A trace is Python-bound and single-threaded, so a plan over many candidates uses
 cores through processes: this process traces candidates itself while ``N - 1`` children, each
 ``python -m meta_widget.explore.workers``, trace others. A child is sent the job once (the
 function that traces a candidate, pickled by name, the model, which must be a transformers
-config, and the options) and then one candidate at a time; it sends back the candidate's
-numbers, never an analysis (the candidate's ``analysis`` is traced here when first asked for).
+config, the options, and the context its candidates all run in, ``job["session"]``) and then
+one candidate at a time; it sends back the candidate's numbers, never an analysis (the
+candidate's ``analysis`` is traced here when first asked for).
 Children start while this process traces, so their start-up (importing torch) costs no waiting.
 
 Nothing is left behind: the children are killed when the plan returns, fails or is interrupted
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import IO, Any, TypeVar
 
 __all__ = ["default_workers", "share"]
@@ -217,16 +219,17 @@ def _child_main() -> None:
         _send(out, pickle.dumps(False))
         return
     _send(out, pickle.dumps(True))
-    while True:
-        try:
-            item = pickle.loads(_receive(source))
-        except EOFError:
-            return
-        try:
-            blob = pickle.dumps((True, run(job, item)))
-        except Exception:
-            blob = pickle.dumps((False, None))
-        _send(out, blob)
+    with job.get("session", nullcontext)():  # what the job's items run in, all of them
+        while True:
+            try:
+                item = pickle.loads(_receive(source))
+            except EOFError:
+                return
+            try:
+                blob = pickle.dumps((True, run(job, item)))
+            except Exception:
+                blob = pickle.dumps((False, None))
+            _send(out, blob)
 
 
 if __name__ == "__main__":

@@ -12,18 +12,24 @@ and the cost (``meta_widget.trace.costs``) counted the first time. Everything af
 (assumptions, FLOP and cost crediting, storage tracking) runs as on a miss, on these outputs, so
 the records are the same.
 
+Fake tensors (``FakeTensorMode``'s, which a parallel trace runs on: meta data standing for CPU
+tensors) are keyed and rebuilt the same way, with their device: a hit wraps a fresh meta tensor
+in a ``FakeTensor`` of the arguments' mode, where ``FakeTensorMode``'s own cache would key the
+call again (its key and its output building are most of a fake op's 80 us; the rebuild is 10).
+
 An op is run, not cached (a *bypass*, counted by reason in :class:`CacheStats`), when caching it
 could change what is recorded or would not pay:
 
 - ``"view"``: its outputs alias its inputs (``view``, ``transpose``, ...): their C++ kernels are
-  cheap, and a view must be a view of the actual input;
+  cheap, and a view must be a view of the actual input (a view of a fake tensor is cached: its
+  outputs are rebuilt on the input's storage, where ``FakeTensorMode`` takes 55 to 100 us);
 - ``"out= or metadata-changing"``: it writes an ``out=`` argument or changes its input's
   metadata (``resize_``, ``transpose_``, ...);
 - ``"data-dependent"``: its output shape depends on values (``nonzero``), or the assumption
   policy answers it;
 - ``"decomposed"``: the recorder runs its composite decomposition (whose ops are cached);
-- ``"not meta"``: an argument or output is not a plain strided meta tensor (CPU scalars,
-  sparse, tensor subclasses such as FSDP2's ``DTensor``);
+- ``"not meta"``: an argument or output is neither a plain strided meta tensor nor a fake
+  tensor without a constant (CPU scalars, sparse, tensor subclasses such as ``DTensor``);
 - ``"argument type"``: an argument cannot be part of a key (symbolic sizes, objects);
 - ``"output"``: the first run returned what the cache cannot rebuild (an output aliasing an
   input or another output, storage larger than its view, a value of another type).
@@ -37,8 +43,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CacheInfo", "CacheStats", "OpCache", "call_key_parts", "key_parts", "static_bypass"]
+__all__ = [
+    "CacheInfo",
+    "CacheStats",
+    "FakeOpCache",
+    "OpCache",
+    "call_key_parts",
+    "key_parts",
+    "static_bypass",
+]
 
 #: not ``torch.ops.aten.empty_strided``: called inside a dispatch mode, an op overload costs
 #: 45 us, the torch function 9 us
@@ -56,6 +72,9 @@ _CONSTANTS = frozenset({int, float, bool, type(None)})
 _NO_KEY_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
 #: ops whose output is a view of their input although their schema does not say so
 _HIDDEN_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
+_PRIM_DEVICE = torch.ops.prim.device.default
+#: the tensor types whose ops :class:`FakeOpCache` answers itself (others are subclasses')
+_OWN_TYPES = _PLAIN | {FakeTensor}
 
 VIEW = "view"
 MUTATES_METADATA = "out= or metadata-changing"
@@ -123,7 +142,8 @@ def static_bypass(func: Any, answered: bool) -> str | None:
     return None if inplace else MUTATES_METADATA
 
 
-#: one output of a cached op: ("new", size, stride, dtype) | ("arg", 0) | ("const", value)
+#: one output of a cached op: ("new", size, stride, dtype) | ("fake", size, stride, dtype,
+#: device) | ("view", size, stride, offset, dtype, device) | ("arg", 0) | ("const", value)
 _Spec = tuple[Any, ...]
 
 
@@ -145,6 +165,16 @@ def _make(spec: _Spec, args: tuple[Any, ...]) -> Any:
     kind = spec[0]
     if kind == "new":
         return _EMPTY_STRIDED(spec[1], spec[2], dtype=spec[3], device=_META)
+    if kind == "fake":
+        with torch._C._DisableTorchDispatch():  # a meta tensor, past the fake mode below us
+            elem = _EMPTY_STRIDED(spec[1], spec[2], dtype=spec[3], device=_META)
+        return FakeTensor(_fake_mode(args), elem, spec[4])
+    if kind == "view":
+        base = args[0]
+        with torch._C._DisableTorchDispatch():
+            elem = _EMPTY_STRIDED((0,), (1,), dtype=spec[4], device=_META)
+            elem.set_(base.untyped_storage(), spec[3], spec[1], spec[2])
+        return FakeTensor(base.fake_mode, elem, spec[5])
     if kind == "arg":
         return args[0]
     return spec[1]
@@ -209,9 +239,15 @@ class OpCache:
         flops: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        uncached: str | None = None,
     ) -> Any:
         """The key of one call of ``func`` run by ``kernel`` and counted by ``flops`` (its
-        FLOP formula, or None), or None (the bypass reason is counted)."""
+        FLOP formula, or None), or None (the bypass reason is counted). ``uncached``: why the
+        op is never cached (:func:`static_bypass`), but a view of a fake tensor is (its outputs
+        are rebuilt on the input's storage)."""
+        if uncached is not None and not (uncached is VIEW and _fake_view(args)):
+            self.stats.bypass(uncached)
+            return None
         parts: list[Any] = [func, kernel, flops]
         reason = call_key_parts(args, kwargs, parts)
         if reason is not None:
@@ -240,15 +276,16 @@ class OpCache:
         out: Any,
         flops: int,
         cost: Any = None,
+        view: bool = False,
     ) -> None:
         """Record what the op of ``key`` returned on ``args`` (``flops`` and ``cost``: what it
-        counted)."""
+        counted; ``view``: its outputs are views of ``args[0]``, a fake tensor)."""
         if isinstance(out, (tuple, list)):
             container: type | None = type(out)
             outs = list(out)
         else:
             container, outs = None, [out]
-        specs = _specs(outs, args)
+        specs = _views(outs, args[0]) if view else _specs(outs, args)
         size = _entry_bytes(key, specs)
         if len(self._entries) >= self.limit or OpCache._bytes + size > self.max_bytes:
             self.cache_clear()
@@ -257,6 +294,49 @@ class OpCache:
             OUTPUT if specs is None else _Entry(tuple(specs), container, flops, cost)
         )
         OpCache._bytes += size
+
+
+class FakeOpCache(TorchDispatchMode):
+    """A dispatch mode answering ops on fake tensors from the op cache, under a parallel
+    trace's recorder (``meta_widget.distributed.parallel.trace_rank``).
+
+    The recorder caches the ops it records, but not the ops that run below it: those DTensor
+    runs on its local shards (an op on DTensors is handed to DTensor, which runs it again on
+    fake tensors) and those of FSDP2's and tensor parallelism's set-up. This mode, pushed above
+    ``FakeTensorMode``, answers them from the same process-wide entries (keyed apart from the
+    recorder's: no kernel, no FLOP formula), and hands an op on a tensor subclass back
+    (``NotImplemented``), so that the subclass's own ops come here too. It records nothing.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = OpCache()
+        self._bypass: dict[Any, str | None] = {}
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as the recorder's mode: nothing here is compiled
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if not _OWN_TYPES.issuperset(types):
+            return NotImplemented  # DTensor: it runs the op on its fake shards, through here
+        if func is _PRIM_DEVICE and type(args[0]) is FakeTensor:
+            return args[0].fake_device  # as the fake mode answers outside its kernels
+        reason = self._bypass.get(func, "")
+        if reason == "":
+            reason = self._bypass[func] = static_bypass(func, False)
+        cache = self.cache
+        key = cache.key(func, None, None, args, kwargs, reason)
+        hit = cache.lookup(key) if key is not None else None
+        if hit is not None:
+            return hit[0](args)
+        out = func(*args, **kwargs)
+        if key is not None:
+            cache.fill(key, args, out, 0, None, reason is VIEW)
+        return out
 
 
 def _entry_bytes(key: tuple[Any, ...], specs: list[_Spec] | None) -> int:
@@ -285,6 +365,20 @@ def key_parts(values: tuple[Any, ...] | list[Any], parts: list[Any]) -> str | No
     """Append the key parts of ``values`` to ``parts``; the bypass reason if one has none."""
     for v in values:
         if isinstance(v, torch.Tensor):
+            if type(v) is FakeTensor:
+                if v.constant is not None or v.layout is not _STRIDED:
+                    return NOT_META
+                parts.append(
+                    (
+                        v.dtype,
+                        v.shape,
+                        v.stride(),
+                        v.storage_offset(),
+                        v.requires_grad,
+                        v.fake_device,
+                    )
+                )
+                continue
             if type(v) not in _PLAIN or not v.is_meta or v.layout is not _STRIDED:
                 return NOT_META
             parts.append((v.dtype, v.shape, v.stride(), v.storage_offset(), v.requires_grad))
@@ -314,16 +408,45 @@ def _specs(outs: list[Any], args: tuple[Any, ...]) -> list[_Spec] | None:
         if o is first and isinstance(first, torch.Tensor):
             specs.append(("arg", 0))  # an in-place op returns its input (its key checked it)
             continue
-        if type(o) is not torch.Tensor or not o.is_meta or o.layout is not _STRIDED:
+        if type(o) is FakeTensor:
+            if o.constant is not None or o.fake_mode is not _fake_mode(args):
+                return None
+            spec: _Spec = ("fake", tuple(o.shape), o.stride(), o.dtype, o.fake_device)
+        elif type(o) is torch.Tensor and o.is_meta:
+            spec = ("new", tuple(o.shape), o.stride(), o.dtype)
+        else:
+            return None
+        if o.layout is not _STRIDED:
             return None
         st = o.untyped_storage()
         if st._cdata in inputs or o.storage_offset() != 0:
             return None
         inputs.add(st._cdata)  # a second output on the same storage is refused too
-        spec = ("new", tuple(o.shape), o.stride(), o.dtype)
         if _make(spec, args).untyped_storage().nbytes() != st.nbytes():
             return None  # a view of a larger storage: empty_strided would allocate less
         specs.append(spec)
+    return specs
+
+
+def _views(outs: list[Any], base: FakeTensor) -> list[_Spec] | None:
+    """How to rebuild the outputs of a view op of the fake tensor ``base`` on a hit (each on
+    ``base``'s storage), or None if the cache cannot."""
+    storage = base.untyped_storage()._cdata
+    specs: list[_Spec] = []
+    for o in outs:
+        if o is base:
+            specs.append(("arg", 0))
+        elif (
+            type(o) is not FakeTensor
+            or o.constant is not None
+            or o.fake_mode is not base.fake_mode
+            or o.layout is not _STRIDED
+            or o.untyped_storage()._cdata != storage
+        ):
+            return None
+        else:
+            shape, stride = tuple(o.shape), o.stride()
+            specs.append(("view", shape, stride, o.storage_offset(), o.dtype, o.fake_device))
     return specs
 
 
@@ -334,8 +457,25 @@ def _storages(values: Any) -> set[int]:
     while todo:
         v = todo.pop()
         if isinstance(v, torch.Tensor):
-            if v.is_meta:
+            if type(v) is FakeTensor or v.is_meta:
                 found.add(v.untyped_storage()._cdata)
         elif isinstance(v, (tuple, list)):
             todo.extend(v)
     return found
+
+
+def _fake_view(args: tuple[Any, ...]) -> bool:
+    """Whether a view op's call ``args`` view a fake tensor (the cache rebuilds it)."""
+    return bool(args) and type(args[0]) is FakeTensor
+
+
+def _fake_mode(args: Any) -> Any:
+    """The mode of the first fake tensor in ``args`` (nested tuples and lists), or None."""
+    for v in args:
+        if type(v) is FakeTensor:
+            return v.fake_mode
+        if isinstance(v, (tuple, list)):
+            mode = _fake_mode(v)
+            if mode is not None:
+                return mode
+    return None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.modules import module as module_globals
 from torch.nn.modules.module import register_module_forward_hook
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -115,6 +116,10 @@ class _OpMode(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if func is _PRIM_DEVICE and type(args[0]) is FakeTensor:
+            # a fake tensor's ``.device`` (autograd asks it of every gradient): what the fake
+            # mode below answers outside its kernels, without the trip through both modes
+            return args[0].fake_device
         return self.recorder.on_op(self, func, args, kwargs or {})
 
 
@@ -288,12 +293,9 @@ class Recorder:
         workspace = self._workspace(plan, args, kwargs) if plan.workspace is not None else None
         key = hit = None
         if cache is not None:
-            if plan.uncached is None:
-                key = cache.key(func, plan.run, plan.flops, args, kwargs)
-                if key is not None:
-                    hit = cache.lookup(key)
-            else:
-                cache.stats.bypass(plan.uncached)
+            key = cache.key(func, plan.run, plan.flops, args, kwargs, plan.uncached)
+            if key is not None:
+                hit = cache.lookup(key)
         if hit is not None:
             out, n, cost = hit[0](args), hit[1], hit[2]
         else:
@@ -301,7 +303,7 @@ class Recorder:
             n = plan.flops(*args, **kwargs, out_val=out) if plan.flops is not None else 0
             cost = self._measure(plan, args, kwargs, out, n)
             if key is not None:
-                cache.fill(key, args, out, n, cost)  # type: ignore[union-attr]
+                cache.fill(key, args, out, n, cost, plan.uncached is VIEW)  # type: ignore[union-attr]
         assumptions = self.assumptions
         if assumptions.tainted or assumptions.known:  # most traces assume nothing: skip the call
             assumptions.follow(func, args, out)

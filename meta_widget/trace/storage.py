@@ -35,7 +35,7 @@ def storage_key(t: torch.Tensor) -> int:
 def on_meta(t: torch.Tensor) -> bool:
     """Whether ``t``'s data is on meta: a meta tensor, or a fake tensor (meta data standing for
     another device, as in a parallel trace, ``meta_widget.distributed.parallel``)."""
-    return t.is_meta or type(t) is FakeTensor
+    return type(t) is FakeTensor or t.is_meta  # is_meta asks a fake tensor's mode: last
 
 
 def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
@@ -105,7 +105,7 @@ class StorageTracker:
     def track(self, t: torch.Tensor, op: str, call: CallRecord | None, backward: bool) -> None:
         """Note new storage of an op's output, allocated for ``call`` (a backward one: for its
         backward, which the forward's ``alloc_bytes`` leaves out)."""
-        if not t.is_meta and type(t) is not FakeTensor and not self.real:
+        if type(t) is not FakeTensor and not t.is_meta and not self.real:
             if is_traceable_wrapper_subclass(t):
                 for inner in inner_tensors(t):
                     self.track(inner, op, call, backward)
