@@ -27,6 +27,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
+from meta_widget.distributed import parallel as parallel_module
+from meta_widget.distributed.parallel import keeping_decisions
 
 #: the acceptance bounds of the issue (the traces below land on the byte)
 FSDP_TOLERANCE = 0.02
@@ -257,3 +259,23 @@ def test_max_fit_finds_the_largest_batch_per_rank_that_a_real_rank_fits() -> Non
     assert fit.analysis.comm_records  # each size traced as a rank of 4
     assert real_rank_peak(DeepMLP, torch.randn(fit.size, 256), fsdp=4)["Total"] <= budget
     assert real_rank_peak(DeepMLP, torch.randn(fit.size + 1, 256), fsdp=4)["Total"] > budget
+
+
+def test_kept_decisions_never_reach_a_world_of_another_shape() -> None:
+    """``plan``'s worlds keep DTensor's sharding decisions (``keeping_decisions``), which hold
+    their world's meshes. A world of another shape has a ``tp`` sub-mesh equal by value to the
+    last one's, under another group's name: had it met the kept decisions it would fail
+    ("Could not resolve the process group registered under the name ..."). Each shape is
+    traced as it is alone, and after the block nothing is kept."""
+    config = tiny_llama_config()
+    layouts = [{"fsdp": 4, "tp": 2}, {"replicate": 2, "fsdp": 2, "tp": 2}, {"fsdp": 4, "tp": 2}]
+    size = (2, 16)
+    alone = [mw.analyze(config, size, mode="training", parallel=p).peak_bytes for p in layouts]
+    with keeping_decisions():
+        kept = []
+        for p in layouts:
+            a = mw.analyze(config, size, mode="training", parallel=p)
+            assert a.error is None, a.error
+            kept.append(a.peak_bytes)
+    assert kept == alone
+    assert parallel_module._kept.blocks == 0 and parallel_module._kept.shape is None

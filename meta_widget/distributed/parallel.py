@@ -123,6 +123,10 @@ class World:
                 "yourself and analyze it without parallel=."
             )
         plan = self.plan
+        shape = (plan.replicate, plan.fsdp, plan.tp)
+        if _kept.blocks and _kept.shape != shape:  # decisions of another shape's groups
+            forget_meshes()
+        _kept.shape = shape
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
             dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
@@ -142,7 +146,7 @@ class World:
                 dist.destroy_process_group()
         finally:
             sys.excepthook = self._hook
-            if not _keeping:
+            if not _kept.blocks:
                 forget_meshes()
 
     def tracing(self) -> FakeTensorMode:
@@ -254,30 +258,40 @@ def trace_rank(
         return RankTrace(result, wrapped, world.comms)
 
 
-#: the :func:`keeping_decisions` blocks running (their worlds keep DTensor's decisions)
-_keeping: list[object] = []
+class _Kept:
+    """What :func:`keeping_decisions` keeps: the blocks running, and the mesh shape of the
+    world whose decisions DTensor holds."""
+
+    blocks = 0
+    shape: tuple[int, int, int] | None = None
+
+
+_kept = _Kept()
 
 
 @contextmanager
 def keeping_decisions() -> Iterator[None]:
-    """Worlds made one after another inside keep DTensor's sharding decisions
-    (:func:`forget_meshes` runs once, on leaving): ``plan`` traces many candidates of a few mesh
-    shapes, each in its own world, and deciding again how every op shards costs up to half of a
-    tensor-parallel trace (one candidate of the 70B under FSDP-4 x TP-2, traced at 2, 3 and 4
-    layers: 3.0 s deciding afresh in each world, 1.3 s keeping the decisions).
+    """Worlds of one mesh shape made one after another inside keep DTensor's sharding
+    decisions: ``plan`` traces many candidates of a few mesh shapes, each in its own world, and
+    deciding again how every op shards costs more than half of a tensor-parallel trace (one
+    candidate of the 70B under FSDP-4 x TP-2, traced at 2, 3 and 4 layers: 3.0 s deciding
+    afresh in each world, 1.3 s keeping the decisions).
 
-    A decision cached in an earlier world holds that world's mesh. A later world of the same
-    shape makes the same process groups in the same order under the same names, so those meshes
-    resolve to its groups; the user's own process group, which could differ, is never made
-    while a world exists (:class:`World` refuses to run beside one).
+    A decision holds the mesh of the world that made it, and a mesh compares by value. A later
+    world of the same shape makes the same process groups in the same order, under the same
+    names, so those meshes resolve to its groups. A world of another shape does not (its
+    ``tp`` sub-mesh may equal the last one's, under another group's name: "Could not resolve
+    the process group"), so the decisions are forgotten (:func:`forget_meshes`) when the shape
+    changes, and on leaving. The user's own process group is never made while a world exists
+    (:class:`World` refuses to run beside one), so it never meets them.
     """
-    token = object()
-    _keeping.append(token)
+    _kept.blocks += 1
     try:
         yield
     finally:
-        _keeping.remove(token)
-        if not _keeping:
+        _kept.blocks -= 1
+        if not _kept.blocks:
+            _kept.shape = None
             forget_meshes()
 
 

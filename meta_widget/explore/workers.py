@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import IO, Any, TypeVar
@@ -71,12 +72,10 @@ def share(
         for i, item in enumerate(items):
             on_done(i, here(item), False)
         return
-    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for i in range(len(items)):
-        todo.put(i)
+    todo = _Todo(len(items), workers)
     finished: queue.SimpleQueue[tuple[int, Any, bool]] = queue.SimpleQueue()
     blob = pickle.dumps((list(sys.path), pickle.dumps(job)))
-    children = [_Child(blob, items, todo, finished) for _ in range(max(0, workers - 1))]
+    children = [_Child(blob, items, todo, finished, run) for run in range(1, workers)]
     try:
         for child in children:
             child.start()
@@ -89,16 +88,48 @@ def share(
                 pass
             if not left:
                 break
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:  # the children hold the rest: wait for one to finish
+            mine = todo.take(0)
+            if mine is None:  # the children hold the rest: wait for one to finish
                 left -= _deliver(_wait(finished, children, todo), on_done)
                 continue
-            on_done(i, here(items[i]), False)
+            on_done(mine, here(items[mine]), False)
             left -= 1
     finally:
         for child in children:
             child.stop()
+
+
+class _Todo:
+    """The items not taken yet, cut into one run of consecutive items per process.
+
+    A process takes the next item of its own run, then (its run done) the last item of the
+    longest run left. Consecutive items share what a process has warmed up (``plan``'s: a
+    layout's sharding decisions and cached ops), which a process taking every other item
+    would warm up again.
+    """
+
+    def __init__(self, items: int, runs: int) -> None:
+        size = -(-items // runs)
+        self.runs = [deque(range(k, min(items, k + size))) for k in range(0, items, size)]
+        self.runs += [deque() for _ in range(runs - len(self.runs))]
+        self.lock = threading.Lock()
+
+    def take(self, run: int) -> int | None:
+        """The next item for the process of ``run``; None when none is left."""
+        with self.lock:
+            if self.runs[run]:
+                return self.runs[run].popleft()
+            longest = max(self.runs, key=len)
+            return longest.pop() if longest else None
+
+    def give_back(self, item: int) -> None:
+        """An item a child took and did not finish: this process (run 0) takes it next."""
+        with self.lock:
+            self.runs[0].appendleft(item)
+
+    def left(self) -> bool:
+        with self.lock:
+            return any(self.runs)
 
 
 def _deliver(done: tuple[int, Any, bool] | None, on_done: Callable[..., None]) -> int:
@@ -111,14 +142,14 @@ def _deliver(done: tuple[int, Any, bool] | None, on_done: Callable[..., None]) -
 def _wait(
     finished: queue.SimpleQueue[tuple[int, Any, bool]],
     children: list[_Child],
-    todo: queue.SimpleQueue[int],
+    todo: _Todo,
 ) -> tuple[int, Any, bool] | None:
     """The next child's result; None when an item came back to trace here (a child died)."""
     while True:
         try:
             return finished.get(timeout=0.2)  # a short wait keeps Ctrl-C prompt
         except queue.Empty:
-            if not todo.empty():
+            if todo.left():
                 return None
 
 
@@ -129,10 +160,12 @@ class _Child:
         self,
         blob: bytes,
         items: Sequence[Any],
-        todo: queue.SimpleQueue[int],
+        todo: _Todo,
         finished: queue.SimpleQueue[tuple[int, Any, bool]],
+        run: int,
     ) -> None:
         self.blob, self.items, self.todo, self.finished = blob, items, todo, finished
+        self.run = run  # its run of ``todo``
         self.process: subprocess.Popen[bytes] | None = None
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._feed, name="meta_widget plan", daemon=True)
@@ -170,9 +203,8 @@ class _Child:
             if not pickle.loads(_receive(p.stdout)):  # the child could not take the job
                 return
             while not self.stopped.is_set():
-                try:
-                    i = self.todo.get_nowait()
-                except queue.Empty:
+                i = self.todo.take(self.run)
+                if i is None:
                     return
                 _send(p.stdin, pickle.dumps(self.items[i]))
                 ok, result = pickle.loads(_receive(p.stdout))
@@ -184,7 +216,7 @@ class _Child:
             pass  # the child died or was stopped: its item goes back to the parent
         finally:
             if i is not None:
-                self.todo.put(i)
+                self.todo.give_back(i)
 
 
 def _send(stream: IO[bytes], blob: bytes) -> None:

@@ -73,6 +73,16 @@ _NO_KEY_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_depende
 #: ops whose output is a view of their input although their schema does not say so
 _HIDDEN_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
 _PRIM_DEVICE = torch.ops.prim.device.default
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_get_mode = torch._C._get_dispatch_mode
+#: ops with no tensor in or out (FSDP2's ``record_function`` marks): :class:`FakeOpCache` runs
+#: them as they are, where ``FakeTensorMode`` keys them first (120 us)
+_HOST_OPS = frozenset(
+    {
+        torch.ops.profiler._record_function_enter_new.default,
+        torch.ops.profiler._record_function_exit._RecordFunction,
+    }
+)
 #: the tensor types whose ops :class:`FakeOpCache` answers itself (others are subclasses')
 _OWN_TYPES = _PLAIN | {FakeTensor}
 
@@ -248,7 +258,9 @@ class OpCache:
         if uncached is not None and not (uncached is VIEW and _fake_view(args)):
             self.stats.bypass(uncached)
             return None
-        parts: list[Any] = [func, kernel, flops]
+        # under a fake mode a call without fake arguments makes fake tensors (a factory's):
+        # keyed apart from the same call on meta, which makes meta tensors
+        parts: list[Any] = [func, kernel, flops, _get_mode(_FAKE) is not None]
         reason = call_key_parts(args, kwargs, parts)
         if reason is not None:
             self.stats.bypass(reason)
@@ -325,6 +337,9 @@ class FakeOpCache(TorchDispatchMode):
             return NotImplemented  # DTensor: it runs the op on its fake shards, through here
         if func is _PRIM_DEVICE and type(args[0]) is FakeTensor:
             return args[0].fake_device  # as the fake mode answers outside its kernels
+        if func in _HOST_OPS:
+            with torch._C._DisableTorchDispatch():
+                return func(*args, **kwargs)
         reason = self._bypass.get(func, "")
         if reason == "":
             reason = self._bypass[func] = static_bypass(func, False)
@@ -470,12 +485,17 @@ def _fake_view(args: tuple[Any, ...]) -> bool:
 
 
 def _fake_mode(args: Any) -> Any:
-    """The mode of the first fake tensor in ``args`` (nested tuples and lists), or None."""
+    """The mode of the first fake tensor in ``args`` (nested tuples and lists), else the fake
+    mode running (a factory's outputs are its), or None."""
+    return _args_fake_mode(args) or _get_mode(_FAKE)
+
+
+def _args_fake_mode(args: Any) -> Any:
     for v in args:
         if type(v) is FakeTensor:
             return v.fake_mode
         if isinstance(v, (tuple, list)):
-            mode = _fake_mode(v)
+            mode = _args_fake_mode(v)
             if mode is not None:
                 return mode
     return None
