@@ -12,6 +12,7 @@ import pytest
 
 import meta_widget as mw
 from meta_widget.explore import plan as plan_module
+from meta_widget.explore import workers as workers_module
 from meta_widget.explore.depth import depth_of
 from meta_widget.timing.gpus import resolve_gpu
 
@@ -175,3 +176,15 @@ def test_a_child_traces_a_refused_layout_once() -> None:
     again = plan_module.trace_in_child(job, (1, 1, 4, True, "param_dtype bf16", 1))
     assert first["runs"] == 1 and again["runs"] == 0
     assert first["error"] == again["error"] and "LayoutError" in str(again["error"])
+
+
+def test_each_process_takes_a_run_of_consecutive_candidates() -> None:
+    """A process takes the candidates of its own run in order (a layout's are consecutive: it
+    warms each up once), then the last of the longest run left; every one is taken once, and
+    one handed back is this process's next."""
+    todo = workers_module._Todo(10, 2)
+    assert [todo.take(1) for _ in range(3)] == [5, 6, 7]
+    assert [todo.take(0) for _ in range(5)] == [0, 1, 2, 3, 4]
+    todo.give_back(7)
+    assert [todo.take(0) for _ in range(3)] == [7, 9, 8]
+    assert todo.take(1) is None and todo.take(0) is None and not todo.left()

@@ -109,7 +109,7 @@ class _Todo:
     """
 
     def __init__(self, items: int, runs: int) -> None:
-        size = -(-items // runs)
+        size = max(1, -(-items // runs))
         self.runs = [deque(range(k, min(items, k + size))) for k in range(0, items, size)]
         self.runs += [deque() for _ in range(runs - len(self.runs))]
         self.lock = threading.Lock()
