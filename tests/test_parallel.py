@@ -278,4 +278,4 @@ def test_kept_decisions_never_reach_a_world_of_another_shape() -> None:
             assert a.error is None, a.error
             kept.append(a.peak_bytes)
     assert kept == alone
-    assert parallel_module._kept.blocks == 0 and parallel_module._kept.shape is None
+    assert parallel_module._kept.blocks == [] and parallel_module._kept.shape is None

@@ -25,6 +25,7 @@ the user wrapped under their own fake process group is traced on that group, as 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -258,11 +259,13 @@ def trace_rank(
         return RankTrace(result, wrapped, world.comms)
 
 
+@dataclass
 class _Kept:
-    """What :func:`keeping_decisions` keeps: the blocks running, and the mesh shape of the
-    world whose decisions DTensor holds."""
+    """What :func:`keeping_decisions` keeps: a token per block running (a token, not a count:
+    an interrupt lands before or after ``append``, never between a count and its ``try``), and
+    the mesh shape of the world whose decisions DTensor holds."""
 
-    blocks = 0
+    blocks: list[object] = dataclasses.field(default_factory=list)
     shape: tuple[int, int, int] | None = None
 
 
@@ -285,11 +288,13 @@ def keeping_decisions() -> Iterator[None]:
     changes, and on leaving. The user's own process group is never made while a world exists
     (:class:`World` refuses to run beside one), so it never meets them.
     """
-    _kept.blocks += 1
+    token = object()
     try:
+        _kept.blocks.append(token)
         yield
     finally:
-        _kept.blocks -= 1
+        if token in _kept.blocks:
+            _kept.blocks.remove(token)
         if not _kept.blocks:
             _kept.shape = None
             forget_meshes()
