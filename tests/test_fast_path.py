@@ -465,3 +465,35 @@ def test_the_op_cache_is_emptied_past_its_bytes_bound(monkeypatch: pytest.Monkey
     info = OpCache.cache_info()
     assert info.clears > clears and info.bytes <= 4_000
     assert a.error is None
+
+
+def test_fake_ops_rebuilt_from_the_cache_are_the_fake_modes_own() -> None:
+    """Under ``parallel=`` the op cache rebuilds ops on fake tensors (``FakeOpCache``): views
+    on their input's storage at its offset, new tensors of the running fake mode. A first run
+    (filled) and a second (rebuilt) give what ``FakeTensorMode`` alone gives: type, shape,
+    strides, offset, dtype, device, and the storage a view shares."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from meta_widget.trace.opcache import FakeOpCache
+
+    def ops(t: torch.Tensor) -> list[torch.Tensor]:
+        return [t[1:3], t.t(), t.view(24), t.narrow(1, 2, 3), t * 2, *t.split(2), t.sum(0)]
+
+    def seen(outs: list[torch.Tensor], base: torch.Tensor) -> list[tuple[Any, ...]]:
+        key = base.untyped_storage()._cdata
+        return [
+            (type(o), o.shape, o.stride(), o.storage_offset(), o.dtype, o.device,
+             o.untyped_storage()._cdata == key)
+            for o in outs
+        ]  # fmt: skip
+
+    with FakeTensorMode():
+        x = torch.empty(4, 6)
+        truth = seen(ops(x), x)
+        cache = FakeOpCache()
+        with cache:
+            first = seen(ops(x), x)
+            again = seen(ops(x), x)
+    assert all(t[0] is FakeTensor for t in truth)
+    assert first == truth and again == truth
+    assert cache.cache.stats.hits >= len(truth) - 1  # the second run was rebuilt
