@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 from torch.profiler import ProfilerActivity, profile
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from meta_widget.distributed.parallel import forget_meshes
+from meta_widget.distributed.decisions import forget_meshes
 
 CPU = torch.device("cpu")
 

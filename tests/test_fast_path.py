@@ -11,6 +11,7 @@ Python attribute, shared weights fed different shapes, views and hidden views, i
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -497,3 +498,46 @@ def test_fake_ops_rebuilt_from_the_cache_are_the_fake_modes_own() -> None:
     assert all(t[0] is FakeTensor for t in truth)
     assert first == truth and again == truth
     assert cache.cache.stats.hits >= len(truth) - 1  # the second run was rebuilt
+
+
+def test_fake_tensors_the_cache_makes_are_the_constructors_own(monkeypatch: Any) -> None:
+    """The op cache makes its fake tensors without ``FakeTensor``'s constructor
+    (``meta_widget.trace.fake_tensors.new_fake``): each has the attributes, dispatch keys,
+    device and behaviour of one the constructor makes, for a CPU and a CUDA fake device, a
+    fresh tensor and a view; under ``FakeTensorConfig.debug`` the constructor itself is used."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig, FakeTensorMode
+
+    from meta_widget.trace.fake_tensors import new_fake
+
+    def meta(view: bool) -> torch.Tensor:
+        with torch._C._DisableTorchDispatch():
+            t = torch.empty_strided((4, 6), (6, 1), device="meta")
+            return t[1:3] if view else t
+
+    def seen(t: FakeTensor) -> tuple[Any, ...]:
+        d = {k: v for k, v in vars(t).items() if k != "fake_mode"}
+        with t.fake_mode:
+            out = (t * 2).sum(0)
+        try:  # a fake tensor has no data: its mode says whether asking for it raises
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                pointer: Any = t.data_ptr()
+        except RuntimeError as e:
+            pointer = str(e)
+        keys = str(torch._C._dispatch_keys(t))
+        return (type(t), d, t.fake_mode, keys, t.device, pointer, t.shape, t.stride(),
+                t.storage_offset(), type(out), out.shape, out.device)  # fmt: skip
+
+    strict = FakeTensorMode()
+    strict._allow_unsafe_data_ptr_access = False
+    for mode in (FakeTensorMode(), strict):
+        for device in (torch.device("cpu"), torch.device("cuda", 0)):
+            for view in (False, True):
+                assert seen(new_fake(mode, meta(view), device)) == seen(
+                    FakeTensor(mode, meta(view), device)
+                )
+    made: list[Any] = []
+    monkeypatch.setattr(FakeTensorConfig, "debug", True)
+    monkeypatch.setattr(FakeTensor, "__new__", lambda *a, **k: made.append(a) or object())
+    new_fake(strict, meta(False), torch.device("cpu"))
+    assert len(made) == 1

@@ -27,8 +27,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
-from meta_widget.distributed import parallel as parallel_module
-from meta_widget.distributed.parallel import keeping_decisions
+from meta_widget.distributed import decisions
+from meta_widget.distributed.decisions import keeping_decisions
 
 #: the acceptance bounds of the issue (the traces below land on the byte)
 FSDP_TOLERANCE = 0.02
@@ -278,4 +278,49 @@ def test_kept_decisions_never_reach_a_world_of_another_shape() -> None:
             assert a.error is None, a.error
             kept.append(a.peak_bytes)
     assert kept == alone
-    assert parallel_module._kept.blocks == [] and parallel_module._kept.shape is None
+    assert decisions._kept.blocks == [] and decisions._kept.shape is None
+
+
+def test_alike_parameters_share_a_decision_and_a_world_leaves_none(monkeypatch: Any) -> None:
+    """The multi-tensor optimizer's ops on DTensors are decided element by element, and the
+    elements of alike layers share one decision while a world runs
+    (``meta_widget.distributed.decisions``). The trace equals the one made with DTensor
+    deciding every element itself (events, costs, collectives, FLOPs), with fewer searches;
+    after the world, also one whose trace failed, DTensor's own function is back and no
+    decision is kept."""
+    from torch.distributed.tensor._ops import utils
+
+    from meta_widget.explore.depth import sample
+
+    searches: list[int] = []
+    search = utils.expand_to_full_mesh_op_strategy
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        searches.append(1)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(utils, "expand_to_full_mesh_op_strategy", counted)
+    config = tiny_llama_config()
+    options: dict[str, Any] = {
+        "mode": "training",
+        "parallel": {"fsdp": 2, "tp": 2},
+        "foreach": True,
+        "gpu": "H100",
+    }
+    shared = mw.analyze(config, (2, 16), **options)
+    assert shared.error is None, shared.error
+    shared_searches = len(searches)
+    assert utils.expand_to_full_mesh_op_strategy is counted and not decisions._shared
+
+    with monkeypatch.context() as m:  # DTensor alone: every element searched
+        m.setattr(decisions, "_element_decider", lambda: (None, None))
+        searches.clear()
+        alone = mw.analyze(config, (2, 16), **options)
+    assert alone.error is None, alone.error
+    assert sample(shared, 4) == sample(alone, 4)
+    assert shared.peak_bytes == alone.peak_bytes
+    assert 0 < shared_searches < len(searches) / 2
+
+    failed = mw.analyze(config, (2, 16), **{**options, "parallel": {"tp": 2}})
+    assert failed.error is not None and "DTensor" in failed.error.message  # the mixed foreach
+    assert utils.expand_to_full_mesh_op_strategy is counted and not decisions._shared

@@ -38,7 +38,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_modul
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
-from meta_widget.distributed.parallel import forget_meshes
+from meta_widget.distributed.decisions import forget_meshes
 
 FSDP_TOLERANCE = 0.02
 TP_TOLERANCE = 0.05

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import meta_widget as mw
-from meta_widget.distributed import parallel as parallel_module
+from meta_widget.distributed import decisions
 from meta_widget.explore import plan as plan_module
 from meta_widget.explore import workers as workers_module
 from meta_widget.explore.depth import depth_of
@@ -131,7 +131,7 @@ def test_ctrl_c_leaves_no_process_behind(remote: list[tuple[Any, ...]]) -> None:
     with pytest.raises(KeyboardInterrupt):
         mw.plan(llama(), SIZE, workers=2, progress=interrupt, **SPACE)
     assert remote and children() == []
-    assert parallel_module._kept.blocks == []  # no sharding decision is kept past the plan
+    assert decisions._kept.blocks == []  # no sharding decision is kept past the plan
 
 
 def test_default_is_one_process_for_few_candidates(remote: list[tuple[Any, ...]]) -> None:

@@ -25,11 +25,10 @@ the user wrapped under their own fake process group is traced on that group, as 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import fnmatch
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,7 +38,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -57,6 +56,7 @@ from ..trace.passes import Trace, trace
 from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
+from .decisions import world_ended, world_started
 
 __all__ = [
     "ParallelError",
@@ -64,9 +64,7 @@ __all__ = [
     "World",
     "check_world",
     "fake_like",
-    "forget_meshes",
     "fsdp_blocks",
-    "keeping_decisions",
     "on_fake",
     "tp_plan",
     "trace_rank",
@@ -124,10 +122,7 @@ class World:
                 "yourself and analyze it without parallel=."
             )
         plan = self.plan
-        shape = (plan.replicate, plan.fsdp, plan.tp)
-        if _kept.blocks and _kept.shape != shape:  # decisions of another shape's groups
-            forget_meshes()
-        _kept.shape = shape
+        world_started((plan.replicate, plan.fsdp, plan.tp))
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
             dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
@@ -147,8 +142,7 @@ class World:
                 dist.destroy_process_group()
         finally:
             sys.excepthook = self._hook
-            if not _kept.blocks:
-                forget_meshes()
+            world_ended()
 
     def tracing(self) -> FakeTensorMode:
         """The mode the trace runs under (fake tensors standing for CPU tensors)."""
@@ -257,65 +251,6 @@ def trace_rank(
                 default_device=world.device,  # device-less tensors: fake tensors, as the others
             )
         return RankTrace(result, wrapped, world.comms)
-
-
-@dataclass
-class _Kept:
-    """What :func:`keeping_decisions` keeps: a token per block running (a token, not a count:
-    an interrupt lands before or after ``append``, never between a count and its ``try``), and
-    the mesh shape of the world whose decisions DTensor holds."""
-
-    blocks: list[object] = dataclasses.field(default_factory=list)
-    shape: tuple[int, int, int] | None = None
-
-
-_kept = _Kept()
-
-
-@contextmanager
-def keeping_decisions() -> Iterator[None]:
-    """Worlds of one mesh shape made one after another inside keep DTensor's sharding
-    decisions: ``plan`` traces many candidates of a few mesh shapes, each in its own world, and
-    deciding again how every op shards costs more than half of a tensor-parallel trace (one
-    candidate of the 70B under FSDP-4 x TP-2, traced at 2, 3 and 4 layers: 3.0 s deciding
-    afresh in each world, 1.3 s keeping the decisions).
-
-    A decision holds the mesh of the world that made it, and a mesh compares by value. A later
-    world of the same shape makes the same process groups in the same order, under the same
-    names, so those meshes resolve to its groups. A world of another shape does not (its
-    ``tp`` sub-mesh may equal the last one's, under another group's name: "Could not resolve
-    the process group"), so the decisions are forgotten (:func:`forget_meshes`) when the shape
-    changes, and on leaving. The user's own process group is never made while a world exists
-    (:class:`World` refuses to run beside one), so it never meets them.
-    """
-    token = object()
-    try:
-        _kept.blocks.append(token)
-        yield
-    finally:
-        if token in _kept.blocks:
-            _kept.blocks.remove(token)
-        if not _kept.blocks:
-            _kept.shape = None
-            forget_meshes()
-
-
-def forget_meshes() -> None:
-    """Empty DTensor's cache of sharding decisions after a world is destroyed.
-
-    The cache is keyed by device meshes compared by value (shape, ranks, dimension names: not
-    the process groups nor this process's rank), and its answers hold the meshes themselves. A
-    later process group of the same shape — the user's, wrapping their own model — would get
-    DTensors on this world's dead meshes (their groups gone: "Could not resolve the process
-    group"). Emptying it costs only recomputing the decisions.
-    """
-    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if native is not None:  # the C++ dispatch fast path's cache
-        native()
-    propagator = getattr(DTensor._op_dispatcher, "sharding_propagator", None)
-    cached = getattr(propagator, "propagate_op_sharding", None)
-    if cached is not None and hasattr(cached, "cache_clear"):
-        cached.cache_clear()
 
 
 # ---------------------------------------------------------------------------------------------
