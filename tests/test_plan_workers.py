@@ -4,11 +4,13 @@ leaves no process behind; the option is checked."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 from typing import Any
 
 import pytest
+from torch.distributed.tensor._ops import utils as strategy_utils
 
 import meta_widget as mw
 from meta_widget.distributed import decisions
@@ -132,6 +134,10 @@ def test_ctrl_c_leaves_no_process_behind(remote: list[tuple[Any, ...]]) -> None:
         mw.plan(llama(), SIZE, workers=2, progress=interrupt, **SPACE)
     assert remote and children() == []
     assert decisions._kept.blocks == []  # no sharding decision is kept past the plan
+    assert not decisions._shared and not hasattr(
+        strategy_utils.expand_to_full_mesh_op_strategy, "_shared_from"
+    )  # DTensor decides as before
+    assert gc.get_freeze_count() == 0  # the heap the plan froze is the collector's again
 
 
 def test_default_is_one_process_for_few_candidates(remote: list[tuple[Any, ...]]) -> None:

@@ -98,7 +98,7 @@ def world_ended() -> None:
     try:
         module, current = _element_decider()
         if module is not None and _is_ours(current):
-            module.expand_to_full_mesh_op_strategy = current.__wrapped_decider__  # type: ignore[union-attr]
+            module.expand_to_full_mesh_op_strategy = current._shared_from  # type: ignore[union-attr]
     finally:
         if not _kept.blocks:
             forget_meshes()
@@ -133,7 +133,7 @@ def _element_decider() -> tuple[Any, Callable[..., Any] | None]:
 
 
 def _is_ours(decider: Any) -> bool:
-    return hasattr(decider, "__wrapped_decider__")
+    return hasattr(decider, "_shared_from")
 
 
 def _shared_decision(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -152,7 +152,7 @@ def _shared_decision(original: Callable[..., Any]) -> Callable[..., Any]:
             _shared[key] = found
         return found
 
-    decide.__wrapped_decider__ = original  # type: ignore[attr-defined]
+    decide._shared_from = original  # type: ignore[attr-defined]
     return decide
 
 

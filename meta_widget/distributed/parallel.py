@@ -122,9 +122,9 @@ class World:
                 "yourself and analyze it without parallel=."
             )
         plan = self.plan
-        world_started((plan.replicate, plan.fsdp, plan.tp))
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
+            world_started((plan.replicate, plan.fsdp, plan.tp))  # __exit__ ends it, on any path
             dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
             self.mesh = init_device_mesh(
                 "cpu", (plan.replicate, plan.fsdp, plan.tp), mesh_dim_names=MESH_DIMS

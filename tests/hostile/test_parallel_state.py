@@ -2,8 +2,9 @@
 
 Issue 23, items 2, 6 and 10 (tensor parallelism): a world size past any job, or one the model
 cannot be split into, is the caller's mistake (``OptionError``) found before a process group is
-made; whatever happens inside a parallel analysis, its fake process group is destroyed and the
-exception hook ``torch.distributed`` installs (``[rank0]:`` lines) is taken down again.
+made; whatever happens inside a parallel analysis, its fake process group is destroyed, the
+exception hook ``torch.distributed`` installs (``[rank0]:`` lines) is taken down again, and
+DTensor decides as it did before (``meta_widget.distributed.decisions``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,17 @@ TP_PLAN = {"layers.*.0": "colwise", "layers.*.2": "rowwise"}
 
 @pytest.fixture(autouse=True)
 def _nothing_left() -> Iterator[None]:
-    hook = sys.excepthook
+    from torch.distributed.tensor._ops import utils
+
+    from meta_widget.distributed import decisions
+
+    hook, search = sys.excepthook, utils.expand_to_full_mesh_op_strategy
     assert not dist.is_initialized()
     yield
     assert not dist.is_initialized()
     assert sys.excepthook is hook
+    # DTensor decides as it did, and no decision of a world is kept (decisions.world_ended)
+    assert utils.expand_to_full_mesh_op_strategy is search and not decisions._shared
 
 
 def small_llama() -> Any:
