@@ -15,7 +15,10 @@ op cache hit credit the cost the first run recorded):
   (flash, memory-efficient, cuDNN, the CPU flash kernel) with ``is_causal=True``, which skips the
   masked blocks: half of its count. The FLOPs the analysis reports stay ``FlopCounterMode``'s.
 - ``bytes``: the bytes the op reads and writes: every tensor argument's and output's
-  ``numel * element_size`` (a DTensor's local shard in a parallel trace).
+  ``numel * element_size`` (a DTensor's local shard in a parallel trace). A gather
+  (``embedding``, ``index_select``, ``gather``, ``index``) reads of its first argument only the
+  elements it outputs: a one-token lookup in a 128k x 8k embedding reads one row (16 KB in
+  bf16), not the table (2 GB).
 
 A multi-tensor op (``_foreach_*``: the optimizer step as PyTorch runs it on CUDA) credits one
 cost per tensor of its lists, each that tensor's bytes (written in place when the op returns
@@ -46,6 +49,7 @@ __all__ = [
     "is_convolution",
     "is_foreach",
     "is_free",
+    "is_gather",
     "op_cost",
 ]
 
@@ -89,6 +93,9 @@ _CONVOLUTIONS = frozenset(
         aten.cudnn_convolution_transpose,
     }
 )
+
+#: ops that read of their first argument only the elements they output (one row per index)
+_GATHERS = frozenset({aten.embedding, aten.index_select, aten.gather, aten.index})
 
 #: fused attention kernels whose ``is_causal`` skips the masked blocks
 _CAUSAL_SKIPPING = frozenset(
@@ -179,6 +186,11 @@ def is_convolution(func: Any) -> bool:
     return func._overloadpacket in _CONVOLUTIONS
 
 
+def is_gather(func: Any) -> bool:
+    """Whether ``func`` reads of its first argument only the elements it outputs."""
+    return func._overloadpacket in _GATHERS
+
+
 def op_cost(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -187,17 +199,22 @@ def op_cost(
     causal: int | None,
     convolution: bool,
     on_local: bool,
+    gather: bool = False,
 ) -> Cost | None:
     """The cost of one op that ran (see the module docstring), or None: it returned no tensor.
 
     ``causal``: the position of ``is_causal`` (:func:`causal_index`); ``convolution``: float32
-    runs at the TF32 peak; ``on_local``: count a DTensor's local shard (a parallel trace).
+    runs at the TF32 peak; ``on_local``: count a DTensor's local shard (a parallel trace);
+    ``gather``: of its first argument the op reads only as many bytes as it writes.
     """
     size = _local_bytes if on_local else _bytes
     written = size((out,))
     if written < 0:
         return None
-    read = max(size(args), 0)
+    if gather and args and isinstance(args[0], _Tensor):
+        read = max(size(args[1:]), 0) + written
+    else:
+        read = max(size(args), 0)
     if kwargs:
         read += max(size(tuple(kwargs.values())), 0)
     if not flops:

@@ -50,6 +50,7 @@ from .costs import (
     is_convolution,
     is_foreach,
     is_free,
+    is_gather,
     op_cost,
 )
 from .kernels import EXTRA_FLOPS
@@ -93,6 +94,8 @@ class OpPlan:
     convolution: bool = False
     #: a multi-tensor op (``_foreach_*``): a cost per tensor of its lists
     foreach: bool = False
+    #: a gather (``embedding``...): it reads from its first argument only what it outputs
+    gather: bool = False
 
 
 class _OpMode(TorchDispatchMode):
@@ -417,6 +420,7 @@ class Recorder:
             causal=causal_index(func),
             convolution=is_convolution(func),
             foreach=is_foreach(func),
+            gather=is_gather(func),
         )
 
     def _count(self, plan: OpPlan, n: int, owner: CallRecord | None, backward: bool) -> None:
@@ -444,7 +448,9 @@ class Recorder:
             return None
         if plan.foreach:
             return foreach_costs(args, kwargs, out, self.local_flops)
-        return op_cost(args, kwargs, out, n, plan.causal, plan.convolution, self.local_flops)
+        return op_cost(
+            args, kwargs, out, n, plan.causal, plan.convolution, self.local_flops, plan.gather
+        )
 
     def _cost(self, cost: OpCost, many: bool, owner: CallRecord | None, backward: bool) -> None:
         """Credit one op of ``cost`` (``many``: a cost per tensor of a multi-tensor op) to
