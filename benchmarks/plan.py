@@ -12,11 +12,16 @@ shorter run says what the whole plan costs: the "whole plan" line is then that r
 120 candidates, marked as projected. ``--check`` traces the best candidate at full depth and
 prints both peaks and step times. ``--workers N`` sets ``plan``'s processes (default: one per
 core, ``meta_widget.explore.workers``); ``--workers 1`` is the plan in one process.
+
+Beside the wall time it prints the CPU time of the plan's processes: this VM runs long two-core
+work up to 1.8x slower after sustained load (the same plan took 87 to 100 s of CPU time rested,
+132 to 155 s after a test run), so the CPU time says which machine a wall time was measured on.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 import warnings
 from typing import Any
@@ -38,6 +43,12 @@ def llama_70b(layers: int) -> Any:
     )  # fmt: skip
 
 
+def _cpu_seconds() -> float:
+    """User and system CPU time of this process and its children that ended (``plan``'s)."""
+    usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layouts", type=int, default=None, help="only the first N layouts")
@@ -52,7 +63,7 @@ def main() -> None:
         {k: n for k, n in zip(("replicate", "fsdp", "tp"), layout, strict=True)}
         for layout in space.layouts[: args.layouts]
     ]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     p = mw.plan(
         llama_70b(args.layers),
         (1, 4096),
@@ -65,12 +76,13 @@ def main() -> None:
     )
     rows = p.candidates
     seconds = time.perf_counter() - start
+    cpu = _cpu_seconds() - cpu
     ruled = sum(bool(c.traced_layers) for c in rows)
     per = seconds / max(1, len(rows))
     total = len(space.candidates())
     print(
         f"\n{len(rows)} candidates ({ruled} by the per-layer rule, {p.traces} traces) in "
-        f"{seconds:.1f} s: {per:.1f} s per candidate"
+        f"{seconds:.1f} s: {per:.1f} s per candidate; {cpu:.0f} s of CPU time (its processes)"
     )
     whole = per * total
     kind = "measured" if len(rows) == total else "projected"
