@@ -24,6 +24,7 @@ yet).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -228,8 +229,12 @@ def measure(path: str, device: str, quick: bool, repeats: int) -> None:
     for case in CASES:
         key = f"{case.name} | {case.kind}"
         start = time.perf_counter()
-        found["cases"][key] = measure_case(case, device, quick, repeats)
+        try:
+            found["cases"][key] = measure_case(case, device, quick, repeats)
+        except Exception as e:  # e.g. out of memory: said in the file, the other cases still run
+            found["cases"][key] = {"error": f"{type(e).__name__}: {e}"[:300]}
         print(f"{key}: {found['cases'][key]} ({time.perf_counter() - start:.1f} s)", flush=True)
+        gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
         with open(path, "w") as f:  # each case as it lands: a run cut short keeps what it has
@@ -263,6 +268,8 @@ def compare(path: str, gpu: str | None = None) -> list[dict[str, Any]]:
         key = f"{case.name} | {case.kind}"
         if key not in found["cases"]:
             continue
+        if "step_s" not in found["cases"][key]:
+            continue  # it failed on the device: the file says why
         measured = found["cases"][key]["step_s"]
         time_ = predicted(case, gpu)
         rows.append(
