@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from meta_widget.trace.passes import default_loss
+
 GOALS = {"training": 0.25, "one-token forward": 0.15}
 
 
@@ -148,12 +150,6 @@ def _model(case: Case, device: str, quick: bool) -> tuple[nn.Module, torch.Tenso
     return model, data
 
 
-def _loss(output: Any) -> torch.Tensor:
-    from meta_widget.trace.passes import default_loss
-
-    return default_loss(output)
-
-
 def _timed(step: Callable[[], Any], device: str, warmup: int, repeats: int) -> float:
     """The median seconds of ``repeats`` calls of ``step`` after ``warmup`` calls."""
 
@@ -182,7 +178,7 @@ def measure_case(case: Case, device: str, quick: bool, repeats: int) -> dict[str
 
         def step() -> None:
             with torch.autocast(device, cast, enabled=cast is not None):
-                value = _loss(model(data))
+                value = default_loss(model(data))
             value.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -313,7 +313,7 @@ def test_alike_parameters_share_a_decision_and_a_world_leaves_none(monkeypatch: 
     assert utils.expand_to_full_mesh_op_strategy is counted and not decisions._shared
 
     with monkeypatch.context() as m:  # DTensor alone: every element searched
-        m.setattr(decisions, "_element_decider", lambda: (None, None))
+        m.setattr(decisions, "_element_decider", lambda: None)
         searches.clear()
         alone = mw.analyze(config, (2, 16), **options)
     assert alone.error is None, alone.error

@@ -87,18 +87,18 @@ def world_started(shape: tuple[int, int, int]) -> None:
     if _kept.blocks and _kept.shape != shape:  # decisions of another shape's groups
         forget_meshes()
     _kept.shape = shape
-    module, original = _element_decider()
-    if module is not None and original is not None and not _is_ours(original):
-        module.expand_to_full_mesh_op_strategy = _shared_decision(original)
+    original = _element_decider()
+    if original is not None and not _is_ours(original):
+        _strategy_utils.expand_to_full_mesh_op_strategy = _shared_decision(original)
 
 
 def world_ended() -> None:
     """The world ends (on every path): DTensor decides elements as before, and its decisions
     are forgotten unless a :func:`keeping_decisions` block runs. Idempotent."""
     try:
-        module, current = _element_decider()
-        if module is not None and _is_ours(current):
-            module.expand_to_full_mesh_op_strategy = current._shared_from  # type: ignore[union-attr]
+        current = _element_decider()
+        if _is_ours(current):
+            _strategy_utils.expand_to_full_mesh_op_strategy = current._shared_from  # type: ignore[union-attr]
     finally:
         if not _kept.blocks:
             forget_meshes()
@@ -124,12 +124,12 @@ def forget_meshes() -> None:
         cached.cache_clear()
 
 
-def _element_decider() -> tuple[Any, Callable[..., Any] | None]:
-    """The module whose ``expand_to_full_mesh_op_strategy`` decides one element of a
-    multi-tensor op (DTensor looks it up there at each call), and that function; (None, None)
-    where this PyTorch has none (nothing is shared then)."""
+def _element_decider() -> Callable[..., Any] | None:
+    """``expand_to_full_mesh_op_strategy``, which decides one element of a multi-tensor op
+    (DTensor looks it up in its module at each call); None where this PyTorch has none
+    (nothing is shared then)."""
     found = getattr(_strategy_utils, "expand_to_full_mesh_op_strategy", None)
-    return (_strategy_utils, found) if callable(found) else (None, None)
+    return found if callable(found) else None
 
 
 def _is_ours(decider: Any) -> bool:
