@@ -7,8 +7,9 @@ timeline (``forward``, ``backward``, ``optimizer``). The second step starts with
 and runs on top of what the first left (the optimizer state; the gradients, zeroed, where
 ``set_to_none=False``): from then on every step is the same, so it is the steady state. Its calls,
 FLOPs and costs are not counted again: the records are the first step's. Generate
-(``mode="generate"``): ``eval()``, ``no_grad()``, transformers' ``generate()`` (``meta_widget.trace.generate``), its prefill and decode steps marked on the
-timeline. Everything is undone afterwards, whatever interrupts it: hooks, modes, grad
+(``mode="generate"``): ``eval()``, ``no_grad()``, transformers' ``generate()``
+(``meta_widget.trace.generate``), its prefill and decode steps marked on the timeline.
+Everything is undone afterwards, whatever interrupts it: hooks, modes, grad
 mode, ``training`` flags, patched forwards, gradients and the garbage collector switch.
 """
 
