@@ -1,6 +1,6 @@
 """Estimates: formulas against hand-computed bytes, precisions against real re-traces, and the
-ZeRO-3 per-device estimate against FSDP2 (``fully_shard``) measured by the CPU allocator under the fake
-process group."""
+ZeRO-3 per-device estimate against FSDP2 (``fully_shard``) measured by the CPU allocator under
+the fake process group."""
 
 from __future__ import annotations
 
