@@ -427,6 +427,7 @@ class Recorder:
         elif func in self.kernels:
             run = self.kernels[func]
         flops = _FLOPS.get(func._overloadpacket)
+        workspace = self.workspaces.get(func._overloadpacket)
         uncached = static_bypass(func, answered)
         return OpPlan(
             name=str(func._overloadpacket),
@@ -434,7 +435,9 @@ class Recorder:
             run=run,
             flops=_on_local(flops) if flops is not None and self.local_flops else flops,
             uncached=uncached,
-            workspace=self.workspaces.get(func._overloadpacket),
+            workspace=_on_local(workspace)
+            if workspace is not None and self.local_flops
+            else workspace,  # a DTensor op's kernel runs on its local tensors
             free=is_free(func, uncached, VIEW),
             causal=causal_index(func),
             convolution=is_convolution(func),
