@@ -36,12 +36,15 @@ from ..data.tree import held_bytes
 from ..data.walk import walk
 from ..trace.storage import local
 from ..units import DTYPE_BYTES
+from .allocator import replay
+from .device import cublas_workspace_bytes, device_bytes, workspaces
 from .modules import ModuleMemory, module_memory
 
 if TYPE_CHECKING:
     import torch
 
     from ..data.records import Allocation, CallRecord
+    from ..data.walk import ModuleWalk
     from ..trace.passes import Trace
 
 
@@ -82,6 +85,16 @@ class MemoryReport:
     timeline_categories: dict[str, list[int]] = field(default_factory=dict)
     #: the parameters, gradients and optimizer state each module owns (``module_memory``)
     by_module: ModuleMemory | None = None
+    #: the peak of the bytes PyTorch's CUDA caching allocator would reserve for this pass
+    #: (``torch.cuda.max_memory_reserved()``): parameters, buffers and inputs, then the
+    #: trace's allocations and frees, replayed through the allocator's rounding, pools, segments
+    #: and reuse with its default settings, plus the cuBLAS workspaces it allocates
+    #: (``meta_widget.memory.allocator``); at least ``peak_bytes`` up to the cuBLAS workspace
+    reserved_bytes: int = 0
+    #: what the process holds on the GPU at that peak, as ``nvidia-smi`` shows it:
+    #: ``reserved_bytes`` + the CUDA context + NCCL's buffers in a parallel trace
+    #: (``meta_widget.memory.device.OVERHEADS``, each figure with its source)
+    device_bytes: int = 0
 
     @property
     def baseline_bytes(self) -> int:
@@ -141,29 +154,43 @@ def _dtype_name(t: torch.Tensor) -> str:
 def unique_bytes(tensors: Sequence[torch.Tensor]) -> dict[str, int]:
     """Bytes by dtype of ``tensors``, each tensor object counted once; a DTensor counts the
     storage of its local shard on this device (FSDP's padding included)."""
-    seen: set[int] = set()
     out: dict[str, int] = {}
+    for t, n in tensor_sizes(tensors):
+        name = _dtype_name(t)
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def tensor_sizes(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """Each tensor object of ``tensors`` once, with its bytes as :func:`unique_bytes` counts
+    them, in order."""
+    seen: set[int] = set()
+    out: list[tuple[torch.Tensor, int]] = []
     for t in tensors:
         if id(t) in seen:
             continue
         seen.add(id(t))
-        name = _dtype_name(t)
         held = local(t)
         if type(t).__name__ != "DTensor":
             n = held_bytes(t)  # a quantized weight: its inner tensors
         else:
             n = held.untyped_storage().nbytes() if held is not t else t.numel() * t.element_size()
-        out[name] = out.get(name, 0) + n
+        out.append((t, n))
     return out
 
 
 def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
+    return sum(storage_sizes(tensors))
+
+
+def storage_sizes(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """Bytes of each distinct storage behind ``tensors``, in order of first use."""
     seen: dict[int, int] = {}
     for t in tensors:
         st = t.untyped_storage()
         seen[st._cdata] = st.nbytes()
-    return sum(seen.values())
+    return list(seen.values())
 
 
 #: the memory categories, in the order the widget stacks them (``choices.MemoryCategory``)
@@ -260,7 +287,7 @@ def memory_report(
     report.categories = {c: static.get(c, 0) for c in CATEGORIES}
     report.by_module = module_memory(tree, trace)
     if not events or trace is None:
-        return report
+        return device_memory(report, tree, inputs, trace)
     i = max(range(len(events)), key=lambda k: events[k].live_bytes)
     peak = events[i]
     report.peak_bytes = base + peak.live_bytes
@@ -278,4 +305,22 @@ def memory_report(
     alive = [a for a in trace.allocations if a.freed < 0]
     report.gradient_bytes = sum(a.nbytes for a in alive if a.key in trace.grad_keys)
     report.optimizer_state_bytes = sum(a.nbytes for a in alive if a.key in trace.state_keys)
+    return device_memory(report, tree, inputs, trace)
+
+
+def device_memory(
+    report: MemoryReport, tree: ModuleWalk, inputs: Sequence[torch.Tensor], trace: Trace | None
+) -> MemoryReport:
+    """Fill ``report.reserved_bytes`` and ``device_bytes`` (see :class:`MemoryReport`): the
+    caching allocator replayed over the parameters, buffers and inputs (each its own tensor,
+    in that order), then ``trace``'s allocations, with a cuBLAS workspace of today's training
+    GPUs (Hopper, Blackwell: 32 MiB) before the first GEMM of each thread."""
+    initial = [n for _, n in tensor_sizes([p for _, p in tree.parameters])]
+    initial += [n for _, n in tensor_sizes([b for _, b in tree.buffers])]
+    initial += storage_sizes(inputs)
+    allocations = trace.allocations if trace is not None else []
+    extra = workspaces(trace.events, cublas_workspace_bytes()) if trace is not None else []
+    report.reserved_bytes = replay(allocations, initial, extra=extra).peak_bytes
+    parallel = any(a.category is not None for a in allocations)
+    report.device_bytes = device_bytes(report.reserved_bytes, communicators=int(parallel))
     return report
