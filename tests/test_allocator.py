@@ -222,3 +222,20 @@ def test_config_refuses_what_pytorch_refuses() -> None:
     assert AllocatorConfig.parse("expandable_segments:True,max_split_size_mb:128") == (
         AllocatorConfig(expandable_segments=True, max_split_size_mb=128)
     )
+
+
+def test_the_gpu_benchmark_predicts_on_the_cpu() -> None:
+    """``benchmarks/allocator_gpu.py``'s CPU side: its MLP (512 -> 2048 -> 2048 -> 10, batch 64)
+    in inference. The 4 MiB first weight takes a 20 MiB segment and leaves 16 MiB cached, which
+    the 16 MiB second weight fits exactly; biases, the last weight, the 128 KiB input and the
+    512 KiB activations fit one 2 MiB small segment; the first addmm allocates the 32 MiB cuBLAS
+    workspace: 20 + 2 + 32 MiB."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import allocator_gpu
+
+    row = allocator_gpu.run_predict(("MLP | inference",))["MLP | inference"]
+    assert row["predicted_reserved_bytes"] == (20 + 2 + 32) * MIB
+    assert row["predicted_device_bytes"] == row["predicted_reserved_bytes"] + CONTEXT_BYTES
