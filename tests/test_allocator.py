@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import meta_widget as mw
 from meta_widget.data.records import Allocation
@@ -239,3 +240,25 @@ def test_the_gpu_benchmark_predicts_on_the_cpu() -> None:
     row = allocator_gpu.run_predict(("MLP | inference",))["MLP | inference"]
     assert row["predicted_reserved_bytes"] == (20 + 2 + 32) * MIB
     assert row["predicted_device_bytes"] == row["predicted_reserved_bytes"] + CONTEXT_BYTES
+
+
+def test_initial_tensors_in_the_order_module_to_moves_them() -> None:
+    """Children first, then a module's own parameters, then its buffers, a shared module once:
+    the order ``Module._apply`` (what ``.to("cuda")`` runs) hands the tensors to its function."""
+    from meta_widget.memory.report import moved_order
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.zeros(1))
+            self.proj = nn.Linear(2, 3)
+            self.register_buffer("mask", torch.zeros(2))
+            self.norm = nn.BatchNorm1d(4)
+            self.again = self.proj  # shared
+
+    net = Net()
+    seen: list[torch.Tensor] = []
+    net._apply(lambda t: seen.append(t) or t)
+    first = [t for i, t in enumerate(seen) if all(t is not u for u in seen[:i])]
+    order = moved_order(net)
+    assert len(order) == len(first) and all(a is b for a, b in zip(order, first, strict=True))

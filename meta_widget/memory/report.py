@@ -312,11 +312,11 @@ def device_memory(
     report: MemoryReport, tree: ModuleWalk, inputs: Sequence[torch.Tensor], trace: Trace | None
 ) -> MemoryReport:
     """Fill ``report.reserved_bytes`` and ``device_bytes`` (see :class:`MemoryReport`): the
-    caching allocator replayed over the parameters, buffers and inputs (each its own tensor,
-    in that order), then ``trace``'s allocations, with a cuBLAS workspace of today's training
-    GPUs (Hopper, Blackwell: 32 MiB) before the first GEMM of each thread."""
-    initial = [n for _, n in tensor_sizes([p for _, p in tree.parameters])]
-    initial += [n for _, n in tensor_sizes([b for _, b in tree.buffers])]
+    caching allocator replayed over the parameters and buffers in the order ``module.to("cuda")``
+    moves them, then the inputs (each its own tensor), then ``trace``'s allocations, with a
+    cuBLAS workspace of today's training GPUs (Hopper, Blackwell: 32 MiB) before the first GEMM
+    of each thread."""
+    initial = [n for _, n in tensor_sizes(moved_order(tree.modules[0]))] if tree.modules else []
     initial += storage_sizes(inputs)
     allocations = trace.allocations if trace is not None else []
     extra = workspaces(trace.events, cublas_workspace_bytes()) if trace is not None else []
@@ -324,3 +324,21 @@ def device_memory(
     parallel = any(a.category is not None for a in allocations)
     report.device_bytes = device_bytes(report.reserved_bytes, communicators=int(parallel))
     return report
+
+
+def moved_order(root: torch.nn.Module) -> list[torch.Tensor]:
+    """The parameters and buffers in the order ``root.to(device)`` moves them
+    (``Module._apply``): each module's children first, then its own parameters, then its own
+    buffers; a module or tensor met again is moved already."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    todo: list[tuple[torch.nn.Module, bool]] = [(root, False)]
+    while todo:
+        m, children_done = todo.pop()
+        if children_done:
+            out += [t for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+        elif id(m) not in seen:
+            seen.add(id(m))
+            todo.append((m, True))
+            todo += [(c, False) for c in reversed(m._modules.values()) if c is not None]
+    return out
