@@ -10,6 +10,8 @@ On a device, ``benchmarks/allocator_gpu.py`` checks the replay against
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from torch import nn
@@ -17,7 +19,7 @@ from torch import nn
 import meta_widget as mw
 from meta_widget.data.records import Allocation
 from meta_widget.memory.allocator import AllocatorConfig, replay, run
-from meta_widget.memory.caching import MIB, allocation_size, round_size
+from meta_widget.memory.caching import MIB, Block, CachingAllocator, allocation_size, round_size
 from meta_widget.memory.device import CONTEXT_BYTES, OVERHEADS, device_bytes, workspaces
 
 KB = 1024
@@ -262,3 +264,52 @@ def test_initial_tensors_in_the_order_module_to_moves_them() -> None:
     first = [t for i, t in enumerate(seen) if all(t is not u for u in seen[:i])]
     order = moved_order(net)
     assert len(order) == len(first) and all(a is b for a, b in zip(order, first, strict=True))
+
+
+def _mapped_bytes(alloc: CachingAllocator, live: dict[int, Block]) -> int:
+    """The bytes of the mapped blocks of every segment, checking that the blocks of each
+    segment tile it in address order and that no two free neighbours were left unmerged."""
+    blocks = {b for pool in alloc.pools for b in pool.blocks.values()} | set(live.values())
+    walked: set[Block] = set()
+    mapped = 0
+    for head in (b for b in blocks if b.prev is None):
+        b: Block | None = head
+        while b is not None:
+            walked.add(b)
+            after = b.next
+            if after is not None:
+                assert after.prev is b and b.ptr + b.size == after.ptr
+                assert b.allocated or after.allocated or b.mapped != after.mapped
+            mapped += b.size if b.mapped else 0
+            b = after
+    assert walked == blocks
+    return mapped
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_sequences_keep_the_books(seed: int) -> None:
+    """Reserved is the bytes of the segments' mapped blocks, allocated those of the live
+    blocks, capacity is never passed, whatever the settings and the order."""
+    rnd = random.Random(seed)
+    configs = [
+        AllocatorConfig(),
+        AllocatorConfig(expandable_segments=True),
+        AllocatorConfig(max_split_size_mb=64),
+        AllocatorConfig(roundup_power2_divisions=4),
+    ]
+    capacity = (None, 200 * MIB, 400 * MIB)[seed % 3]
+    alloc = CachingAllocator(configs[seed % 4], capacity)
+    live: dict[int, Block] = {}
+    for step in range(200):
+        if live and rnd.random() < 0.45:
+            alloc.free(live.pop(rnd.choice(list(live))))
+        else:
+            top = rnd.choice((4096, 2 * MIB, 30 * MIB, 120 * MIB))
+            nbytes = rnd.randint(max(1, top // 4), top)
+            block = alloc.malloc(nbytes, stream=rnd.choice((0, 0, 1)))
+            if block is not None:
+                assert block.size >= nbytes
+                live[step] = block
+        assert _mapped_bytes(alloc, live) == alloc.reserved
+        assert alloc.allocated == sum(b.size for b in live.values())
+        assert capacity is None or alloc.reserved <= capacity
