@@ -313,3 +313,24 @@ def test_random_sequences_keep_the_books(seed: int) -> None:
         assert _mapped_bytes(alloc, live) == alloc.reserved
         assert alloc.allocated == sum(b.size for b in live.values())
         assert capacity is None or alloc.reserved <= capacity
+
+
+def test_a_parallel_trace_adds_nccl_buffers_per_mesh_dimension() -> None:
+    """FSDP2 over 2 ranks: one communicator, NCCL_BUFFSIZE (4 MiB) x 16 channels x 2 ring
+    peers on top of reserved and the context; one device: none."""
+
+    class Deep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(256, 256) for _ in range(4)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    one = mw.analyze(Deep, input_size=(8, 256), mode="training").memory
+    assert one.device_bytes - one.reserved_bytes == CONTEXT_BYTES
+    sharded = mw.analyze(Deep, input_size=(8, 256), mode="training", parallel={"fsdp": 2})
+    mem = sharded.memory
+    assert mem.device_bytes - mem.reserved_bytes == CONTEXT_BYTES + 16 * 2 * 4 * MIB

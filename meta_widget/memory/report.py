@@ -321,9 +321,22 @@ def device_memory(
     allocations = trace.allocations if trace is not None else []
     extra = workspaces(trace.events, cublas_workspace_bytes()) if trace is not None else []
     report.reserved_bytes = replay(allocations, initial, extra=extra).peak_bytes
-    parallel = any(a.category is not None for a in allocations)
-    report.device_bytes = device_bytes(report.reserved_bytes, communicators=int(parallel))
+    report.device_bytes = device_bytes(report.reserved_bytes, communicators(tree, allocations))
     return report
+
+
+def communicators(tree: ModuleWalk, allocations: Sequence[Allocation]) -> int:
+    """NCCL communicators a rank of this trace holds: one per dimension of the device mesh of
+    its DTensor parameters (FSDP2, tensor parallelism, both), one when only FSDP2's buffers
+    say the trace is parallel, 0 on one device."""
+    dims = [
+        int(getattr(p, "device_mesh").ndim)  # noqa: B009 (a DTensor's, unknown to Parameter)
+        for _, p in tree.parameters
+        if type(p).__name__ == "DTensor"
+    ]
+    if dims:
+        return max(dims)
+    return int(any(a.category is not None for a in allocations))
 
 
 def moved_order(root: torch.nn.Module) -> list[torch.Tensor]:
