@@ -21,6 +21,9 @@ Definitions (the README repeats them):
   pass that made it.
 - **timeline by category**: the same split after every event, so that at each event the
   categories add up to the live bytes and at the peak they equal the categories above.
+- **reserved bytes**: the peak of what PyTorch's CUDA caching allocator reserves for the same
+  allocations (``allocator.replay``: its rounding, pools, segments and reuse, cuBLAS workspaces
+  included); **device bytes**: reserved + the CUDA context + NCCL's buffers (``device.py``).
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class MemoryReport:
     #: (``torch.cuda.max_memory_reserved()``): parameters, buffers and inputs, then the
     #: trace's allocations and frees, replayed through the allocator's rounding, pools, segments
     #: and reuse with its default settings, plus the cuBLAS workspaces it allocates
-    #: (``meta_widget.memory.allocator``); at least ``peak_bytes`` up to the cuBLAS workspace
+    #: (``meta_widget.memory.allocator``); never below ``peak_bytes``
     reserved_bytes: int = 0
     #: what the process holds on the GPU at that peak, as ``nvidia-smi`` shows it:
     #: ``reserved_bytes`` + the CUDA context + NCCL's buffers in a parallel trace
