@@ -163,7 +163,8 @@ def run_compare(path: str) -> int:
     print(f"measured: torch {measured['torch']} on {measured['device']}; MiB\n")
     print("| case | reserved predicted / measured | device predicted / nvidia-smi |")
     print("|---|---|---|")
-    for name, row in measured["cases"].items():
+    for case, row in measured["cases"].items():
+        name = case.replace("|", "\\|")  # a table cell
         if "max_memory_reserved" not in row or "predicted_reserved_bytes" not in row:
             print(f"| {name} | {row.get('error', row.get('prediction_error', '?'))} | |")
             continue

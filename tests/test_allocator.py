@@ -10,7 +10,10 @@ On a device, ``benchmarks/allocator_gpu.py`` checks the replay against
 
 from __future__ import annotations
 
+import json
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,9 +236,6 @@ def test_the_gpu_benchmark_predicts_on_the_cpu() -> None:
     the 16 MiB second weight fits exactly; biases, the last weight, the 128 KiB input and the
     512 KiB activations fit one 2 MiB small segment; the first addmm allocates the 32 MiB cuBLAS
     workspace: 20 + 2 + 32 MiB."""
-    import sys
-    from pathlib import Path
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import allocator_gpu
 
@@ -355,10 +355,6 @@ H200_ROWS = (
 def test_replayed_blocks_equal_the_h200s_max_memory_allocated(name: str) -> None:
     """The replay's allocated peak (blocks as the allocator hands them out: rounded, whole when
     not split) against a real device's ``max_memory_allocated``, within 0.5 %."""
-    import json
-    import sys
-    from pathlib import Path
-
     from meta_widget.memory.report import moved_order, storage_sizes, tensor_sizes
     from meta_widget.trace.passes import trace
 
@@ -382,3 +378,26 @@ def test_replayed_blocks_equal_the_h200s_max_memory_allocated(name: str) -> None
     r = replay(t.allocations, initial + storage_sizes(tensors))
     truth = measured["cases"][name]["peak_bytes"]
     assert r.peak_allocated_bytes == pytest.approx(truth, rel=0.005)
+
+
+STORED = Path(__file__).resolve().parent.parent / "benchmarks/results/allocator_h200.json"
+
+
+@pytest.mark.skipif(
+    not STORED.exists(),
+    reason="no device measurement yet: run benchmarks/allocator_gpu.py --measure "
+    "benchmarks/results/allocator_h200.json on a CUDA machine",
+)
+def test_reserved_within_3_percent_of_the_devices_max_memory_reserved() -> None:
+    """Each case of the stored measurement: the replay's reserved peak against the device's
+    ``torch.cuda.max_memory_reserved()`` (the prediction recomputed here, not read back)."""
+    sys.path.insert(0, str(STORED.parent.parent))
+    import allocator_gpu
+
+    measured = json.loads(STORED.read_text())["cases"]
+    for name, row in measured.items():
+        if "max_memory_reserved" not in row:
+            continue
+        predicted = allocator_gpu.prediction(allocator_gpu.CASES[name])
+        got = predicted["predicted_reserved_bytes"]
+        assert got == pytest.approx(row["max_memory_reserved"], rel=0.03), name
