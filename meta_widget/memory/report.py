@@ -25,6 +25,9 @@ Definitions (the README repeats them):
   pass that made it.
 - **timeline by category**: the same split after every event, so that at each event the
   categories add up to the live bytes and at the peak they equal the categories above.
+- **reserved bytes**: the peak of what PyTorch's CUDA caching allocator reserves for the same
+  allocations (``allocator.replay``: its rounding, pools, segments and reuse, cuBLAS workspaces
+  included); **device bytes**: reserved + the CUDA context + NCCL's buffers (``device.py``).
 """
 
 from __future__ import annotations
@@ -40,12 +43,15 @@ from ..data.tree import held_bytes
 from ..data.walk import walk
 from ..trace.storage import local
 from ..units import DTYPE_BYTES
+from .allocator import replay
+from .device import cublas_workspace_bytes, device_bytes, workspaces
 from .modules import ModuleMemory, module_memory
 
 if TYPE_CHECKING:
     import torch
 
     from ..data.records import Allocation, CallRecord, Event
+    from ..data.walk import ModuleWalk
     from ..trace.passes import Trace
 
 
@@ -93,6 +99,16 @@ class MemoryReport:
     first_step_peak_bytes: int = 0
     #: training: the step the peak is in, 1 or 2 (2: the steady state); None for one pass
     peak_step: int | None = None
+    #: the peak of the bytes PyTorch's CUDA caching allocator would reserve for this pass
+    #: (``torch.cuda.max_memory_reserved()``): parameters, buffers and inputs, then the
+    #: trace's allocations and frees, replayed through the allocator's rounding, pools, segments
+    #: and reuse with its default settings, plus the cuBLAS workspaces it allocates
+    #: (``meta_widget.memory.allocator``); never below ``peak_bytes``
+    reserved_bytes: int = 0
+    #: what the process holds on the GPU at that peak, as ``nvidia-smi`` shows it:
+    #: ``reserved_bytes`` + the CUDA context + NCCL's buffers in a parallel trace
+    #: (``meta_widget.memory.device.OVERHEADS``, each figure with its source)
+    device_bytes: int = 0
 
     @property
     def baseline_bytes(self) -> int:
@@ -164,29 +180,43 @@ def _dtype_name(t: torch.Tensor) -> str:
 def unique_bytes(tensors: Sequence[torch.Tensor]) -> dict[str, int]:
     """Bytes by dtype of ``tensors``, each tensor object counted once; a DTensor counts the
     storage of its local shard on this device (FSDP's padding included)."""
-    seen: set[int] = set()
     out: dict[str, int] = {}
+    for t, n in tensor_sizes(tensors):
+        name = _dtype_name(t)
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def tensor_sizes(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """Each tensor object of ``tensors`` once, with its bytes as :func:`unique_bytes` counts
+    them, in order."""
+    seen: set[int] = set()
+    out: list[tuple[torch.Tensor, int]] = []
     for t in tensors:
         if id(t) in seen:
             continue
         seen.add(id(t))
-        name = _dtype_name(t)
         held = local(t)
         if type(t).__name__ != "DTensor":
             n = held_bytes(t)  # a quantized weight: its inner tensors
         else:
             n = held.untyped_storage().nbytes() if held is not t else t.numel() * t.element_size()
-        out[name] = out.get(name, 0) + n
+        out.append((t, n))
     return out
 
 
 def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
+    return sum(storage_sizes(tensors))
+
+
+def storage_sizes(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """Bytes of each distinct storage behind ``tensors``, in order of first use."""
     seen: dict[int, int] = {}
     for t in tensors:
         st = t.untyped_storage()
         seen[st._cdata] = st.nbytes()
-    return sum(seen.values())
+    return list(seen.values())
 
 
 #: the memory categories, in the order the widget stacks them (``choices.MemoryCategory``)
@@ -286,7 +316,7 @@ def memory_report(
     report.categories = {c: static.get(c, 0) for c in CATEGORIES}
     report.by_module = module_memory(tree, trace)
     if not events or trace is None:
-        return report
+        return device_memory(report, tree, inputs, trace)
     i = _peak_index(events, steps)
     peak = events[i]
     report.peak_bytes = base + peak.live_bytes
@@ -306,4 +336,57 @@ def memory_report(
     alive = [a for a in trace.allocations if a.freed < 0]
     report.gradient_bytes = sum(a.nbytes for a in alive if a.key in trace.grad_keys)
     report.optimizer_state_bytes = sum(a.nbytes for a in alive if a.key in trace.state_keys)
+    return device_memory(report, tree, inputs, trace)
+
+
+def device_memory(
+    report: MemoryReport, tree: ModuleWalk, inputs: Sequence[torch.Tensor], trace: Trace | None
+) -> MemoryReport:
+    """Fill ``report.reserved_bytes`` and ``device_bytes`` (see :class:`MemoryReport`): the
+    caching allocator replayed over the parameters and buffers in the order ``module.to("cuda")``
+    moves them, then the inputs (each its own tensor), then ``trace``'s allocations, with a
+    cuBLAS workspace of today's training GPUs (Hopper, Blackwell: 32 MiB) before the first GEMM
+    of each thread."""
+    initial = [n for _, n in tensor_sizes(moved_order(tree.modules[0]))] if tree.modules else []
+    initial += storage_sizes(inputs)
+    allocations = trace.allocations if trace is not None else []
+    extra = workspaces(trace.events, cublas_workspace_bytes()) if trace is not None else []
+    report.reserved_bytes = replay(allocations, initial, extra=extra).peak_bytes
+    report.device_bytes = device_bytes(report.reserved_bytes, communicators(tree, allocations))
     return report
+
+
+def communicators(tree: ModuleWalk, allocations: Sequence[Allocation]) -> int:
+    """NCCL communicators a rank of this trace holds: one per dimension of the device mesh of
+    its DTensor parameters (FSDP2, tensor parallelism, both), one when only FSDP2's buffers
+    say the trace is parallel, 0 on one device."""
+    dims = [
+        int(getattr(p, "device_mesh").ndim)  # noqa: B009 (a DTensor's, unknown to Parameter)
+        for _, p in tree.parameters
+        if type(p).__name__ == "DTensor"
+    ]
+    if dims:
+        return max(dims)
+    return int(any(a.category in _PARALLEL_CATEGORIES for a in allocations))
+
+
+#: categories only a parallel trace gives allocations (``meta_widget.distributed.comms``)
+_PARALLEL_CATEGORIES = frozenset({"communication buffers", "unsharded parameters"})
+
+
+def moved_order(root: torch.nn.Module) -> list[torch.Tensor]:
+    """The parameters and buffers in the order ``root.to(device)`` moves them
+    (``Module._apply``): each module's children first, then its own parameters, then its own
+    buffers; a module or tensor met again is moved already."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    todo: list[tuple[torch.nn.Module, bool]] = [(root, False)]
+    while todo:
+        m, children_done = todo.pop()
+        if children_done:
+            out += [t for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+        elif id(m) not in seen:
+            seen.add(id(m))
+            todo.append((m, True))
+            todo += [(c, False) for c in reversed(m._modules.values()) if c is not None]
+    return out
