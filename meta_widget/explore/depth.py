@@ -210,7 +210,23 @@ def _inserted(short: Sequence[Token], long: Sequence[Token]) -> list[tuple[int, 
             runs.append((j1, j2))
         elif tag != "equal":
             return None
-    return _joined(short, long, runs) or None
+    return _split(long, _joined(short, long, runs)) or None
+
+
+def _split(events: Sequence[Token], runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``runs`` cut where the phase changes inside one: the layer's events at the end of a
+    phase and at the start of the next repeat each in its own phase (``XXYY``, not ``XYXY``):
+    a training step's optimizer loop, then the next step's ``zero_grad`` freeing the layer's
+    gradients, are two runs the diff may see as one."""
+    out: list[tuple[int, int]] = []
+    for start, end in runs:
+        cut = start
+        for j in range(start + 1, end):
+            if events[j][2] != events[j - 1][2]:
+                out.append((cut, j))
+                cut = j
+        out.append((cut, end))
+    return out
 
 
 def _joined(
