@@ -65,6 +65,8 @@ class Sample:
     flops: int
     tokens: int | None
     samples: int | None
+    #: the event index where each training step begins (``MemoryReport.steps``)
+    steps: tuple[int, ...] = (0,)
 
 
 def depth_of(model: Any) -> int | None:
@@ -126,7 +128,10 @@ def sample(a: Analysis, layers: int) -> Sample:
     comms = Counter(
         (c.collective, c.bytes, c.group, c.group_size, str(c.phase)) for c in a.comm_records
     )
-    return Sample(layers, tuple(events), base, costs, comms, int(a.total_flops), tokens, samples)
+    return Sample(
+        layers, tuple(events), base, costs, comms, int(a.total_flops), tokens, samples,
+        tuple(report.steps),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,7 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     """The full depth's peak and step time from the samples at 2, 3 and 4 layers; None when
     the third sample does not follow the rule of the first two."""
     two, three, four = samples
-    runs = _inserted(two.events, three.events)
+    runs = _inserted_by_step(two, three)
     if runs is None or _repeat(three.events, runs, 2) != list(four.events):
         return None
     extra = layers - three.layers
@@ -198,6 +203,25 @@ def _step(before: Counter[Any], after: Counter[Any]) -> dict[Any, int]:
     """What ``after`` adds to ``before``, zeros left out."""
     keys = set(before) | set(after)
     return {k: after[k] - before[k] for k in keys if after[k] != before[k]}
+
+
+def _inserted_by_step(short: Sample, long: Sample) -> list[tuple[int, int]] | None:
+    """:func:`_inserted` step by step (a training trace holds two alike steps: one diff of the
+    whole could match a layer of one step against the other's), the runs in ``long``."""
+    if len(short.steps) != len(long.steps):
+        return None
+    runs: list[tuple[int, int]] = []
+    bounds = zip(
+        [*short.steps[1:], len(short.events)], [*long.steps[1:], len(long.events)], strict=True
+    )
+    for (a, b), (end_a, end_b) in zip(
+        zip(short.steps, long.steps, strict=True), bounds, strict=True
+    ):
+        found = _inserted(short.events[a:end_a], long.events[b:end_b])
+        if found is None:
+            return None
+        runs.extend((start + b, end + b) for start, end in found)
+    return runs
 
 
 def _inserted(short: Sequence[Token], long: Sequence[Token]) -> list[tuple[int, int]] | None:
