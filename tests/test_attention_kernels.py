@@ -199,3 +199,25 @@ def test_a_parallel_rank_runs_the_attention_kernel_of_one_device(
     # the kernel one device picks skips the causal half (its executed FLOPs, against the count)
     for ops, forward, _ in layers:
         assert forward == [sum(n for op, n in ops.items() if "backward" not in op) // 2]
+
+
+def test_only_the_ranks_fake_tensors_look_real_and_only_while_it_runs() -> None:
+    """transformers' ``is_tracing`` answers for the rank's fake tensors as for real ones while
+    its trace runs; fake tensors of another mode (a compiler's) stay fake to it, and afterwards
+    the library is as it was."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers.utils import import_utils
+
+    from meta_widget.distributed.stand_ins import SeenAsReal
+
+    before = import_utils.is_fake_tensor
+    rank, other = FakeTensorMode(), FakeTensorMode()
+    with rank:
+        mine = torch.empty(2)
+    with other:
+        theirs = torch.empty(2)
+    with SeenAsReal(rank):
+        assert not import_utils.is_tracing(mine)
+        assert import_utils.is_tracing(theirs)
+    assert import_utils.is_fake_tensor is before
+    assert import_utils.is_tracing(mine)

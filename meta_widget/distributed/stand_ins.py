@@ -55,14 +55,18 @@ class SeenAsReal:
         self.mode = mode
 
     def __enter__(self) -> SeenAsReal:
-        with _lock:
-            _modes.append(self.mode)
-            for key in CHECKS:
-                module = sys.modules.get(key[0])
-                original = getattr(module, key[1], None)
-                if module is not None and original is not None and key not in _originals:
-                    _originals[key] = original
-                    setattr(module, key[1], _seen_as(original))
+        try:
+            with _lock:
+                _modes.append(self.mode)
+                for key in CHECKS:
+                    module = sys.modules.get(key[0])
+                    original = getattr(module, key[1], None)
+                    if module is not None and original is not None and key not in _originals:
+                        _originals[key] = original
+                        setattr(module, key[1], _seen_as(original))
+        except BaseException:  # an interrupt half-way: nothing stays patched
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -65,6 +65,8 @@ class Sample:
     flops: int
     tokens: int | None
     samples: int | None
+    #: the part of ``flops`` that activation checkpointing recomputes
+    recompute_flops: int = 0
 
 
 def depth_of(model: Any) -> int | None:
@@ -126,7 +128,10 @@ def sample(a: Analysis, layers: int) -> Sample:
     comms = Counter(
         (c.collective, c.bytes, c.group, c.group_size, str(c.phase)) for c in a.comm_records
     )
-    return Sample(layers, tuple(events), base, costs, comms, int(a.total_flops), tokens, samples)
+    recomputed = sum(c.recompute_self_flops for c in a.calls)
+    return Sample(
+        layers, tuple(events), base, costs, comms, int(a.total_flops), tokens, samples, recomputed
+    )
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,11 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     extra = layers - three.layers
     linear = [
         _linear(
-            [Counter({k: getattr(s, k) for k in ("baseline", "flops")}) for s in samples], extra
+            [
+                Counter({k: getattr(s, k) for k in ("baseline", "flops", "recompute_flops")})
+                for s in samples
+            ],
+            extra,
         ),
         _linear([s.comms for s in samples], extra),
         *(_linear([s.costs.get(p, Counter()) for s in samples], extra) for p in _phases(samples)),
@@ -161,6 +170,7 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     peak = totals["baseline"] + (int(np.cumsum(deltas).max()) if deltas.size else 0)
     call = CallRecord(0, "", "", -1, -1, 0, [], costs=dict(costs.get("forward", {})))
     call.backward_costs = dict(costs.get("backward", {}))
+    call.recompute_self_flops = totals["recompute_flops"]
     outside = {
         p.removeprefix("outside "): dict(c) for p, c in costs.items() if p.startswith("outside ")
     }

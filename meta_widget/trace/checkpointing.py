@@ -16,8 +16,8 @@ under autocast runs flash in bf16) and run it in float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -33,9 +33,12 @@ def patch_forwards(
     modules: Sequence[torch.nn.Module],
     autocast: Callable[[], Autocast] | None,
     undo: Undo,
+    recomputation: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> None:
     """Run each module's forward under activation checkpointing (an instance attribute); the
-    undo step puts back exactly what was there, a ``forward`` the user set on the instance too."""
+    undo step puts back exactly what was there, a ``forward`` the user set on the instance too.
+    ``recomputation()`` is entered around each recomputation (the recorder's, which counts its
+    FLOPs apart)."""
     for m in modules:
         state = vars(m)
         had, before = "forward" in state, state.get("forward")
@@ -47,22 +50,31 @@ def patch_forwards(
                 vars(m).pop("forward", None)  # back to the class's forward
 
         undo.add(restore)
-        checkpoint_forward(m, autocast)
+        checkpoint_forward(m, autocast, recomputation)
 
 
 def checkpoint_forward(
-    m: torch.nn.Module, autocast: Callable[[], Autocast] | None = None
+    m: torch.nn.Module,
+    autocast: Callable[[], Autocast] | None = None,
+    recomputation: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> torch.nn.Module:
     """Make ``m``'s forward run under activation checkpointing (an instance attribute).
 
     ``autocast`` (it makes the trace's autocast mode) is entered for the recomputation alone, on
     top of the trace's modes (see the module's docstring): the forward runs inside the trace's
     own autocast already, so both runs use the same kernels and casts and make the same tensors.
+    ``recomputation()`` is entered around the recomputation too (``torch.utils.checkpoint``
+    enters its recompute context around the whole of it, an early stop included).
     """
     forward = m.forward
 
+    @contextmanager
+    def recompute() -> Iterator[None]:  # entered when the recomputation starts, not before
+        with recomputation(), autocast() if autocast is not None else nullcontext():
+            yield
+
     def contexts() -> tuple[AbstractContextManager[Any], AbstractContextManager[Any]]:
-        return nullcontext(), autocast() if autocast is not None else nullcontext()
+        return nullcontext(), recompute()
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)

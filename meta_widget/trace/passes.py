@@ -257,7 +257,9 @@ def _setup_and_run(
     exception the model raised, if any (interrupts go through)."""
     try:
         set_training(run.recorder.root, training)
-        patch_forwards(checkpointed if training else (), run.autocast, undo)
+        patch_forwards(
+            checkpointed if training else (), run.autocast, undo, run.recorder.recomputation
+        )
         if not training and device != "math":  # the fused inference kernels a device runs
             patch_fast_paths(run.recorder.walk.modules, device, undo)
         undo.add(FunctionModes().restore)
