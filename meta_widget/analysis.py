@@ -413,6 +413,7 @@ def analyze(
     mode: str = "inference",
     optimizer: str | None = DEFAULT_OPTIMIZER,
     foreach: bool | None = None,
+    set_to_none: bool = True,
     loss: Callable[[Any], Any] | None = None,
     device: str = "cuda",
     activation_checkpointing: bool | str | Sequence[str] = False,
@@ -460,8 +461,10 @@ def analyze(
         embedding, with a note.
     mode
         ``"inference"`` (``eval()``, no autograd, one forward pass), ``"training"``
-        (``train()``: forward, loss, backward and one optimizer step, each a phase of the
-        memory timeline; refused inside ``torch.inference_mode()``, where autograd is off) or
+        (``train()``: two steps of forward, loss, backward and optimizer step, each a phase of
+        the memory timeline; ``peak_bytes`` is the second, steady step's, which holds the
+        optimizer state throughout, ``memory.first_step_peak_bytes`` the first's; refused
+        inside ``torch.inference_mode()``, where autograd is off) or
         ``"generate"``: transformers' own ``model.generate()`` on the token ids of
         ``input_size=(batch, prompt_len)``, greedy, exactly ``new_tokens`` new tokens, its
         prefill and each decode step marked on the timeline; ``Analysis.kv_cache`` is the
@@ -475,6 +478,9 @@ def analyze(
         ``torch.optim`` builds it with ``foreach=foreach``: None, PyTorch's default on
         ``device`` (multi-tensor on ``"cuda"``, a list of temporaries at once; one parameter
         at a time on ``"cpu"``). See ``meta_widget.trace.optimizers``.
+    set_to_none
+        In training: how ``zero_grad`` clears the gradients before the second step: ``True``
+        (PyTorch's default) frees them; ``False`` keeps them, zeroed, through its forward pass.
     loss
         In training: a function ``loss(output) -> scalar tensor`` (no loss is known by name);
         default the sum of every floating output.
@@ -537,9 +543,8 @@ def analyze(
     gpu
         The accelerator to time the step on: a name of ``mw.gpus()`` (``"H100"``, ``"A100-80GB"``,
         ...) or an ``mw.GPU(...)`` of your own. ``Analysis.time`` then holds the step's time
-        (``forward_s``, ``backward_s``, ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu`` and
-        ``hfu`` (model and hardware FLOPs utilisation: without and with the recomputation),
-        ``tokens_per_s``) and ``to_dataframe()`` each module's ``time_s`` and ``bound``,
+        (``forward_s``, ``backward_s``, ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``hfu``
+        (without, with the recomputation), ``tokens_per_s``) and per module ``time_s``, ``bound``,
         computed from the trace's records by the model of ``docs/speed-model.md`` (nothing is
         traced again for it). An unknown name is an ``OptionError`` listing the known ones.
     listeners

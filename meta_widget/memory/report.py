@@ -12,6 +12,10 @@ Definitions (the README repeats them):
 - **live bytes** after an event: parameters + buffers + inputs + the storage allocated during the
   pass and not yet freed; **peak** is their maximum over the recorded timeline, with the module
   call, the aten op that allocated at that moment and the phase (forward, backward, optimizer).
+  In training the timeline holds two steps (``meta_widget.trace.passes``): the peak is the
+  second, steady step's (every later step repeats it: the optimizer state, and the gradients
+  where ``zero_grad`` keeps them, live from its start), or the first's where that is higher;
+  ``first_step_peak_bytes`` is the first step's alone.
 - **categories** of the bytes live at the peak: parameters, buffers, inputs, gradients (the
   ``.grad`` of each trainable parameter after backward), optimizer state (what ``step()`` keeps,
   e.g. AdamW's two moments, plus its step counters kept on the CPU), activations (in inference
@@ -41,7 +45,7 @@ from .modules import ModuleMemory, module_memory
 if TYPE_CHECKING:
     import torch
 
-    from ..data.records import Allocation, CallRecord
+    from ..data.records import Allocation, CallRecord, Event
     from ..trace.passes import Trace
 
 
@@ -82,6 +86,13 @@ class MemoryReport:
     timeline_categories: dict[str, list[int]] = field(default_factory=dict)
     #: the parameters, gradients and optimizer state each module owns (``module_memory``)
     by_module: ModuleMemory | None = None
+    #: training: the timeline index where each step begins (``[0, k]``: the first step, then
+    #: the steady one); ``[0]`` for one pass
+    steps: list[int] = field(default_factory=lambda: [0])
+    #: the peak of the first step alone (equal to ``peak_bytes`` for one pass)
+    first_step_peak_bytes: int = 0
+    #: training: the step the peak is in, 1 or 2 (2: the steady state); None for one pass
+    peak_step: int | None = None
 
     @property
     def baseline_bytes(self) -> int:
@@ -128,6 +139,18 @@ class MemoryReport:
     def by_category(self) -> dict[str, int]:
         """Bytes live at the peak, by category; they add up to ``peak_bytes``."""
         return dict(self.categories)
+
+
+def _peak_index(events: Sequence[Event], steps: Sequence[int]) -> int:
+    """The event at the peak: the steady step's highest (its first, if several), unless the
+    first step rises higher."""
+    start = steps[-1] if steps[-1] < len(events) else 0
+    i = max(range(start, len(events)), key=lambda k: events[k].live_bytes)
+    if start:
+        j = max(range(start), key=lambda k: events[k].live_bytes)
+        if events[j].live_bytes > events[i].live_bytes:
+            return j
+    return i
 
 
 def _is_float(dtype: str) -> bool:
@@ -236,11 +259,13 @@ def memory_report(
     params_by_dtype = unique_bytes(params)
     buffers_by_dtype = unique_bytes([b for _, b in tree.buffers])
     events = trace.events if trace is not None else []
+    steps = list(trace.step_starts) if trace is not None else [0]
+    first = events[: steps[1]] if len(steps) > 1 else events  # a step's bytes, not two steps'
     report = MemoryReport(
         param_bytes=sum(params_by_dtype.values()),
         buffer_bytes=sum(buffers_by_dtype.values()),
         input_bytes=storage_bytes(inputs),
-        activation_bytes=sum(e.nbytes for e in events if e.nbytes > 0 and e.phase == Phase.FORWARD),
+        activation_bytes=sum(e.nbytes for e in first if e.nbytes > 0 and e.phase == Phase.FORWARD),
         params_by_dtype=params_by_dtype,
         buffers_by_dtype=buffers_by_dtype,
         float_params=sum(local(p).numel() for p in params if p.is_floating_point()),
@@ -256,14 +281,17 @@ def memory_report(
         "buffers": report.buffer_bytes,
         "inputs": report.input_bytes,
     }
-    report.peak_bytes = base
+    report.peak_bytes = report.first_step_peak_bytes = base
+    report.steps = steps
     report.categories = {c: static.get(c, 0) for c in CATEGORIES}
     report.by_module = module_memory(tree, trace)
     if not events or trace is None:
         return report
-    i = max(range(len(events)), key=lambda k: events[k].live_bytes)
+    i = _peak_index(events, steps)
     peak = events[i]
     report.peak_bytes = base + peak.live_bytes
+    report.peak_step = (2 if i >= steps[-1] else 1) if len(steps) > 1 else None
+    report.first_step_peak_bytes = base + max(e.live_bytes for e in first) if first else base
     report.peak_call = peak.call if peak.call >= 0 else None
     report.peak_op = peak.op
     report.peak_phase = peak.phase

@@ -185,9 +185,28 @@ class Recorder:
         self.kernels: dict[Any, Callable[..., Any]] = {}
         #: > 0 while activation checkpointing recomputes a forward inside backward
         self.recomputing = 0
+        #: called by :meth:`set_aside`, each returning the function that puts back what it set
+        #: aside (a parallel trace's collectives, ``meta_widget.distributed.comms``)
+        self.asides: list[Callable[[], Callable[[], None]]] = []
         self._mode: _OpMode | None = None  # made by open(), dropped by close()
         self._modes: DispatchModes | None = None  # saved by open(), restored by close()
         self._undo = Undo()
+
+    def set_aside(self) -> Callable[[], None]:
+        """Count nothing from now on where the trace's results are read: calls
+        (:meth:`CallStack.set_aside`), FLOPs and costs outside calls, and what each function of
+        ``asides`` sets aside (a parallel trace's collectives); storage events go on. Returns
+        the function that puts it all back (a training trace's second step, ``passes``)."""
+        kept = (self.orphan_flops, self.orphan_ops, self.orphan_costs)
+        self.orphan_flops, self.orphan_ops, self.orphan_costs = 0, {}, {}
+        restores = [self.callstack.set_aside(), *(aside() for aside in self.asides)]
+
+        def restore() -> None:
+            self.orphan_flops, self.orphan_ops, self.orphan_costs = kept
+            for each in restores:
+                each()
+
+        return restore
 
     @property
     def phase(self) -> str:
