@@ -93,7 +93,7 @@ describe("the plan view", () => {
     g.dispatchEvent(new MouseEvent("mouseenter"));
     const tip = el.querySelector(".mw-plan-tip")!.textContent!;
     expect(tip).toBe(`#${c.index} ${candidateText(c)}`);
-    expect(tip).toMatch(/^#0 fsdp=2 · no checkpointing · as given · 1 micro-batch: peak 259 KiB · step 1 ms · MFU 0.0034%$/);
+    expect(tip).toMatch(/^#0 fsdp=2 · no checkpointing · as given · 1 micro-batch: peak 357 KiB \(over the budget\) · step 1 ms · MFU 0.0034%$/);
   });
 
   it("asks the kernel for a clicked candidate's analysis and shows it below when it comes", () => {

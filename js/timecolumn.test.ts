@@ -45,6 +45,7 @@ function timedTiny(): Record<string, unknown> {
     optimizer_s: 0,
     comm_s: 0,
     mfu: 0.01,
+    hfu: 0.01,
     tokens_per_s: null,
     modules: { time_s: seconds, bound },
   };

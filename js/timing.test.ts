@@ -6,7 +6,7 @@ import { describe, expect, it } from "vitest";
 import { decodePayload } from "./decode";
 import { Header } from "./header";
 import type { Analysis } from "./protocol";
-import { decodeTime, formatPercent, formatSeconds, stepText } from "./timing";
+import { decodeTime, formatPercent, formatSeconds, stepText, stepTitle } from "./timing";
 
 const files = import.meta.glob<{ default: unknown }>("./fixtures/*.json", { eager: true });
 const get = (name: string): Record<string, unknown> => {
@@ -25,6 +25,7 @@ describe("the step time in the payload", () => {
     expect(a.time?.memoryBytes).toBe(80 * 2 ** 30); // H100 SXM: 80 GB of HBM3
     expect(a.time?.stepS).toBe(wire.step_s);
     expect(a.time?.mfu).toBe(wire.mfu);
+    expect(a.time?.hfu).toBe(wire.hfu);
     expect(a.time?.stepS).toBeGreaterThan(0);
   });
 
@@ -42,6 +43,11 @@ describe("the step time in the payload", () => {
     expect(decodeTime({ step_s: 1 })).toBeUndefined();
     expect(decodeTime({ gpu: "X", step_s: "junk" })?.stepS).toBe(0);
   });
+
+  it("reads an older payload's MFU as its HFU (no recomputation was told apart then)", () => {
+    expect(decodeTime({ gpu: "X", mfu: 0.25 })?.hfu).toBe(0.25);
+    expect(decodeTime({ gpu: "X", mfu: 0.25, hfu: 0.33 })?.hfu).toBe(0.33);
+  });
 });
 
 describe("the step time in the header", () => {
@@ -54,10 +60,16 @@ describe("the step time in the header", () => {
     optimizerS: 0.07,
     commS: 0,
     mfu: 0.31,
+    hfu: 0.31,
     tokensPerS: 12_000,
     moduleS: [],
     bound: [],
   };
+
+  it("says the HFU in the tooltip only where the recomputation makes it differ", () => {
+    expect(stepTitle(time)).not.toContain("HFU");
+    expect(stepTitle({ ...time, hfu: 0.4 })).toContain("HFU 40% with the recomputation");
+  });
 
   it("formats seconds and percentages", () => {
     expect(stepText(time)).toBe("0.67 s · MFU 31% on H100");

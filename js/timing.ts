@@ -15,7 +15,10 @@ export interface StepTime {
   backwardS: number;
   optimizerS: number;
   commS: number;
+  /** Model FLOPs utilisation: activation checkpointing's recomputation left out (PaLM's). */
   mfu: number;
+  /** Hardware FLOPs utilisation: the recomputation counted; equal to `mfu` without it. */
+  hfu: number;
   /** null for inputs that are not tokens. */
   tokensPerS: number | null;
   /** Per module row: its calls' time, forward and backward, sub-modules included. */
@@ -48,6 +51,7 @@ export function decodeTime(raw: unknown): StepTime | undefined {
     optimizerS: num(raw.optimizer_s),
     commS: num(raw.comm_s),
     mfu: num(raw.mfu),
+    hfu: typeof raw.hfu === "number" ? num(raw.hfu) : num(raw.mfu), // older payloads: no hfu
     tokensPerS: typeof raw.tokens_per_s === "number" ? raw.tokens_per_s : null,
     moduleS: seconds.map(num),
     bound: bound.map((b) => (typeof b === "string" ? b : "")),
@@ -80,6 +84,8 @@ export function stepTitle(t: StepTime): string {
   return (
     `estimated step time on ${t.gpu}: forward ${formatSeconds(t.forwardS)}, backward ${formatSeconds(t.backwardS)}, ` +
     `optimizer ${formatSeconds(t.optimizerS)}, communication ${formatSeconds(t.commS)} (before overlap)${rate}. ` +
-    "MFU: the FLOPs FlopCounterMode counts over the step time times the GPU's dense peak."
+    "MFU: the model's FLOPs (FlopCounterMode's, activation checkpointing's recomputation left out) " +
+    "over the step time times the GPU's dense peak" +
+    (t.hfu !== t.mfu ? `; HFU ${formatPercent(t.hfu)} with the recomputation.` : ".")
   );
 }

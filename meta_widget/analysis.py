@@ -98,7 +98,7 @@ class Analysis:
     #: with ``parallel=``: the collectives rank 0 ran, in order (``comms`` is their DataFrame)
     comm_records: list[CommRecord] = field(default_factory=list)
     #: with ``gpu=``: the step's time on that accelerator (``forward_s``, ``backward_s``,
-    #: ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``tokens_per_s``; see
+    #: ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``hfu``, ``tokens_per_s``; see
     #: ``meta_widget.timing.model``); None without ``gpu=`` or without a trace
     time: StepTime | None = None
     #: with ``mode="generate"``: the KV cache ``generate()`` returned (``bytes``,
@@ -543,8 +543,8 @@ def analyze(
     gpu
         The accelerator to time the step on: a name of ``mw.gpus()`` (``"H100"``, ``"A100-80GB"``,
         ...) or an ``mw.GPU(...)`` of your own. ``Analysis.time`` then holds the step's time
-        (``forward_s``, ``backward_s``, ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``,
-        ``tokens_per_s``) and ``to_dataframe()`` each module's ``time_s`` and ``bound``,
+        (``forward_s``, ``backward_s``, ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``hfu``
+        (without, with the recomputation), ``tokens_per_s``) and per module ``time_s``, ``bound``,
         computed from the trace's records by the model of ``docs/speed-model.md`` (nothing is
         traced again for it). An unknown name is an ``OptionError`` listing the known ones.
     listeners

@@ -8,6 +8,7 @@ the recorded costs with the documented formula; PyTorch's own device table
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -311,6 +312,84 @@ def test_mfu_is_flops_over_step_time_times_the_peak() -> None:
     fp32 = mw.analyze(_mlp, input_size=(512, 512), mode="training", gpu="H100")
     assert fp32.time is not None
     assert close(fp32.time.mfu, flops / (fp32.time.step_s * DATASHEETS["H100"]["fp32_flops"]))
+
+
+class _Blocks(nn.Module):
+    """Residual MLP blocks in a ModuleList: what ``activation_checkpointing=True`` picks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(3)
+        )
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def _real_step_flops(model: nn.Module, x: Any, checkpointed: bool) -> int:
+    """FlopCounterMode over a real CPU forward and backward on ``x`` (a tensor, or keyword
+    arguments), every child of the model's ModuleLists run by ``torch.utils.checkpoint``
+    (non-reentrant) when ``checkpointed``: the counter then sees the recomputed forwards too."""
+    from torch.utils.checkpoint import checkpoint
+
+    for m in list(model.modules()) if checkpointed else ():
+        for block in m if isinstance(m, nn.ModuleList) else ():
+            forward = block.forward
+
+            def run(*args: Any, forward: Any = forward, **kwargs: Any) -> Any:
+                return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+            block.forward = run  # type: ignore[method-assign]
+    with FlopCounterMode(display=False) as counter:
+        out = model(**x) if isinstance(x, dict) else model(x)
+        (out.logits if hasattr(out, "logits") else out).sum().backward()
+    return int(counter.get_total_flops())
+
+
+def _eager_llama() -> tuple[nn.Module, dict[str, Any]]:
+    """A tiny Llama whose attention is matmuls (FlopCounterMode counts no CPU SDPA kernel),
+    trained without a KV cache (a checkpointed layer would append its keys again)."""
+    from models import llama_config, real
+
+    config = llama_config()
+    config._attn_implementation = "eager"
+    return real(config).train(), {"input_ids": torch.randint(0, 100, (2, 16)), "use_cache": False}
+
+
+@pytest.mark.parametrize("case", ["blocks", "llama"])
+def test_mfu_leaves_out_the_recomputation_and_hfu_counts_it(case: str) -> None:
+    """MFU as PaLM defines it counts the model's FLOPs (forward and backward), HFU every FLOP the
+    step executes, activation checkpointing's recomputed forwards included. Truth, by hand:
+    FlopCounterMode over a real CPU step with the same modules checkpointed (it counts the
+    recomputation) and without (it does not): hfu / mfu is their ratio, and without
+    checkpointing mfu == hfu."""
+    model, x = (_Blocks(), torch.randn(32, 64)) if case == "blocks" else _eager_llama()
+    with_recompute = _real_step_flops(copy.deepcopy(model), x, True)
+    without = _real_step_flops(copy.deepcopy(model), x, False)
+    assert with_recompute > without
+
+    def timed(checkpointing: bool) -> Any:
+        a = mw.analyze(
+            model, input_data=x, mode="training", gpu="H100",
+            activation_checkpointing=checkpointing,
+        )  # fmt: skip
+        assert a.error is None and a.time is not None, a.error
+        return a.time
+
+    t = timed(True)
+    assert t.flops == with_recompute and t.model_flops == without
+    assert t.hfu / t.mfu == pytest.approx(with_recompute / without, rel=1e-12)
+    assert t.mfu == pytest.approx(without / (t.step_s * t.peak_flops), rel=1e-12)
+    assert "HFU" in repr(t)
+    plain = timed(False)
+    assert plain.recompute_flops == 0 and plain.mfu == plain.hfu
+    assert plain.flops == without
+    assert "HFU" not in repr(plain)
 
 
 # -- per op, per module ---------------------------------------------------------------------------

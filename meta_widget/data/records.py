@@ -58,6 +58,10 @@ class CallRecord:
     backward_self_flops: int = 0
     #: the backward's FLOPs by aten op, own body only (like ``ops``)
     backward_ops: dict[str, int] = field(default_factory=dict)
+    #: the part of ``backward_self_flops`` that recomputes this call's forward under activation
+    #: checkpointing (own body only): what hardware FLOPs utilisation counts and model FLOPs
+    #: utilisation leaves out (``meta_widget.timing.model.StepTime``)
+    recompute_self_flops: int = 0
     #: the autograd sequence number when the call started: nodes it created have one as high
     grad_seq: int = 0
     #: a module called inside backward (activation checkpointing recomputing it) is on the stack

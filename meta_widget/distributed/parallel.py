@@ -57,6 +57,7 @@ from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
 from .decisions import world_ended, world_started
+from .stand_ins import SeenAsReal
 
 __all__ = [
     "ParallelError",
@@ -234,12 +235,15 @@ def trace_rank(
 ) -> RankTrace:
     """``passes.trace`` of one rank of ``world``: ``module`` (meta) copied, wrapped and run on
     fake tensors under a fake process group (a :class:`World`'s is destroyed afterwards), as
-    ``spec`` says (its activation checkpointing picks modules of the wrapped copy)."""
+    ``spec`` says (its activation checkpointing picks modules of the wrapped copy). Libraries
+    that take another path for a fake tensor see the rank's tensors as real ones
+    (``meta_widget.distributed.stand_ins``), as they see a single-device trace's meta tensors."""
     fake_ops = FakeOpCache() if spec.fast else nullcontext()  # the op cache below the recorder
     with world:
         with fake_ops:
             wrapped, args, kwargs = world.prepare(module, args, kwargs)
-        with world.tracing(), fake_ops:
+        mode = world.tracing()
+        with mode, fake_ops, SeenAsReal(mode):  # the model's code sees a rank's real tensors
             result = trace(
                 wrapped,
                 args,

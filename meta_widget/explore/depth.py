@@ -65,6 +65,8 @@ class Sample:
     flops: int
     tokens: int | None
     samples: int | None
+    #: the part of ``flops`` that activation checkpointing recomputes
+    recompute_flops: int = 0
     #: the event index where each training step begins (``MemoryReport.steps``)
     steps: tuple[int, ...] = (0,)
 
@@ -128,9 +130,10 @@ def sample(a: Analysis, layers: int) -> Sample:
     comms = Counter(
         (c.collective, c.bytes, c.group, c.group_size, str(c.phase)) for c in a.comm_records
     )
+    recomputed = sum(c.recompute_self_flops for c in a.calls)
     return Sample(
         layers, tuple(events), base, costs, comms, int(a.total_flops), tokens, samples,
-        tuple(report.steps),
+        recomputed, tuple(report.steps),
     )  # fmt: skip
 
 
@@ -152,7 +155,11 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     extra = layers - three.layers
     linear = [
         _linear(
-            [Counter({k: getattr(s, k) for k in ("baseline", "flops")}) for s in samples], extra
+            [
+                Counter({k: getattr(s, k) for k in ("baseline", "flops", "recompute_flops")})
+                for s in samples
+            ],
+            extra,
         ),
         _linear([s.comms for s in samples], extra),
         *(_linear([s.costs.get(p, Counter()) for s in samples], extra) for p in _phases(samples)),
@@ -166,6 +173,7 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     peak = totals["baseline"] + (int(np.cumsum(deltas).max()) if deltas.size else 0)
     call = CallRecord(0, "", "", -1, -1, 0, [], costs=dict(costs.get("forward", {})))
     call.backward_costs = dict(costs.get("backward", {}))
+    call.recompute_self_flops = totals["recompute_flops"]
     outside = {
         p.removeprefix("outside "): dict(c) for p, c in costs.items() if p.startswith("outside ")
     }

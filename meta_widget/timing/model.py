@@ -8,7 +8,13 @@ Per op (``meta_widget.trace.costs`` records each op's peak class, executed FLOPs
 
 An op is *compute*-bound when the first term is the larger of the first two, else *memory*-bound.
 Views and metadata ops cost nothing. Fused attention with ``is_causal`` counts half its FLOPs in
-time (the kernel skips the masked blocks); ``mfu`` keeps ``FlopCounterMode``'s FLOPs.
+time (the kernel skips the masked blocks); ``mfu`` and ``hfu`` keep ``FlopCounterMode``'s FLOPs.
+
+Utilisation, over the step's time and the dense peak of the precision that ran the most FLOPs:
+``mfu`` (model FLOPs utilisation, PaLM's definition: the FLOPs of the model's forward and
+backward, activation checkpointing's recomputation left out, so it does not rise when a step
+recomputes more) and ``hfu`` (hardware FLOPs utilisation: every FLOP the step executes, the
+recomputation included). Without checkpointing the two are equal.
 
 Per collective (``a.comm_records``), ring formulas over a group of ``p`` ranks moving ``N``
 bytes (the whole tensor): all-gather, reduce-scatter and all-to-all ``(p-1)/p * N / bw``,
@@ -107,9 +113,14 @@ class StepTime:
     calls and ops outside them: the loss, the optimizer step; recomputation under activation
     checkpointing is backward's); ``comm_s``: every collective, each as if alone;
     ``exposed_comm_s``: the part no compute hides; ``step_s``: the phases plus the exposed
-    communication. ``mfu``: ``flops / (step_s * peak_flops)``, with ``flops`` the analysis'
-    ``total_flops`` (``FlopCounterMode``'s, causal attention counted in full) and
-    ``peak_flops`` the dense peak of the precision that ran the most FLOPs. ``tokens_per_s``:
+    communication. ``flops``: the analysis' ``total_flops`` (``FlopCounterMode``'s, causal
+    attention counted in full, the recomputation of activation checkpointing included, as
+    ``FlopCounterMode`` over a real checkpointed step counts it); ``recompute_flops``: that
+    recomputation's part; ``model_flops``: the rest. ``mfu`` (model FLOPs utilisation, PaLM's):
+    ``model_flops / (step_s * peak_flops)``, with ``peak_flops`` the dense peak of the precision
+    that ran the most FLOPs; ``hfu`` (hardware FLOPs utilisation): ``flops / (step_s *
+    peak_flops)``, the recomputation counted; the two are equal without checkpointing.
+    ``tokens_per_s``:
     the job's tokens per step (batch x sequence of the integer input, times micro-batches and
     the data-parallel ranks) over ``step_s``; None for inputs that are not tokens, whose rate
     is ``samples_per_s`` (the batch dimension, likewise). With ``parallel=``, times are
@@ -130,8 +141,10 @@ class StepTime:
     exposed_comm_s: float
     step_s: float
     flops: int
+    recompute_flops: int
     peak_flops: float
     mfu: float
+    hfu: float
     tokens_per_s: float | None
     samples_per_s: float | None
     #: the time of the ops outside any module call (part of the phases above)
@@ -171,8 +184,13 @@ class StepTime:
             f"<StepTime on {self.gpu.name}: step {_ms(self.step_s)} (forward "
             f"{_ms(self.forward_s)}, backward {_ms(self.backward_s)}, optimizer "
             f"{_ms(self.optimizer_s)}, exposed comm {_ms(self.exposed_comm_s)}), "
-            f"MFU {self.mfu:.1%}, {rate}>"
+            f"MFU {self.mfu:.1%}{_hfu(self)}, {rate}>"
         )
+
+    @property
+    def model_flops(self) -> int:
+        """The step's FLOPs less activation checkpointing's recomputation: what ``mfu`` counts."""
+        return self.flops - self.recompute_flops
 
     @property
     def compute_s(self) -> float:
@@ -195,6 +213,11 @@ class StepTime:
         if total == 0.0:  # no call ran an op (a container such as a ModuleList): nothing bounds it
             return total, ""
         return total, "compute" if compute >= memory else "memory"
+
+
+def _hfu(t: StepTime) -> str:
+    """`` (HFU 40.0%)`` where recomputation makes hardware FLOPs utilisation differ."""
+    return f" (HFU {t.hfu:.1%})" if t.recompute_flops else ""
 
 
 def _ms(seconds: float) -> str:
@@ -274,7 +297,8 @@ def step_time(
     """The :class:`StepTime` of a trace's ``calls`` and ops ``outside`` calls (by phase), with
     its collectives ``comms``, on ``gpu``.
 
-    ``flops``: the FLOPs ``mfu`` counts (the analysis' ``total_flops``); ``tokens`` /
+    ``flops``: the FLOPs ``hfu`` counts (the analysis' ``total_flops``, recomputation
+    included; ``mfu`` counts them less the calls' ``recompute_self_flops``); ``tokens`` /
     ``samples``: what one rank's step processes; ``data_parallel``: the ranks processing other
     data (FSDP's degree).
     """
@@ -305,6 +329,8 @@ def step_time(
     step_s = compute_s + exposed
     peak = _peak(timer.flops_by_peak, gpu)  # the optimizer's FLOPs (none counted) left out
     job = max(1, data_parallel)
+    recomputed = sum(c.recompute_self_flops for c in calls)
+    per_second = step_s * peak
     return StepTime(
         gpu=gpu,
         forward_s=phases[_FORWARD],
@@ -314,8 +340,10 @@ def step_time(
         exposed_comm_s=exposed,
         step_s=step_s,
         flops=flops,
+        recompute_flops=recomputed,
         peak_flops=peak,
-        mfu=flops / (step_s * peak) if step_s > 0 else 0.0,
+        mfu=(flops - recomputed) / per_second if step_s > 0 else 0.0,
+        hfu=flops / per_second if step_s > 0 else 0.0,
         tokens_per_s=tokens * job / step_s if tokens and step_s > 0 else None,
         samples_per_s=samples * job / step_s if samples and step_s > 0 else None,
         outside_s=outside_s,

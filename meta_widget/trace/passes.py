@@ -188,7 +188,7 @@ def trace(
     run.set_to_none = spec.set_to_none
     run.foreach = foreach_for(device, spec.foreach)
     run.generation = generation
-    checkpointed = spec.checkpointed(module)
+    checkpointed = spec.checkpointed(module) if training else []
     start = time.perf_counter()
     tree = recorder.walk
     params = [p for _, p in tree.parameters if p.requires_grad]
@@ -266,7 +266,7 @@ def _setup_and_run(
     exception the model raised, if any (interrupts go through)."""
     try:
         set_training(run.recorder.root, training)
-        patch_forwards(checkpointed if training else (), device, run.autocast, undo)
+        patch_forwards(checkpointed, run.autocast, undo, run.recorder.recomputation)
         if not training and device != "math":  # the fused inference kernels a device runs
             patch_fast_paths(run.recorder.walk.modules, device, undo)
         undo.add(FunctionModes().restore)

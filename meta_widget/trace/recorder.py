@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +183,8 @@ class Recorder:
         self.local_flops = False
         #: kernels this trace runs instead of some ops (a parallel trace's, ``comms.py``)
         self.kernels: dict[Any, Callable[..., Any]] = {}
+        #: > 0 while activation checkpointing recomputes a forward inside backward
+        self.recomputing = 0
         #: called by :meth:`set_aside`, each returning the function that puts back what it set
         #: aside (a parallel trace's collectives, ``meta_widget.distributed.comms``)
         self.asides: list[Callable[[], Callable[[], None]]] = []
@@ -213,6 +216,16 @@ class Recorder:
     @phase.setter
     def phase(self, name: str) -> None:
         self.callstack.phase = self.storage.phase = name
+
+    @contextmanager
+    def recomputation(self) -> Iterator[None]:
+        """Around a recomputation of activation checkpointing (``trace.checkpointing`` enters
+        it): the FLOPs counted meanwhile are also the owners' ``recompute_self_flops``."""
+        self.recomputing += 1
+        try:
+            yield
+        finally:
+            self.recomputing -= 1
 
     # -- installing and removing ----------------------------------------------------------------
 
@@ -454,6 +467,8 @@ class Recorder:
             assert owner is not None
             owner.backward_self_flops += n
             owner.backward_ops[name] = owner.backward_ops.get(name, 0) + n
+            if self.recomputing:
+                owner.recompute_self_flops += n
         elif owner is not None:
             owner.flops += n
             owner.self_flops += n

@@ -235,6 +235,7 @@ def time_lines(time: Any) -> list[str]:
         f"Time on {time.gpu.name}: step {_seconds(time.step_s)} = "
         + " + ".join(parts)
         + f" · MFU {time.mfu:.1%}"
+        + (f" (HFU {time.hfu:.1%} with the recomputation)" if time.recompute_flops else "")
         + (f" · {rate}" if rate else "")
     ]
 
