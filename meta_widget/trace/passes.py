@@ -33,11 +33,12 @@ from ..data.records import Allocation, CallRecord, Event
 from ..data.walk import ModuleWalk
 from ..errors import MetaWidgetError
 from ..options import TraceSpec
+from ..options.selective import SavePolicy
 from ..undo import FunctionModes, Undo, interrupt_behind
 from .assume import Assumption, Policy
 from .autocast import Autocast
 from .callstack import Listener
-from .checkpointing import patch_forwards
+from .checkpointing import SavedOps, patch_forwards
 from .decode_skip import Stretch
 from .factories import DeviceLessFactories
 from .fastpath import patch_fast_paths
@@ -179,6 +180,7 @@ def trace(
     )
     run.micro_batches = spec.micro_batches
     run.foreach = foreach_for(device, spec.foreach)
+    run.save_policy = spec.save_policy  # selective checkpointing: what it saves
     run.generation = generation
     checkpointed = spec.checkpointed(module)
     start = time.perf_counter()
@@ -237,7 +239,7 @@ def trace(
         state_keys=run.state_keys,
         state_other_bytes=run.state_other,
         fast_path=recorder.cache.stats if recorder.cache is not None else None,
-        notes=run.factories.notes(),
+        notes=run.factories.notes() + run.saved_ops.notes(run.save_policy),
         orphan_costs=recorder.orphan_costs,
         kv_cache=generation.cache if generation is not None else None,
         stretches=generation.stretches if generation is not None else [],
@@ -257,7 +259,8 @@ def _setup_and_run(
     exception the model raised, if any (interrupts go through)."""
     try:
         set_training(run.recorder.root, training)
-        patch_forwards(checkpointed if training else (), device, run.autocast, undo)
+        ckpt = checkpointed if training else ()
+        patch_forwards(ckpt, device, run.autocast, undo, run.save_policy, run.saved_ops)
         if not training and device != "math":  # the fused inference kernels a device runs
             patch_fast_paths(run.recorder.walk.modules, device, undo)
         undo.add(FunctionModes().restore)
@@ -306,6 +309,8 @@ class _Run:
         self.factories = DeviceLessFactories(default_device)
         self.generation: Generation | None = None  # mode="generate": its generate()
         self.foreach: bool | None = None  # the optimizer's implementation (``FOREACH``)
+        self.save_policy: SavePolicy | None = None  # selective checkpointing: its policy,
+        self.saved_ops = SavedOps()  # and what it decided
 
     def step(
         self,

@@ -385,10 +385,12 @@ def encode_settings(options: Any) -> list[list[str]]:
             ]
         )
     if getattr(options, "activation_checkpointing", False):
+        policy = getattr(options, "save_policy", None)  # selective: what its policy saves
+        kept = f"outputs of {policy.label} kept, other " if policy is not None else ""
         out.append(
             [
-                "checkpointing",
-                "analyze(..., activation_checkpointing=...): activations "
+                "selective checkpointing" if policy is not None else "checkpointing",
+                f"analyze(..., activation_checkpointing=...): {kept}activations "
                 "recomputed in the backward pass",
             ]
         )
