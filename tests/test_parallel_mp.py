@@ -1,0 +1,144 @@
+"""FSDP2's mixed precision (``parallel={"fsdp": N, "mp": {...}}``) against real CPU ranks.
+
+Truth (``parallel_truth``): the same model built for real, wrapped by hand with PyTorch's
+``fully_shard(..., mp_policy=MixedPrecisionPolicy(...))`` (each block, then the root) under the
+fake process group, one AdamW step of rank 0 measured by MemTracker; and the all-gather sizes
+from FSDP2's padding rule (each parameter's dim 0 padded to a multiple of N) in the gathered
+dtype. ``real_rank_peak`` runs one step; its ``wrap`` takes any wrapping, so a steady-state
+comparison needs only a loop there.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from parallel_truth import DeepMLP, default_wrap, real_rank_peak, tiny_llama_config
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+import meta_widget as mw
+
+TOLERANCE = 0.02
+BF16 = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left() -> Any:
+    assert not dist.is_initialized()
+    yield
+    assert not dist.is_initialized()
+
+
+def wrapped_with(**policy: Any) -> Any:
+    """``fully_shard`` on each block, then the root, with ``MixedPrecisionPolicy(**policy)``."""
+
+    def wrap(model: nn.Module, mesh: DeviceMesh) -> None:
+        default_wrap(model, mesh, mp_policy=MixedPrecisionPolicy(**policy))
+
+    return wrap
+
+
+def analyze_rank(model: Any, x: torch.Tensor, **parallel: Any) -> mw.Analysis:
+    a = mw.analyze(model, input_data=x, mode="training", device="cpu", parallel=parallel)
+    assert a.error is None, a.error
+    return a
+
+
+def gathered_bytes(model: nn.Module, n: int, element_size: int) -> int:
+    """What FSDP2 all-gathers for ``model``'s parameters: dim 0 padded to a multiple of n."""
+    return sum(
+        math.ceil(p.shape[0] / n) * n * math.prod(p.shape[1:]) * element_size
+        for p in model.parameters()
+    )
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_mixed_precision_peak_per_rank_is_a_real_ranks_peak(n: int) -> None:
+    x = torch.randn(64, 256)
+    plain = analyze_rank(DeepMLP, x, fsdp=n)
+    bf16 = analyze_rank(DeepMLP, x, fsdp=n, mp=BF16)
+    assert plain.peak_bytes == pytest.approx(
+        real_rank_peak(DeepMLP, x, fsdp=n)["Total"], rel=TOLERANCE
+    )
+    truth = real_rank_peak(DeepMLP, x, fsdp=n, wrap=wrapped_with(**BF16))["Total"]
+    assert bf16.peak_bytes == pytest.approx(truth, rel=TOLERANCE)
+    # the sharded parameters stay float32 (what the optimizer updates): the same shards
+    assert bf16.param_bytes == plain.param_bytes
+    comms = bf16.comms
+    gathers = comms[comms.collective == "all_gather"]
+    plain_gathers = plain.comms[plain.comms.collective == "all_gather"]
+    # bf16 all-gathers: half the bytes, each what FSDP2's padding gives in bf16
+    assert gathers.bytes.sum() * 2 == plain_gathers.bytes.sum()
+    assert gathers.bytes.sum() == 2 * gathered_bytes(DeepMLP(), n, 2)  # forward and backward
+    # reduce_dtype=float32: the gradients reduce-scattered at full width
+    scatters = comms[comms.collective == "reduce_scatter"]
+    plain_scatters = plain.comms[plain.comms.collective == "reduce_scatter"]
+    assert scatters.bytes.sum() == plain_scatters.bytes.sum()
+
+
+def test_param_dtype_alone_reduces_in_that_dtype_as_fsdp2_does() -> None:
+    """FSDP2's default ``reduce_dtype`` is ``param_dtype``: bf16 reduce-scatters too. Given as
+    PyTorch's own ``MixedPrecisionPolicy`` object."""
+    x = torch.randn(64, 256)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    a = analyze_rank(DeepMLP, x, fsdp=2, mp=policy)
+    plain = analyze_rank(DeepMLP, x, fsdp=2)
+    truth = real_rank_peak(DeepMLP, x, fsdp=2, wrap=wrapped_with(param_dtype=torch.bfloat16))
+    assert a.peak_bytes == pytest.approx(truth["Total"], rel=TOLERANCE)
+    for kind in ("all_gather", "reduce_scatter"):
+        ours = a.comms[a.comms.collective == kind].bytes.sum()
+        assert 2 * ours == plain.comms[plain.comms.collective == kind].bytes.sum()
+
+
+@pytest.mark.slow
+def test_mixed_precision_on_a_tiny_llama_is_a_real_ranks_peak() -> None:
+    import transformers
+
+    config = tiny_llama_config()
+    x = torch.randint(0, 32000, (2, 128))
+
+    def make() -> nn.Module:
+        return transformers.LlamaForCausalLM(config)
+
+    truth = real_rank_peak(make, x, fsdp=2, wrap=wrapped_with(**BF16))
+    a = analyze_rank(config, x, fsdp=2, mp=BF16)
+    assert a.peak_bytes == pytest.approx(truth["Total"], rel=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("mp", "error", "match"),
+    [
+        ({"param_dtype": "bf16x"}, mw.OptionError, "floating dtype"),
+        ({"param_dtype": torch.long}, mw.OptionError, "floating dtype"),
+        ({"params": "bfloat16"}, mw.OptionError, "unknown keys"),
+        ({"cast_forward_inputs": "yes"}, mw.OptionTypeError, "True or False"),
+        ("bfloat16", mw.OptionTypeError, "dict of MixedPrecisionPolicy"),
+    ],
+)
+def test_mixed_precision_is_checked_before_anything_is_built(
+    mp: Any, error: Any, match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        mw.analyze(DeepMLP, input_size=(8, 256), parallel={"fsdp": 2, "mp": mp})
+
+
+def test_mixed_precision_needs_fsdp() -> None:
+    with pytest.raises(mw.OptionError, match="shards nothing with FSDP2"):
+        mw.analyze(
+            DeepMLP, input_size=(8, 256),
+            parallel={"tp": 2, "tp_plan": {"layers.*.0": "colwise"}, "mp": BF16},
+        )  # fmt: skip
+
+
+def test_the_badge_names_the_policy() -> None:
+    from meta_widget.views.protocol import encode_settings
+
+    a = mw.analyze(DeepMLP, input_size=(8, 256), mode="training", parallel={"fsdp": 2, "mp": BF16})
+    label, tip = encode_settings(a.options)[0]
+    assert label == "fsdp 2 · mp bfloat16 param, float32 reduce"
+    assert "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)" in tip
