@@ -142,3 +142,52 @@ def test_the_badge_names_the_policy() -> None:
     label, tip = encode_settings(a.options)[0]
     assert label == "fsdp 2 · mp bfloat16 param, float32 reduce"
     assert "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)" in tip
+
+
+def sac_rank_peak(make: Any, x: torch.Tensor, fsdp: int, **policy: Any) -> int:
+    """The CPU allocator's peak of one real step (no optimizer) of rank 0 of ``fsdp`` ranks:
+    each block ``fully_shard``-ed (with ``MixedPrecisionPolicy(**policy)``), then the root,
+    and each block's forward under torchtitan's selective checkpointing."""
+    from test_selective_checkpointing import _profiled, titan_context, window_peak, wrap_blocks
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meta_widget.distributed.decisions import forget_meshes
+
+    dist.init_process_group("fake", rank=0, world_size=fsdp, store=FakeStore())
+    try:
+        torch.manual_seed(0)
+        model = make().train()
+        mesh = init_device_mesh("cpu", (fsdp, 1), mesh_dim_names=("dp", "tp"))
+        default_wrap(model, mesh, mp_policy=MixedPrecisionPolicy(**policy))
+        wrap_blocks(model, titan_context)
+        held = [p.to_local() for p in model.parameters()] + [*model.buffers(), x]
+        before = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+        with _profiled() as prof:
+            out = model(x)
+            out.logits.sum().backward()
+            del out
+        return sum(before.values()) + window_peak(prof)
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
+
+
+@pytest.mark.parametrize("mp", [{}, BF16], ids=["fp32", "bf16"])
+def test_selective_checkpointing_on_an_fsdp2_rank_is_a_real_ranks_peak(mp: dict[str, Any]) -> None:
+    """torchtitan's recipe: FSDP2 (with or without its mixed precision) and op-level
+    selective checkpointing of each block, on a tiny Llama (its KV cache off, see
+    ``test_selective_checkpointing``)."""
+    import transformers
+
+    config = tiny_llama_config(vocab=1000)
+    config.use_cache = False
+    x = torch.randint(0, 1000, (2, 128))
+    truth = sac_rank_peak(lambda: transformers.LlamaForCausalLM(config), x, 2, **mp)
+    parallel = {"fsdp": 2, **({"mp": mp} if mp else {})}
+    a = mw.analyze(
+        config, input_data=x, mode="training", device="cpu", optimizer=None, parallel=parallel,
+        activation_checkpointing="selective",
+    )  # fmt: skip
+    assert a.error is None, a.error
+    assert a.peak_bytes == pytest.approx(truth, rel=TOLERANCE)

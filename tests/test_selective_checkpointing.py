@@ -342,3 +342,21 @@ def test_the_badge_says_selective_and_a_rerun_goes_back_to_full() -> None:
     b = a.rerun(activation_checkpointing=True)
     assert "checkpointing" in dict(encode_settings(b.options))
     assert b.options.save_policy is None and b.total_flops > a.total_flops
+
+
+def test_a_layer_writing_a_kv_cache_is_explained() -> None:
+    """A transformers Llama with ``use_cache=True`` writes its cache in the forward and again
+    in the recomputation: PyTorch's selective mode refuses (a real run does too); the error
+    says to turn the cache off, and with it off the step is traced."""
+    model, x = CASES["llama"]()
+    model.config.use_cache = True
+    a = mw.analyze(model, input_data=x, mode="training", activation_checkpointing="selective")
+    assert a.error is not None and "use_cache = False" in str(a.error)
+    real = wrap_blocks(copy.deepcopy(model).train(), titan_context)
+    with pytest.raises(RuntimeError, match="not found in storage"):
+        real(x).logits.sum().backward()
+    model.config.use_cache = False
+    assert (
+        mw.analyze(model, input_data=x, mode="training", activation_checkpointing="selective").error
+        is None
+    )
