@@ -119,6 +119,8 @@ def _cases() -> dict[str, Case]:
 
 
 CASES = _cases()
+#: real training steps a measurement runs: the first, then steady ones (``steady_peak_bytes``)
+STEPS = 3
 
 
 def measure(case: Case) -> dict[str, int]:
@@ -151,17 +153,33 @@ def measure(case: Case) -> dict[str, int]:
         del out
     else:
         assert optimizer is not None
-        for _ in range(case.micro_batches):  # each on the whole inputs, as analyze() runs them
-            with autocast:
-                out = _call(model, moved)  # kept through backward, as `out = model(x)` keeps it
-                loss = default_loss(out) / case.micro_batches
-            loss.backward()
-            del loss
-        optimizer.step()
-        del out
+        steady = 0
+        for step in range(STEPS):  # the first step, then the steady ones (zero_grad first)
+            optimizer.zero_grad()
+            for _ in range(case.micro_batches):  # each on the whole inputs, as analyze() does
+                with autocast:
+                    out = _call(model, moved)  # kept through backward, as `out = model(x)` does
+                    loss = default_loss(out) / case.micro_batches
+                loss.backward()
+                del loss
+            optimizer.step()
+            del out
+            torch.cuda.synchronize()
+            if step == 0:
+                first = torch.cuda.max_memory_allocated()
+            else:
+                steady = max(steady, torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated()
-    result = {"peak_bytes": peak - before, "start_bytes": start - before}
+    if case.training:
+        result = {
+            "peak_bytes": first - before,
+            "steady_peak_bytes": steady - before,
+            "start_bytes": start - before,
+        }
+    else:
+        peak = torch.cuda.max_memory_allocated()
+        result = {"peak_bytes": peak - before, "start_bytes": start - before}
     del model, moved, optimizer
     return result
 
@@ -245,6 +263,21 @@ def predict(case: Case) -> int:
         **({"foreach": False} if case.training else {}),
         **case.options,
     )
+    if a.error is not None:
+        raise RuntimeError(str(a.error))
+    # ``peak_bytes`` measured one training step (the first); ``steady_peak_bytes``, measured
+    # from the next device run on, is ``predict_steady``'s truth
+    return a.memory.first_step_peak_bytes
+
+
+def predict_steady(case: Case) -> int:
+    """The steady training step's peak (``Analysis.peak_bytes``) of a training case."""
+    import meta_widget as mw
+
+    model, inputs = case.build()
+    data: Any = (inputs["x"],) if "x" in inputs else inputs
+    options = {"foreach": False, **case.options}
+    a = mw.analyze(model, input_data=data, mode="training", device="cuda", **options)
     if a.error is not None:
         raise RuntimeError(str(a.error))
     return a.peak_bytes

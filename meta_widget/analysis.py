@@ -413,6 +413,7 @@ def analyze(
     mode: str = "inference",
     optimizer: str | None = DEFAULT_OPTIMIZER,
     foreach: bool | None = None,
+    set_to_none: bool = True,
     loss: Callable[[Any], Any] | None = None,
     device: str = "cuda",
     activation_checkpointing: bool | str | Sequence[str] = False,
@@ -461,8 +462,10 @@ def analyze(
         embedding, with a note.
     mode
         ``"inference"`` (``eval()``, no autograd, one forward pass), ``"training"``
-        (``train()``: forward, loss, backward and one optimizer step, each a phase of the
-        memory timeline; refused inside ``torch.inference_mode()``, where autograd is off) or
+        (``train()``: two steps of forward, loss, backward and optimizer step, each a phase of
+        the memory timeline; ``peak_bytes`` is the second, steady step's, which holds the
+        optimizer state throughout, ``memory.first_step_peak_bytes`` the first's; refused
+        inside ``torch.inference_mode()``, where autograd is off) or
         ``"generate"``: transformers' own ``model.generate()`` on the token ids of
         ``input_size=(batch, prompt_len)``, greedy, exactly ``new_tokens`` new tokens, its
         prefill and each decode step marked on the timeline; ``Analysis.kv_cache`` is the
@@ -476,6 +479,9 @@ def analyze(
         ``torch.optim`` builds it with ``foreach=foreach``: None, PyTorch's default on
         ``device`` (multi-tensor on ``"cuda"``, a list of temporaries at once; one parameter
         at a time on ``"cpu"``). See ``meta_widget.trace.optimizers``.
+    set_to_none
+        In training: how ``zero_grad`` clears the gradients before the second step: ``True``
+        (PyTorch's default) frees them; ``False`` keeps them, zeroed, through its forward pass.
     loss
         In training: a function ``loss(output) -> scalar tensor`` (no loss is known by name);
         default the sum of every floating output.

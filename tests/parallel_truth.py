@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.profiler import ProfilerActivity, profile
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from truth import loop_peaks
 
 from meta_widget.distributed.decisions import forget_meshes
 
@@ -95,9 +96,13 @@ def real_rank_peak(
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None,
     rank: int = 0,
     wrap: Callable[[nn.Module, DeviceMesh], None] | None = None,
+    steps: int = 1,
 ) -> dict[str, int]:
-    """MemTracker's peak snapshot (bytes by its categories and ``"Total"``) of one real AdamW
-    step of ``rank`` of ``fsdp * tp`` CPU ranks; the process group is destroyed afterwards.
+    """``steps`` real AdamW steps (``zero_grad``, forward, the sum of the floating outputs,
+    backward, step) of ``rank`` of ``fsdp * tp`` CPU ranks: MemTracker's peak snapshot (bytes
+    by its categories), ``"Total"`` the first step's peak and ``"Steady"`` the highest of the
+    later steps' as the CPU allocator sees them (kernels' own copies too; Adam's step counters,
+    host memory on a GPU, left out). The process group is destroyed afterwards.
     ``wrap(model, mesh)`` wraps the model instead of the default wrapping above (the mesh's
     dimensions are named ``"dp"`` and ``"tp"``)."""
     dist.init_process_group("fake", rank=rank, world_size=fsdp * tp, store=FakeStore())
@@ -110,22 +115,38 @@ def real_rank_peak(
         else:
             default_wrap(model, mesh, tp_plan, blocks)
         params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, foreach=False)  # making one allocates nothing
         tracker = MemTracker()
-        tracker.track_external(model, x)
-        with tracker:
+        tracker.track_external(model, opt, x)
+
+        def step() -> None:
+            tracker.reset_mod_stats()  # per-module stats only (MemTracker's rule); peak kept
+            opt.zero_grad()
             out = model(x)
             loss = _floating_sum(out)
             loss.backward()
             del loss
-            opt = torch.optim.AdamW(params, foreach=False)
-            tracker.track_external(opt)
             opt.step()
+
+        held = [_local(t) for t in (*model.parameters(), *model.buffers(), x)]
+        with tracker:
+            peaks = loop_peaks(step, steps, held)
             peak = tracker.get_tracker_snapshot("peak")[CPU]
-        del out
-        return {str(k).rsplit(".", 1)[-1]: int(v) for k, v in peak.items()}
+        out = {str(k).rsplit(".", 1)[-1]: int(v) for k, v in peak.items()}
+        counters = 4 * len(params)  # live from the first optimizer step on
+        out["MemTracker"] = out.pop("Total")  # the tensors ops return, over every step
+        out["Total"] = peaks[0]
+        if steps > 1:
+            out["Steady"] = max(peaks[1:]) - counters
+        return out
     finally:
         dist.destroy_process_group()
         forget_meshes()  # DTensor's cache would hand this world's meshes to the next one
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
 
 
 def allocator_rank_peak(make: Callable[[], nn.Module], x: torch.Tensor, fsdp: int) -> int:

@@ -65,7 +65,7 @@ def test_cuda_peak_is_close_to_the_h200_measurement(name: str) -> None:
 
 def test_kernel_workspaces_are_allocated_and_freed_inside_the_op() -> None:
     # the sum loss's gradient is an expanded tensor: cuBLAS gets a contiguous copy of it for
-    # the LM head's two backward matmuls, 4 MB each on the H200 (and nothing on the CPU)
+    # the LM head's two backward matmuls, 4 MB each on the H200
     case = gpu_truth.CASES["Llama tiny, SDPA | training"]
     model, inputs = case.build()
     a = mw.analyze(model, input_data=inputs, mode="training", device="cuda")
@@ -78,7 +78,8 @@ def test_kernel_workspaces_are_allocated_and_freed_inside_the_op() -> None:
     assert timeline[i + 2][0] - timeline[i + 1][0] == -logits  # ... and freed after the output
     model, inputs = case.build()
     cpu = mw.analyze(model, input_data=inputs, mode="training", device="cpu")
-    assert not [e for e in cpu.memory.timeline if e[2].endswith("(workspace)")]
+    # the CPU's addmm_impl_cpu_ clones it too (measured: tests/test_steady_state.py)
+    assert [e for e in cpu.memory.timeline if e[2] == "aten.mm (workspace)"]
 
 
 def test_multi_head_attention_takes_the_fused_kernel_inside_its_functional_form() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from typing import Any
 
 import pytest
@@ -52,6 +53,22 @@ def analyze_rank(model: Any, x: torch.Tensor, **parallel: Any) -> mw.Analysis:
     return a
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp2_steady_step_per_rank_is_a_real_ranks_over_three_steps(n: int) -> None:
+    """From the second step on a rank holds its shard of AdamW's state through forward and
+    backward: the analysis's steady peak is a real rank's from step 2, its first step's the
+    real first step's."""
+    import transformers
+
+    config = tiny_llama_config()
+    x = llama_input()
+    truth = real_rank_peak(lambda: transformers.LlamaForCausalLM(config), x, fsdp=n, steps=3)
+    a = analyze_rank(config, x, fsdp=n)
+    assert a.peak_bytes == pytest.approx(truth["Steady"], rel=FSDP_TOLERANCE)
+    assert a.memory.first_step_peak_bytes == pytest.approx(truth["Total"], rel=FSDP_TOLERANCE)
+    assert a.peak_bytes > a.memory.first_step_peak_bytes and a.memory.peak_step == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_fsdp2_peak_per_rank_is_a_real_ranks_peak_on_a_tiny_llama(n: int) -> None:
@@ -61,11 +78,13 @@ def test_fsdp2_peak_per_rank_is_a_real_ranks_peak_on_a_tiny_llama(n: int) -> Non
     x = llama_input()
     truth = real_rank_peak(lambda: transformers.LlamaForCausalLM(config), x, fsdp=n)
     a = analyze_rank(config, x, fsdp=n)
-    assert a.peak_bytes == pytest.approx(truth["Total"], rel=FSDP_TOLERANCE)
+    assert a.memory.first_step_peak_bytes == pytest.approx(truth["Total"], rel=FSDP_TOLERANCE)
+    # MemTracker's parameters at its own peak: this rank's shards, and the gathered parameters
+    # then (MemTracker does not see the clone the LM head's backward matmul makes of the
+    # loss's expanded gradient, so its peak can fall elsewhere than the allocator's)
     cats = a.memory.categories
-    # MemTracker's parameters: the shards and the gathered (unsharded) parameters at the peak
-    held = cats["parameters"] + cats.get("unsharded parameters", 0)
-    assert held == pytest.approx(truth["PARAM"], rel=FSDP_TOLERANCE)
+    shards = cats["parameters"]
+    assert shards <= truth["PARAM"] <= shards + cats.get("unsharded parameters", 0)
 
 
 @pytest.mark.slow
@@ -74,7 +93,7 @@ def test_fsdp2_peak_per_rank_is_a_real_ranks_peak_on_an_mlp(n: int) -> None:
     x = torch.randn(64, 256)
     truth = real_rank_peak(DeepMLP, x, fsdp=n)
     a = analyze_rank(DeepMLP, x, fsdp=n)
-    assert a.peak_bytes == pytest.approx(truth["Total"], rel=FSDP_TOLERANCE)
+    assert a.memory.first_step_peak_bytes == pytest.approx(truth["Total"], rel=FSDP_TOLERANCE)
     assert a.param_bytes < mlp_param_bytes() / n + 4 * 1024 * n  # this rank's shards only
 
 
@@ -90,11 +109,11 @@ def test_frozen_parameters_under_fsdp2_are_a_real_ranks_peak() -> None:
     x = torch.randn(64, 256)
     truth = allocator_rank_peak(half_frozen_mlp, x, fsdp=2)
     a = analyze_rank(half_frozen_mlp(), x, fsdp=2)
-    assert a.peak_bytes == pytest.approx(truth, rel=FSDP_TOLERANCE)
+    assert a.memory.first_step_peak_bytes == pytest.approx(truth, rel=FSDP_TOLERANCE)
     # the frozen blocks save the gradients and AdamW state of half the model (the whole
     # model's peak by MemTracker: the allocator's reading of a second run in one process can
     # miss blocks allocated before its profiler started)
-    assert truth < 0.85 * real_rank_peak(DeepMLP, x, fsdp=2)["Total"]
+    assert truth < 0.85 * real_rank_peak(DeepMLP, x, fsdp=2)["MemTracker"]
     assert a.trainable_params == sum(p.numel() for p in DeepMLP().layers[2:].parameters())
 
 
@@ -127,7 +146,7 @@ def test_tensor_parallel_and_2d_peaks_per_rank_on_a_tiny_llama(fsdp: int, tp: in
         lambda: transformers.LlamaForCausalLM(config), x, fsdp=fsdp, tp=tp, tp_plan=llama_tp_plan()
     )
     a = analyze_rank(config, x, fsdp=fsdp, tp=tp)
-    assert a.peak_bytes == pytest.approx(truth["Total"], rel=TP_TOLERANCE)
+    assert a.memory.first_step_peak_bytes == pytest.approx(truth["Total"], rel=TP_TOLERANCE)
     groups = set(a.comms["group"])
     assert groups == ({"fsdp", "tp"} if fsdp > 1 else {"tp"})
 
@@ -245,7 +264,7 @@ def test_the_widget_payload_places_each_collective_on_the_timeline() -> None:
 
 
 def test_max_fit_finds_the_largest_batch_per_rank_that_a_real_rank_fits() -> None:
-    budget = 12_000_000
+    budget = 18_000_000
     fit = mw.max_fit(
         DeepMLP,
         input_size=(1, 256),
@@ -257,8 +276,10 @@ def test_max_fit_finds_the_largest_batch_per_rank_that_a_real_rank_fits() -> Non
         limit=4096,
     )
     assert fit.analysis.comm_records  # each size traced as a rank of 4
-    assert real_rank_peak(DeepMLP, torch.randn(fit.size, 256), fsdp=4)["Total"] <= budget
-    assert real_rank_peak(DeepMLP, torch.randn(fit.size + 1, 256), fsdp=4)["Total"] > budget
+    # max_fit reads the steady step: a real rank's steps 2 on
+    at = partial(real_rank_peak, DeepMLP, fsdp=4, steps=2)
+    assert at(torch.randn(fit.size, 256))["Steady"] <= budget
+    assert at(torch.randn(fit.size + 1, 256))["Steady"] > budget
 
 
 def test_kept_decisions_never_reach_a_world_of_another_shape() -> None:

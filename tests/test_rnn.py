@@ -80,4 +80,4 @@ def test_gru_projects_the_whole_sequence_first_as_the_cpu_does(
     assert a.total_flops == mw.analyze(model, input_data=(x,), device="math").total_flops
     training = mw.analyze(model, input_data=(x,), mode="training", optimizer=None, device="cpu")
     assert training.error is None, training.error
-    assert training.peak_bytes == real_peak(model, (x,), training=True)
+    assert training.memory.first_step_peak_bytes == real_peak(model, (x,), training=True)

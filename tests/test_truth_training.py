@@ -1,14 +1,17 @@
-"""A training step against independent truth: a real CPU step under MemTracker, real FLOP counts.
+"""A training step against independent truth: a real CPU step, real FLOP counts.
 
 The analysis (meta tensors, ``device="cpu"``) is compared with the same step run for real on the
-CPU: ``torch.distributed._tools.mem_tracker.MemTracker`` measures its peak, and
-``FlopCounterMode`` (or, for kernels it has no formula for, the textbook formula) counts its FLOPs.
+CPU: its peak as the CPU allocator sees it (``truth.loop_peaks``: kernels' own copies too, such
+as the clone ``mm`` makes of a sum's expanded gradient), what it holds as
+``torch.distributed._tools.mem_tracker.MemTracker`` sees it, and ``FlopCounterMode`` (or, for
+kernels it has no formula for, the textbook formula) counts its FLOPs. The analysis holds two
+steps; a real step is compared with the first (``tests/test_steady_state.py`` has the second).
 
-Measured with PyTorch 2.13 (CPU), the analysis equals the real step to the byte, with one exact,
-documented gap:
+Measured with PyTorch 2.13 (CPU), the analysis equals the real step within ``SLACK`` bytes (a
+loss scalar, a reduction's scratch, BatchNorm's own buffers), with one exact, documented gap:
 
 - Adam/AdamW keep one ``step`` counter per parameter tensor as a 4-byte float32 tensor on the
-  host. On a CPU the host is the device, so MemTracker counts them in its peak; the analysis
+  host. On a CPU the host is the device, so the allocator counts them in its peak; the analysis
   reports them apart, as ``memory.optimizer_host_bytes``, and leaves them out of ``peak_bytes``
   (on a GPU they are not device memory). Hence ``real = peak_bytes + optimizer_host_bytes`` when
   the peak is in the optimizer step.
@@ -26,10 +29,14 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
+from truth import loop_peaks
 
 import meta_widget as mw
 
 CPU = torch.device("cpu")
+#: what the CPU allocator sees beyond the tensors a step makes, in bytes: the loss scalar and
+#: a reduction's 8-byte scratch, BatchNorm's kernel-internal buffers (512 B here)
+SLACK = 1024
 
 #: what a user writes (PyTorch's defaults: on the CPU the single-tensor implementations)
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -129,12 +136,40 @@ class RealStep:
                     opt.step()
             peak = tracker.get_tracker_snapshot("peak")[CPU]
         self.peak = int(peak["Total"])
+        if training:  # the CPU allocator's: kernels' own copies too (mm's of a sum's gradient)
+            self.peak = self.allocator_peak(model, x, optimizer, **optimizer_options)
         self.buffers = int(peak[next(k for k in peak if str(k).endswith("BUFFER"))])
         self.grad_bytes = nbytes(p.grad for p in params if p.grad is not None)
         state = _items(opt)
         self.step_counter_bytes = nbytes(v for k, v in state if k == "step")
         self.state_bytes = nbytes(v for k, v in state if k != "step")
         del out
+
+    @staticmethod
+    def allocator_peak(
+        model: nn.Module, x: torch.Tensor, optimizer: str | None, **optimizer_options: Any
+    ) -> int:
+        """The same step on a fresh copy, its peak as the CPU allocator sees it."""
+        model = copy.deepcopy(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+
+        def step() -> None:
+            out = model(x)
+            out.sum().backward()
+            if optimizer is not None:
+                OPTIMIZERS[optimizer](params, **optimizer_options).step()
+
+        return loop_peaks(step, 1, [*model.parameters(), *model.buffers(), x])[0]
+
+
+def first_step(a: mw.Analysis) -> tuple[int, str]:
+    """The first training step's peak and its phase, from the analysis's timeline (a real
+    :class:`RealStep` is one step; the analysis holds two, the second the steady state)."""
+    m = a.memory
+    end = m.steps[1] if len(m.steps) > 1 else len(m.timeline)
+    i = max(range(end), key=lambda k: m.timeline[k][0])
+    assert m.timeline[i][0] == m.first_step_peak_bytes
+    return m.first_step_peak_bytes, m.timeline_phases()[i]
 
 
 def _items(opt: torch.optim.Optimizer | None) -> list[tuple[str, torch.Tensor]]:
@@ -158,8 +193,9 @@ def test_training_peak_is_a_real_cpu_steps_peak(name: str, optimizer: str | None
     assert a.memory.optimizer_host_bytes == real.step_counter_bytes
     if optimizer in ("adam", "adamw"):
         assert real.step_counter_bytes == 4 * sum(1 for p in model.parameters() if p.requires_grad)
-    host = a.memory.optimizer_host_bytes if a.memory.peak_phase == "optimizer" else 0
-    assert a.peak_bytes + host == real.peak, (a.peak_bytes, host, real.peak)
+    peak, phase = first_step(a)
+    host = a.memory.optimizer_host_bytes if phase == "optimizer" else 0
+    assert abs(peak + host - real.peak) <= SLACK, (peak, host, real.peak)
     assert a.memory.gradient_bytes == real.grad_bytes == nbytes(model.parameters())
     assert a.memory.optimizer_state_bytes == real.state_bytes
     assert a.memory.baseline_bytes == real.start
@@ -176,8 +212,9 @@ def test_the_optimizers_implementation_is_the_real_steps(optimizer: str, foreach
     )
     assert a.error is None, a.error
     real = RealStep(model, x, optimizer, training=True, foreach=foreach)
-    host = a.memory.optimizer_host_bytes if a.memory.peak_phase == "optimizer" else 0
-    assert a.peak_bytes + host == real.peak, (a.peak_bytes, host, real.peak)
+    peak, phase = first_step(a)
+    host = a.memory.optimizer_host_bytes if phase == "optimizer" else 0
+    assert abs(peak + host - real.peak) <= SLACK, (peak, host, real.peak)
 
 
 def test_the_optimizer_runs_as_pytorch_runs_it_on_the_device() -> None:
@@ -209,8 +246,9 @@ def test_buffers_count_in_the_starting_memory_and_the_training_peak(optimizer: s
     assert (
         a.memory.baseline_bytes == real.start == nbytes(model.state_dict().values()) + nbytes([x])
     )
-    host = a.memory.optimizer_host_bytes if a.memory.peak_phase == "optimizer" else 0
-    assert a.peak_bytes + host == real.peak, (a.peak_bytes, host, real.peak)
+    peak, phase = first_step(a)
+    host = a.memory.optimizer_host_bytes if phase == "optimizer" else 0
+    assert abs(peak + host - real.peak) <= SLACK, (peak, host, real.peak)
     assert a.memory.categories["buffers"] == buffers
 
 

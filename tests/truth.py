@@ -75,3 +75,35 @@ def allocator_peak(
         live += size
         peak = max(peak, live)
     return sum(storages.values()) + peak
+
+
+def loop_peaks(step: Any, steps: int, held: list[torch.Tensor]) -> list[int]:
+    """The peak (bytes) of each of ``steps`` real calls of ``step()`` (one training step of a
+    loop: what it allocates stays or goes as the loop leaves it), as the CPU allocator sees it:
+    every allocation and free ``torch.profiler`` records, on top of ``held`` (the parameters,
+    buffers and inputs, there before), each step's peak taken within its own
+    ``record_function`` range."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for k in range(steps):
+            with torch.profiler.record_function(f"meta_widget step {k}"):
+                step()
+    allocations: list[tuple[int, int]] = []
+    ranges: dict[int, tuple[int, int]] = {}
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        node = pending.pop()
+        if node.tag == _EventType.Allocation:
+            allocations.append((node.start_time_ns, node.extra_fields.alloc_size))
+        elif node.name.startswith("meta_widget step "):
+            ranges[int(node.name.rsplit(" ", 1)[1])] = (node.start_time_ns, node.end_time_ns)
+        pending.extend(node.children)
+    peaks = [0] * steps
+    live = 0
+    for at, size in sorted(allocations):
+        live += size
+        for k, (start, end) in ranges.items():
+            if start <= at <= end:
+                peaks[k] = max(peaks[k], live)
+    base = sum(storages.values())
+    return [base + p for p in peaks]

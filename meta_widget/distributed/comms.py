@@ -192,6 +192,7 @@ class CommWatcher:
         recorder.local_flops = True
         recorder.observer = self.observe
         recorder.kernels[_WAIT] = _wait_tensor
+        recorder.asides.append(self._set_aside)
         thread = threading.get_ident()
         original = torch.UntypedStorage.resize_
 
@@ -206,6 +207,17 @@ class CommWatcher:
 
         undo.add(restore)
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+
+    def _set_aside(self) -> Callable[[], None]:
+        """Record collectives in a list of their own until the returned function puts the
+        first list back: the collectives of one step (``Recorder.set_aside``)."""
+        kept = self.records
+        self.records = []
+
+        def restore() -> None:
+            self.records = kept
+
+        return restore
 
     def observe(self, func: Any, args: tuple[Any, ...], out: Any, owner: CallRecord | None) -> None:
         """After each op: follow FSDP2's labels, record collectives, tag new storage."""

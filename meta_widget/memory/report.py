@@ -12,6 +12,10 @@ Definitions (the README repeats them):
 - **live bytes** after an event: parameters + buffers + inputs + the storage allocated during the
   pass and not yet freed; **peak** is their maximum over the recorded timeline, with the module
   call, the aten op that allocated at that moment and the phase (forward, backward, optimizer).
+  In training the timeline holds two steps (``meta_widget.trace.passes``): the peak is the
+  second, steady step's (every later step repeats it: the optimizer state, and the gradients
+  where ``zero_grad`` keeps them, live from its start), or the first's where that is higher;
+  ``first_step_peak_bytes`` is the first step's alone.
 - **categories** of the bytes live at the peak: parameters, buffers, inputs, gradients (the
   ``.grad`` of each trainable parameter after backward), optimizer state (what ``step()`` keeps,
   e.g. AdamW's two moments, plus its step counters kept on the CPU), activations (in inference
@@ -21,6 +25,9 @@ Definitions (the README repeats them):
   pass that made it.
 - **timeline by category**: the same split after every event, so that at each event the
   categories add up to the live bytes and at the peak they equal the categories above.
+- **reserved bytes**: the peak of what PyTorch's CUDA caching allocator reserves for the same
+  allocations (``allocator.replay``: its rounding, pools, segments and reuse, cuBLAS workspaces
+  included); **device bytes**: reserved + the CUDA context + NCCL's buffers (``device.py``).
 """
 
 from __future__ import annotations
@@ -36,12 +43,15 @@ from ..data.tree import held_bytes
 from ..data.walk import walk
 from ..trace.storage import local
 from ..units import DTYPE_BYTES
+from .allocator import replay
+from .device import cublas_workspace_bytes, device_bytes, workspaces
 from .modules import ModuleMemory, module_memory
 
 if TYPE_CHECKING:
     import torch
 
-    from ..data.records import Allocation, CallRecord
+    from ..data.records import Allocation, CallRecord, Event
+    from ..data.walk import ModuleWalk
     from ..trace.passes import Trace
 
 
@@ -82,6 +92,23 @@ class MemoryReport:
     timeline_categories: dict[str, list[int]] = field(default_factory=dict)
     #: the parameters, gradients and optimizer state each module owns (``module_memory``)
     by_module: ModuleMemory | None = None
+    #: training: the timeline index where each step begins (``[0, k]``: the first step, then
+    #: the steady one); ``[0]`` for one pass
+    steps: list[int] = field(default_factory=lambda: [0])
+    #: the peak of the first step alone (equal to ``peak_bytes`` for one pass)
+    first_step_peak_bytes: int = 0
+    #: training: the step the peak is in, 1 or 2 (2: the steady state); None for one pass
+    peak_step: int | None = None
+    #: the peak of the bytes PyTorch's CUDA caching allocator would reserve for this pass
+    #: (``torch.cuda.max_memory_reserved()``): parameters, buffers and inputs, then the
+    #: trace's allocations and frees, replayed through the allocator's rounding, pools, segments
+    #: and reuse with its default settings, plus the cuBLAS workspaces it allocates
+    #: (``meta_widget.memory.allocator``); never below ``peak_bytes``
+    reserved_bytes: int = 0
+    #: what the process holds on the GPU at that peak, as ``nvidia-smi`` shows it:
+    #: ``reserved_bytes`` + the CUDA context + NCCL's buffers in a parallel trace
+    #: (``meta_widget.memory.device.OVERHEADS``, each figure with its source)
+    device_bytes: int = 0
 
     @property
     def baseline_bytes(self) -> int:
@@ -130,6 +157,18 @@ class MemoryReport:
         return dict(self.categories)
 
 
+def _peak_index(events: Sequence[Event], steps: Sequence[int]) -> int:
+    """The event at the peak: the steady step's highest (its first, if several), unless the
+    first step rises higher."""
+    start = steps[-1] if steps[-1] < len(events) else 0
+    i = max(range(start, len(events)), key=lambda k: events[k].live_bytes)
+    if start:
+        j = max(range(start), key=lambda k: events[k].live_bytes)
+        if events[j].live_bytes > events[i].live_bytes:
+            return j
+    return i
+
+
 def _is_float(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex")) or dtype.startswith("float8")
 
@@ -141,29 +180,43 @@ def _dtype_name(t: torch.Tensor) -> str:
 def unique_bytes(tensors: Sequence[torch.Tensor]) -> dict[str, int]:
     """Bytes by dtype of ``tensors``, each tensor object counted once; a DTensor counts the
     storage of its local shard on this device (FSDP's padding included)."""
-    seen: set[int] = set()
     out: dict[str, int] = {}
+    for t, n in tensor_sizes(tensors):
+        name = _dtype_name(t)
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def tensor_sizes(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """Each tensor object of ``tensors`` once, with its bytes as :func:`unique_bytes` counts
+    them, in order."""
+    seen: set[int] = set()
+    out: list[tuple[torch.Tensor, int]] = []
     for t in tensors:
         if id(t) in seen:
             continue
         seen.add(id(t))
-        name = _dtype_name(t)
         held = local(t)
         if type(t).__name__ != "DTensor":
             n = held_bytes(t)  # a quantized weight: its inner tensors
         else:
             n = held.untyped_storage().nbytes() if held is not t else t.numel() * t.element_size()
-        out[name] = out.get(name, 0) + n
+        out.append((t, n))
     return out
 
 
 def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
+    return sum(storage_sizes(tensors))
+
+
+def storage_sizes(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """Bytes of each distinct storage behind ``tensors``, in order of first use."""
     seen: dict[int, int] = {}
     for t in tensors:
         st = t.untyped_storage()
         seen[st._cdata] = st.nbytes()
-    return sum(seen.values())
+    return list(seen.values())
 
 
 #: the memory categories, in the order the widget stacks them (``choices.MemoryCategory``)
@@ -236,11 +289,13 @@ def memory_report(
     params_by_dtype = unique_bytes(params)
     buffers_by_dtype = unique_bytes([b for _, b in tree.buffers])
     events = trace.events if trace is not None else []
+    steps = list(trace.step_starts) if trace is not None else [0]
+    first = events[: steps[1]] if len(steps) > 1 else events  # a step's bytes, not two steps'
     report = MemoryReport(
         param_bytes=sum(params_by_dtype.values()),
         buffer_bytes=sum(buffers_by_dtype.values()),
         input_bytes=storage_bytes(inputs),
-        activation_bytes=sum(e.nbytes for e in events if e.nbytes > 0 and e.phase == Phase.FORWARD),
+        activation_bytes=sum(e.nbytes for e in first if e.nbytes > 0 and e.phase == Phase.FORWARD),
         params_by_dtype=params_by_dtype,
         buffers_by_dtype=buffers_by_dtype,
         float_params=sum(local(p).numel() for p in params if p.is_floating_point()),
@@ -256,14 +311,17 @@ def memory_report(
         "buffers": report.buffer_bytes,
         "inputs": report.input_bytes,
     }
-    report.peak_bytes = base
+    report.peak_bytes = report.first_step_peak_bytes = base
+    report.steps = steps
     report.categories = {c: static.get(c, 0) for c in CATEGORIES}
     report.by_module = module_memory(tree, trace)
     if not events or trace is None:
-        return report
-    i = max(range(len(events)), key=lambda k: events[k].live_bytes)
+        return device_memory(report, tree, inputs, trace)
+    i = _peak_index(events, steps)
     peak = events[i]
     report.peak_bytes = base + peak.live_bytes
+    report.peak_step = (2 if i >= steps[-1] else 1) if len(steps) > 1 else None
+    report.first_step_peak_bytes = base + max(e.live_bytes for e in first) if first else base
     report.peak_call = peak.call if peak.call >= 0 else None
     report.peak_op = peak.op
     report.peak_phase = peak.phase
@@ -278,4 +336,57 @@ def memory_report(
     alive = [a for a in trace.allocations if a.freed < 0]
     report.gradient_bytes = sum(a.nbytes for a in alive if a.key in trace.grad_keys)
     report.optimizer_state_bytes = sum(a.nbytes for a in alive if a.key in trace.state_keys)
+    return device_memory(report, tree, inputs, trace)
+
+
+def device_memory(
+    report: MemoryReport, tree: ModuleWalk, inputs: Sequence[torch.Tensor], trace: Trace | None
+) -> MemoryReport:
+    """Fill ``report.reserved_bytes`` and ``device_bytes`` (see :class:`MemoryReport`): the
+    caching allocator replayed over the parameters and buffers in the order ``module.to("cuda")``
+    moves them, then the inputs (each its own tensor), then ``trace``'s allocations, with a
+    cuBLAS workspace of today's training GPUs (Hopper, Blackwell: 32 MiB) before the first GEMM
+    of each thread."""
+    initial = [n for _, n in tensor_sizes(moved_order(tree.modules[0]))] if tree.modules else []
+    initial += storage_sizes(inputs)
+    allocations = trace.allocations if trace is not None else []
+    extra = workspaces(trace.events, cublas_workspace_bytes()) if trace is not None else []
+    report.reserved_bytes = replay(allocations, initial, extra=extra).peak_bytes
+    report.device_bytes = device_bytes(report.reserved_bytes, communicators(tree, allocations))
     return report
+
+
+def communicators(tree: ModuleWalk, allocations: Sequence[Allocation]) -> int:
+    """NCCL communicators a rank of this trace holds: one per dimension of the device mesh of
+    its DTensor parameters (FSDP2, tensor parallelism, both), one when only FSDP2's buffers
+    say the trace is parallel, 0 on one device."""
+    dims = [
+        int(getattr(p, "device_mesh").ndim)  # noqa: B009 (a DTensor's, unknown to Parameter)
+        for _, p in tree.parameters
+        if type(p).__name__ == "DTensor"
+    ]
+    if dims:
+        return max(dims)
+    return int(any(a.category in _PARALLEL_CATEGORIES for a in allocations))
+
+
+#: categories only a parallel trace gives allocations (``meta_widget.distributed.comms``)
+_PARALLEL_CATEGORIES = frozenset({"communication buffers", "unsharded parameters"})
+
+
+def moved_order(root: torch.nn.Module) -> list[torch.Tensor]:
+    """The parameters and buffers in the order ``root.to(device)`` moves them
+    (``Module._apply``): each module's children first, then its own parameters, then its own
+    buffers; a module or tensor met again is moved already."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    todo: list[tuple[torch.nn.Module, bool]] = [(root, False)]
+    while todo:
+        m, children_done = todo.pop()
+        if children_done:
+            out += [t for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+        elif id(m) not in seen:
+            seen.add(id(m))
+            todo.append((m, True))
+            todo += [(c, False) for c in reversed(m._modules.values()) if c is not None]
+    return out

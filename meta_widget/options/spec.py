@@ -155,6 +155,11 @@ class TraceSpec:
     foreach: bool | None = field(
         default=None, metadata=_checked_by(lambda v, _b, _n: check_optional_flag(v, "foreach"))
     )
+    #: how ``zero_grad`` clears the gradients between training steps: freed (PyTorch's default)
+    #: or kept, zeroed, through the next step's forward pass
+    set_to_none: bool = field(
+        default=True, metadata=_checked_by(lambda v, _b, _n: check_flag(v, "set_to_none"))
+    )
     loss: Callable[[Any], Any] | None = field(
         default=None, metadata=_checked_by(_alone(check_loss))
     )

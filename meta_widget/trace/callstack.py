@@ -80,6 +80,26 @@ class CallStack:
         self._forward_calls: dict[int, list[int]] = {}
         self._recomputed: dict[int, int] = {}
 
+    def set_aside(self) -> Callable[[], None]:
+        """Record the calls from now on in a list of their own, numbered from 0 again, heard by
+        no listener; return the function that puts back the calls recorded so far.
+
+        A training trace's second step runs the model's calls again (``passes``): numbered
+        afresh, its k-th call is the first step's k-th, so its events name the first step's
+        records, and nothing is counted twice (FLOPs, costs, the calls a view shows).
+        """
+        kept = (self.calls, self.listeners, self.error_call, self._forward_calls, self._recomputed)
+        self.calls, self.listeners, self._forward_calls, self._recomputed = [], [], {}, {}
+
+        def restore() -> None:
+            error = self.error_call
+            self.calls, self.listeners, self.error_call = kept[0], kept[1], kept[2]
+            self._forward_calls, self._recomputed = kept[3], kept[4]
+            if self.error_call is None and error is not None and error < len(self.calls):
+                self.error_call = error  # the second step failed where the first did not
+
+        return restore
+
     # -- hooks ---------------------------------------------------------------------------------
 
     def pre(self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -358,4 +358,7 @@ WORKSPACES: dict[str, dict[Any, Callable[..., int]]] = {
         aten._safe_softmax: _safe_softmax_workspace,
         aten._softmax_backward_data: _softmax_backward_workspace,
     },
+    # the CPU's addmm_impl_cpu_ clones an operand BLAS cannot stride through, as cuBLAS's caller
+    # does (the expanded gradient of a sum); its bmm copies one matrix at a time (not modeled)
+    "cpu": {aten.mm: _matmul_workspace, aten.addmm: _addmm_workspace},
 }

@@ -1,11 +1,15 @@
 """What one analysis runs on meta: a forward pass, or a whole training step, under a Recorder.
 
-Inference: ``eval()``, ``torch.no_grad()``, one forward pass. Training: ``train()``, a forward pass,
-the loss (``loss(output)``, or the sum of every floating output), ``backward()``, and one
-optimizer step, each recorded as a phase of the live-bytes timeline (``forward``, ``backward``,
-``optimizer``). Generate (``mode="generate"``): ``eval()``, ``no_grad()``, transformers'
-``generate()`` (``meta_widget.trace.generate``), its prefill and decode steps marked on the
-timeline. Everything is undone afterwards, whatever interrupts it: hooks, modes, grad
+Inference: ``eval()``, ``torch.no_grad()``, one forward pass. Training: ``train()``, then two
+steps of a training loop, each a forward pass, the loss (``loss(output)``, or the sum of every
+floating output), ``backward()`` and an optimizer step, recorded as phases of the live-bytes
+timeline (``forward``, ``backward``, ``optimizer``). The second step starts with ``zero_grad``
+and runs on top of what the first left (the optimizer state; the gradients, zeroed, where
+``set_to_none=False``): from then on every step is the same, so it is the steady state. Its calls,
+FLOPs and costs are not counted again: the records are the first step's. Generate
+(``mode="generate"``): ``eval()``, ``no_grad()``, transformers' ``generate()``
+(``meta_widget.trace.generate``), its prefill and decode steps marked on the timeline.
+Everything is undone afterwards, whatever interrupts it: hooks, modes, grad
 mode, ``training`` flags, patched forwards, gradients and the garbage collector switch.
 """
 
@@ -27,7 +31,7 @@ import torch
 # a process would show activations that are never freed. So it is imported before any trace.
 import torch._dynamo
 
-from ..choices import Phase
+from ..choices import MemoryCategory, Phase
 from ..data.flatten import named_tensors
 from ..data.records import Allocation, CallRecord, Event
 from ..data.walk import ModuleWalk
@@ -89,6 +93,9 @@ class Trace:
     #: ``mode="generate"``: the stretches of decode steps given by the per-step rule, not
     #: traced one by one (``meta_widget.trace.decode_skip.Stretch``)
     stretches: list[Stretch] = field(default_factory=list)
+    #: the event index where each training step begins: ``[0, k]``, the first step and the
+    #: second (steady) one; ``[0]`` for a single pass (see :func:`trace`)
+    step_starts: list[int] = field(default_factory=lambda: [0])
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -179,6 +186,7 @@ def trace(
         default_device,
     )
     run.micro_batches = spec.micro_batches
+    run.set_to_none = spec.set_to_none
     run.foreach = foreach_for(device, spec.foreach)
     run.save_policy = spec.save_policy  # selective checkpointing: what it saves
     run.generation = generation
@@ -243,6 +251,7 @@ def trace(
         orphan_costs=recorder.orphan_costs,
         kv_cache=generation.cache if generation is not None else None,
         stretches=generation.stretches if generation is not None else [],
+        step_starts=run.step_starts,
     )
 
 
@@ -271,6 +280,7 @@ def _setup_and_run(
         run.factories.enter(undo)  # device-less tensors of the model's code land on meta
         _set_grad_enabled(training, undo)
         saved = _SavedTensorsHooks(undo)
+        run.undo = undo
         run.recorder.open(undo)
         if attach is not None:
             attach(run.recorder, undo)
@@ -311,6 +321,9 @@ class _Run:
         self.foreach: bool | None = None  # the optimizer's implementation (``FOREACH``)
         self.save_policy: SavePolicy | None = None  # selective checkpointing: its policy,
         self.saved_ops = SavedOps()  # and what it decided
+        self.set_to_none = True  # how ``zero_grad`` clears the gradients between steps
+        self.step_starts: list[int] = [0]
+        self.undo: Undo | None = None  # the trace's, for what the second step sets up again
 
     def step(
         self,
@@ -324,7 +337,8 @@ class _Run:
         on_phase: Callable[[str], None] | None,
         saved: _SavedTensorsHooks,
     ) -> None:
-        """One forward pass, or forward, loss, backward and optimizer step: a method each."""
+        """One forward pass; or two training steps (forward, loss, backward and optimizer step:
+        a method each), the second after ``zero_grad``, its calls and costs set aside."""
         if not training:
             with self._autocast():
                 if self.generation is not None:
@@ -332,6 +346,35 @@ class _Run:
                 else:
                     self.output = module(*args, **kwargs)
             return
+        self._training_step(module, args, kwargs, optimizer, loss, params, on_phase, saved)
+        self.output = None  # the step's output dies with it, as a loop's step function returns
+        self.step_starts.append(len(self.recorder.storage.events))
+        made = dict(self.factories.made)
+        restore = self.recorder.set_aside()
+        try:
+            self._phase(Phase.FORWARD, None)
+            if self.opt is not None:
+                self.opt.zero_grad(set_to_none=self.set_to_none)
+            else:
+                module.zero_grad(set_to_none=self.set_to_none)
+            assert self.undo is not None
+            self.factories.enter(self.undo)  # left for the first step's optimizer
+            self._training_step(module, args, kwargs, optimizer, loss, params, None, saved)
+        finally:
+            restore()
+            self.factories.made = made
+
+    def _training_step(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        optimizer: str | None,
+        loss: Callable[[Any], torch.Tensor] | None,
+        params: list[torch.nn.Parameter],
+        on_phase: Callable[[str], None] | None,
+        saved: _SavedTensorsHooks,
+    ) -> None:
         for i in range(self.micro_batches):  # gradient accumulation: forward, backward, again
             if i:
                 self._phase(Phase.FORWARD, None)  # listeners hear of backward and optimizer
@@ -369,11 +412,13 @@ class _Run:
         value.backward()
         del value
         self.recorder.callstack.sum_backward()
-        self.grad_keys = {
-            storage_key(local(p.grad)): self.param_names.get(id(p), "")
-            for p in params
-            if p.grad is not None
-        }
+        storage = self.recorder.storage
+        self.grad_keys = {}
+        for p in params:
+            if p.grad is not None:
+                grad = local(p.grad)
+                self.grad_keys[storage_key(grad)] = self.param_names.get(id(p), "")
+                storage.set_category(grad, MemoryCategory.GRADIENTS)  # also once freed
 
     def _optimizer_step(
         self,
@@ -382,8 +427,10 @@ class _Run:
         on_phase: Callable[[str], None] | None,
     ) -> None:
         self._phase(Phase.OPTIMIZER, on_phase)
-        self.opt = OPTIMIZERS[optimizer](params, self.foreach)
+        if self.opt is None:  # made once, as a loop makes it: the second step reuses its state
+            self.opt = OPTIMIZERS[optimizer](params, self.foreach)
         self.opt.step()
+        self.state_keys, self.state_other = {}, 0
         for p, state in self.opt.state.items():
             for v in state.values():
                 if isinstance(v, torch.Tensor):

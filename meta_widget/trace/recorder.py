@@ -182,9 +182,28 @@ class Recorder:
         self.local_flops = False
         #: kernels this trace runs instead of some ops (a parallel trace's, ``comms.py``)
         self.kernels: dict[Any, Callable[..., Any]] = {}
+        #: called by :meth:`set_aside`, each returning the function that puts back what it set
+        #: aside (a parallel trace's collectives, ``meta_widget.distributed.comms``)
+        self.asides: list[Callable[[], Callable[[], None]]] = []
         self._mode: _OpMode | None = None  # made by open(), dropped by close()
         self._modes: DispatchModes | None = None  # saved by open(), restored by close()
         self._undo = Undo()
+
+    def set_aside(self) -> Callable[[], None]:
+        """Count nothing from now on where the trace's results are read: calls
+        (:meth:`CallStack.set_aside`), FLOPs and costs outside calls, and what each function of
+        ``asides`` sets aside (a parallel trace's collectives); storage events go on. Returns
+        the function that puts it all back (a training trace's second step, ``passes``)."""
+        kept = (self.orphan_flops, self.orphan_ops, self.orphan_costs)
+        self.orphan_flops, self.orphan_ops, self.orphan_costs = 0, {}, {}
+        restores = [self.callstack.set_aside(), *(aside() for aside in self.asides)]
+
+        def restore() -> None:
+            self.orphan_flops, self.orphan_ops, self.orphan_costs = kept
+            for each in restores:
+                each()
+
+        return restore
 
     @property
     def phase(self) -> str:
@@ -408,6 +427,7 @@ class Recorder:
         elif func in self.kernels:
             run = self.kernels[func]
         flops = _FLOPS.get(func._overloadpacket)
+        workspace = self.workspaces.get(func._overloadpacket)
         uncached = static_bypass(func, answered)
         return OpPlan(
             name=str(func._overloadpacket),
@@ -415,7 +435,9 @@ class Recorder:
             run=run,
             flops=_on_local(flops) if flops is not None and self.local_flops else flops,
             uncached=uncached,
-            workspace=self.workspaces.get(func._overloadpacket),
+            workspace=_on_local(workspace)
+            if workspace is not None and self.local_flops
+            else workspace,  # a DTensor op's kernel runs on its local tensors
             free=is_free(func, uncached, VIEW),
             causal=causal_index(func),
             convolution=is_convolution(func),

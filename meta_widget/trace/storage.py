@@ -188,6 +188,13 @@ class StorageTracker:
         if n:
             self._allocate(st, n, op, call, backward)
 
+    def set_category(self, t: torch.Tensor, category: str) -> None:
+        """Give the live storage of ``t`` (if this tracker follows it) its memory category, the
+        one it keeps once freed (a first training step's gradients)."""
+        entry = self._live.get(storage_key(t))
+        if entry is not None:
+            entry[0].category = category
+
     def mark_saved(self, t: torch.Tensor) -> None:
         """Note that autograd saved ``t`` for the backward pass (a saved-tensors pack hook)."""
         if self.tracks(t):
