@@ -360,3 +360,32 @@ def test_a_layer_writing_a_kv_cache_is_explained() -> None:
         mw.analyze(model, input_data=x, mode="training", activation_checkpointing="selective").error
         is None
     )
+
+
+def test_the_note_counts_what_a_real_step_saves() -> None:
+    """The note's count and bytes of saved outputs, per step, against the decisions of
+    torchtitan's policy on a real step (a recording copy of it)."""
+    model, x = CASES["blocks"]()
+    saved: list[int] = []
+
+    def recording() -> Any:
+        meta: dict[str, int] = defaultdict(int)
+
+        def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+            if func == aten.mm.default:
+                meta["mm"] += 1
+            save = func in TITAN_SAVE and not (func == aten.mm.default and meta["mm"] % 2 == 0)
+            if save:
+                saved.append(ctx.op_output.numel() * ctx.op_output.element_size())
+            return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    real = wrap_blocks(copy.deepcopy(model).train(), recording)
+    real(x).sum().backward()
+    a = analyzed(model, x, activation_checkpointing="selective")
+    note = next(n for n in a.notes if "Selective" in n)
+    assert (
+        f"saved {len(saved)} op output(s) (aten.mm.default {len(saved)}× ({sum(saved):,} B))"
+        in note
+    )

@@ -61,17 +61,20 @@ class SavedOps:
         else:
             self.recomputed[name] += 1
 
-    def notes(self, policy: SavePolicy | None) -> list[str]:
-        """The note for the analysis: what was saved and how much was left to recompute."""
+    def notes(self, policy: SavePolicy | None, steps: int = 1) -> list[str]:
+        """The note for the analysis: what each of the ``steps`` traced steps saved (they are
+        alike) and how much it left to recompute."""
         if policy is None or (not self.saved and not self.recomputed):
             return []
         shown = ", ".join(
-            f"{name} {n}× ({self.saved_bytes[name]:,} B)" for name, n in self.saved.most_common()
+            f"{name} {n // steps}× ({self.saved_bytes[name] // steps:,} B)"
+            for name, n in self.saved.most_common()
         )
         return [
-            f"Selective activation checkpointing ({policy.label}): the checkpointed forwards "
-            f"saved {sum(self.saved.values())} op output(s) ({shown or 'none'}) and left "
-            f"{sum(self.recomputed.values())} op(s) to recompute in backward."
+            f"Selective activation checkpointing ({policy.label}): each step's checkpointed "
+            f"forwards saved {sum(self.saved.values()) // steps} op output(s) "
+            f"({shown or 'none'}) and left {sum(self.recomputed.values()) // steps} op(s) to "
+            "recompute in backward."
         ]
 
 

@@ -247,7 +247,7 @@ def trace(
         state_keys=run.state_keys,
         state_other_bytes=run.state_other,
         fast_path=recorder.cache.stats if recorder.cache is not None else None,
-        notes=run.factories.notes() + run.saved_ops.notes(run.save_policy),
+        notes=run.factories.notes() + run.saved_ops.notes(run.save_policy, len(run.step_starts)),
         orphan_costs=recorder.orphan_costs,
         kv_cache=generation.cache if generation is not None else None,
         stretches=generation.stretches if generation is not None else [],
