@@ -417,6 +417,7 @@ def analyze(
     loss: Callable[[Any], Any] | None = None,
     device: str = "cuda",
     activation_checkpointing: bool | str | Sequence[str] = False,
+    checkpoint_policy: Any = None,
     depth: int | None = None,
     widget: bool | MetaWidget | None = None,
     strict: bool = False,
@@ -492,7 +493,10 @@ def analyze(
     activation_checkpointing
         In training: ``True`` checkpoints every block (each child of a ``ModuleList``, e.g. the
         decoder layers of a transformer); a module path or class name, or a list of them,
-        picks them.
+        picks them; ``"selective"``: the blocks, op-level (``checkpoint_policy``).
+    checkpoint_policy
+        Ops whose outputs checkpointed modules save (names, ops, or a PyTorch SAC policy
+        function); default torchtitan's for ``"selective"``. See ``meta_widget.options.selective``.
     depth
         The depth the widget and ``summary()`` open at (default 3).
     widget

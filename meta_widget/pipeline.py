@@ -323,9 +323,9 @@ def _explained(result: Trace | None) -> Explanation | None:
     return _blame_assumptions(error, result.assumptions)
 
 
-def _check_checkpointed(module: torch.nn.Module, which: bool | Sequence[str]) -> None:
+def _check_checkpointed(module: torch.nn.Module, which: bool | str | Sequence[str]) -> None:
     """Each module path or class name ``activation_checkpointing`` gives picks a module."""
-    if which is False or which is True or not which:
+    if isinstance(which, (bool, str)) or not which:
         return
     names = set(which)
     if not any(p in names or type(m).__name__ in names for p, m in module.named_modules()):

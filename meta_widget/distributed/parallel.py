@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -174,9 +174,11 @@ class World:
         if self.plan.fsdp > 1 or self.plan.replicate > 1:
             # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second
             mesh = self.mesh["replicate", "fsdp"] if self.plan.replicate > 1 else self.mesh["fsdp"]
+            mp = self.plan.mp  # FSDP2's own mixed precision, as the user's fully_shard takes it
+            policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
             for block in fsdp_blocks(copied, self.plan.blocks):
-                fully_shard(block, mesh=mesh)
-            fully_shard(copied, mesh=mesh)
+                fully_shard(block, mesh=mesh, mp_policy=policy)
+            fully_shard(copied, mesh=mesh, mp_policy=policy)
         sizes = (self.plan.replicate, self.plan.fsdp, self.plan.tp)
         groups = {
             str(self.mesh[name].get_group().group_name): (name, size)

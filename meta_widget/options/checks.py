@@ -113,20 +113,23 @@ def check_fast(fast: Any) -> bool:
     return fast
 
 
-def checkpoint_selection(which: Any) -> bool | list[str]:
-    """``activation_checkpointing``: ``True``/``False``, or module paths or class names (a single
-    string is one name)."""
+def checkpoint_selection(which: Any) -> bool | str | list[str]:
+    """``activation_checkpointing``: ``True``/``False``, ``"selective"`` (the modules ``True``
+    picks, op-level: ``options.selective``), or module paths or class names (a single string is
+    one name)."""
     if isinstance(which, bool):
         return which
     if which is None:
         return False
+    if which == "selective":
+        return which
     if isinstance(which, str):
         return [which]
     if isinstance(which, (Sequence, set, frozenset)) and all(isinstance(n, str) for n in which):
         return list(which)
     raise OptionTypeError(
-        f"activation_checkpointing={show(which)} must be True, False, or module paths / class "
-        "names as strings, e.g. ['model.layers.0', 'LlamaDecoderLayer']."
+        f"activation_checkpointing={show(which)} must be True, False, 'selective', or module "
+        "paths / class names as strings, e.g. ['model.layers.0', 'LlamaDecoderLayer']."
     )
 
 

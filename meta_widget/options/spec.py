@@ -39,6 +39,7 @@ from .checks import (
 )
 from .errors import OptionError, OptionTypeError, show
 from .parallel import check_parallel
+from .selective import SELECTIVE, SavePolicy, check_checkpoint_policy, save_policy
 from .shapes import input_dtypes, input_shapes
 
 __all__ = ["GENERATE", "Options", "TraceSpec"]
@@ -143,7 +144,8 @@ class TraceSpec:
     ``max_length``); the
     ``device`` whose attention kernel is accounted; the assumption policy (``strict``,
     ``assume``, ``assume_nonzero``); the op cache (``fast``); ``autocast``; ``micro_batches``;
-    the modules run under ``activation_checkpointing``."""
+    the modules run under ``activation_checkpointing`` and what they save
+    (``checkpoint_policy``)."""
 
     mode: str = field(default=Mode.INFERENCE.value, metadata=_checked_by(_mode))
     optimizer: str | None = field(
@@ -181,6 +183,15 @@ class TraceSpec:
     activation_checkpointing: bool | str | Sequence[str] = field(
         default=False, metadata=_checked_by(_alone(checkpoint_selection))
     )
+    #: what selective checkpointing saves (``meta_widget.options.selective``)
+    checkpoint_policy: Any = field(
+        default=None,
+        metadata=_checked_by(
+            lambda v, before, notes: check_checkpoint_policy(
+                v, before["activation_checkpointing"], notes
+            )
+        ),
+    )
     #: ``mode="generate"``: the tokens ``generate()`` makes (exactly), its cache and length
     new_tokens: int | None = field(default=None, metadata=_checked_by(_new_tokens))
     cache_implementation: str | None = field(
@@ -212,15 +223,21 @@ class TraceSpec:
         """The :class:`TraceSpec` part of these options."""
         return TraceSpec(**{f.name: getattr(self, f.name) for f in fields(TraceSpec)})
 
+    @property
+    def save_policy(self) -> SavePolicy | None:
+        """What the checkpointed modules save, op by op (selective checkpointing), or None:
+        they save nothing but their inputs (full checkpointing)."""
+        return save_policy(self.checkpoint_policy, self.activation_checkpointing)
+
     def checkpointed(self, module: torch.nn.Module) -> list[torch.nn.Module]:
         """The modules of ``module`` whose forwards run under activation checkpointing (none in
-        inference): with ``True`` each child of a ``ModuleList`` (the blocks of a transformer),
-        else those whose path or class name is given. The pipeline checks before the trace that
-        each name picks a module of the model."""
+        inference): with ``True`` or ``"selective"`` each child of a ``ModuleList`` (the blocks
+        of a transformer), else those whose path or class name is given. The pipeline checks
+        before the trace that each name picks a module of the model."""
         which = self.activation_checkpointing
         if not self.training or not which:
             return []
-        if which is True:
+        if which is True or which == SELECTIVE:
             return [
                 child
                 for m in module.modules()

@@ -12,21 +12,130 @@ attention's arguments before the kernel is picked, as on a device (the dispatche
 key runs before the SDPA backend is chosen). A kernel mode entered above autocast would pick
 the kernel of the float32 arguments (memory-efficient attention on CUDA, where the forward
 under autocast runs flash in bf16) and run it in float32.
+
+Selective (op-level) checkpointing runs them under PyTorch's own
+``create_selective_checkpoint_contexts`` with the policy of ``checkpoint_policy=``
+(``meta_widget.options.selective``): its dispatch modes keep the outputs of the ops the policy
+saves from the forward, alive until backward uses them, and hand them back instead of running
+those ops again in the recomputation. Both modes sit above the recorder's, so the recorder
+sees every op the forward runs and only the ops the recomputation runs again: the memory and
+the recompute FLOPs are those of PyTorch's own code path. :class:`SavedOps` counts what the
+policy decided.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
+from ..options import OptionTypeError
+from ..options.selective import SavePolicy, op_name
 from ..undo import Undo
 from .autocast import Autocast
+from .storage import local
 
-__all__ = ["checkpoint_forward", "patch_forwards"]
+__all__ = ["SavedOps", "checkpoint_forward", "patch_forwards", "region_policy"]
+
+_MM = torch.ops.aten.mm.default
+_SAVE = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+
+
+class SavedOps:
+    """What a selective policy decided in the checkpointed forwards of a trace: by op name,
+    the outputs saved (count and bytes) and the ops left to be recomputed (count)."""
+
+    def __init__(self) -> None:
+        self.saved: Counter[str] = Counter()
+        self.saved_bytes: Counter[str] = Counter()
+        self.recomputed: Counter[str] = Counter()
+
+    def add(self, op: Any, output: Any, saved: bool) -> None:
+        name = op_name(op)
+        if saved:
+            self.saved[name] += 1
+            self.saved_bytes[name] += sum(
+                local(t).numel() * local(t).element_size()
+                for t in tree_leaves(output)
+                if isinstance(t, torch.Tensor)
+            )
+        else:
+            self.recomputed[name] += 1
+
+    def notes(self, policy: SavePolicy | None, steps: int = 1) -> list[str]:
+        """The note for the analysis: what each of the ``steps`` traced steps saved (they are
+        alike) and how much it left to recompute."""
+        if policy is None or (not self.saved and not self.recomputed):
+            return []
+        shown = ", ".join(
+            f"{name} {n // steps}× ({self.saved_bytes[name] // steps:,} B)"
+            for name, n in self.saved.most_common()
+        )
+        return [
+            f"Selective activation checkpointing ({policy.label}): each step's checkpointed "
+            f"forwards saved {sum(self.saved.values()) // steps} op output(s) "
+            f"({shown or 'none'}) and left {sum(self.recomputed.values()) // steps} op(s) to "
+            "recompute in backward."
+        ]
+
+
+def region_policy(policy: SavePolicy, log: SavedOps | None = None) -> Callable[..., Any]:
+    """The policy function of one checkpointed forward (a region), as
+    ``create_selective_checkpoint_contexts`` calls it: the user's function (its answer
+    checked), or ``policy``'s ops, with torchtitan's rule (every second ``aten.mm`` of the
+    region recomputed) where it applies. Made again for every region: the count of ``mm`` is
+    the region's."""
+    user = policy.function
+    mm = 0
+
+    def decide(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        nonlocal mm
+        if user is not None:
+            choice = user(ctx, op, *args, **kwargs)
+            if isinstance(choice, bool):
+                choice = CheckpointPolicy.MUST_SAVE if choice else CheckpointPolicy.PREFER_RECOMPUTE
+            if not isinstance(choice, CheckpointPolicy):
+                raise OptionTypeError(
+                    f"checkpoint_policy returned {choice!r} for {op_name(op)}: a policy "
+                    "returns a torch.utils.checkpoint.CheckpointPolicy (or a bool: save)."
+                )
+        else:
+            save = policy.saves(op)
+            if op is _MM and policy.every_other_mm:
+                mm += 1
+                save = save and mm % 2 == 1
+            choice = CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+        if log is not None:
+            log.add(op, getattr(ctx, "op_output", None), choice in _SAVE)
+        return choice
+
+    return decide
+
+
+class _Together:
+    """Context managers entered as one, in order (the recomputation's autocast and the
+    selective policy's mode)."""
+
+    def __init__(self, *managers: AbstractContextManager[Any]) -> None:
+        self.managers = managers
+        self.stack = ExitStack()
+
+    def __enter__(self) -> _Together:
+        for m in self.managers:
+            self.stack.enter_context(m)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self.stack.__exit__(*exc)
 
 
 def patch_forwards(
@@ -34,9 +143,12 @@ def patch_forwards(
     autocast: Callable[[], Autocast] | None,
     undo: Undo,
     recomputation: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    policy: SavePolicy | None = None,
+    log: SavedOps | None = None,
 ) -> None:
-    """Run each module's forward under activation checkpointing (an instance attribute); the
-    undo step puts back exactly what was there, a ``forward`` the user set on the instance too.
+    """Run each module's forward under activation checkpointing (an instance attribute),
+    selective under ``policy`` if given (``log`` counts its decisions); the undo step puts back
+    exactly what was there, a ``forward`` the user set on the instance too.
     ``recomputation()`` is entered around each recomputation (the recorder's, which counts its
     FLOPs apart)."""
     for m in modules:
@@ -50,13 +162,15 @@ def patch_forwards(
                 vars(m).pop("forward", None)  # back to the class's forward
 
         undo.add(restore)
-        checkpoint_forward(m, autocast, recomputation)
+        checkpoint_forward(m, autocast, recomputation, policy, log)
 
 
 def checkpoint_forward(
     m: torch.nn.Module,
     autocast: Callable[[], Autocast] | None = None,
     recomputation: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    policy: SavePolicy | None = None,
+    log: SavedOps | None = None,
 ) -> torch.nn.Module:
     """Make ``m``'s forward run under activation checkpointing (an instance attribute).
 
@@ -64,7 +178,9 @@ def checkpoint_forward(
     top of the trace's modes (see the module's docstring): the forward runs inside the trace's
     own autocast already, so both runs use the same kernels and casts and make the same tensors.
     ``recomputation()`` is entered around the recomputation too (``torch.utils.checkpoint``
-    enters its recompute context around the whole of it, an early stop included).
+    enters its recompute context around the whole of it, an early stop included). With a
+    ``policy``, PyTorch's selective checkpointing: its caching mode runs in the forward, its
+    cached mode (inside the autocast) in the recomputation.
     """
     forward = m.forward
 
@@ -74,7 +190,10 @@ def checkpoint_forward(
             yield
 
     def contexts() -> tuple[AbstractContextManager[Any], AbstractContextManager[Any]]:
-        return nullcontext(), recompute()
+        if policy is None:
+            return nullcontext(), recompute()
+        caching, cached = create_selective_checkpoint_contexts(region_policy(policy, log))
+        return caching, _Together(recompute(), cached)
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)

@@ -201,6 +201,22 @@ register_explanation(
     fix="Pass the total length: torch.repeat_interleave(x, repeats, output_size=N).",
 )
 register_explanation(
+    "selective_checkpoint_mismatch",
+    r"encountered during backward but not found in storage|not found in storage\. This can",
+    title="selective checkpointing saw another forward in the recomputation",
+    explanation=(
+        "torch.utils.checkpoint's selective mode hands the recomputation the outputs it saved "
+        "by op and position, so the recomputed forward must run the same ops as the first. "
+        "It ran others: most often a layer that writes a KV cache (a transformers model with "
+        "use_cache=True) finds the cache grown by the forward and attends to twice the keys."
+    ),
+    fix=(
+        "Turn the cache off for training, as transformers' own gradient checkpointing does: "
+        "config.use_cache = False (or pass use_cache=False in the inputs). A real run with "
+        "the same policy fails the same way."
+    ),
+)
+register_explanation(
     "load_state_dict_noop",
     r"copying from a non-meta parameter in the checkpoint to a meta parameter.*no-op",
     title="load_state_dict into a meta model did nothing",

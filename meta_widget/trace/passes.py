@@ -34,11 +34,12 @@ from ..data.flatten import named_tensors
 from ..data.records import Allocation, CallRecord, Event
 from ..data.walk import ModuleWalk
 from ..options import TraceSpec
+from ..options.selective import SavePolicy
 from ..undo import FunctionModes, Undo, interrupt_behind
 from .assume import Assumption, Policy
 from .autocast import Autocast
 from .callstack import Listener
-from .checkpointing import patch_forwards
+from .checkpointing import SavedOps, patch_forwards
 from .decode_skip import Stretch
 from .factories import DeviceLessFactories
 from .fastpath import patch_fast_paths
@@ -195,6 +196,7 @@ def trace(
     run.micro_batches = spec.micro_batches
     run.set_to_none = spec.set_to_none
     run.foreach = foreach_for(device, spec.foreach)
+    run.save_policy = spec.save_policy  # selective checkpointing: what it saves
     run.generation = generation
     checkpointed = spec.checkpointed(module) if training else []
     start = time.perf_counter()
@@ -253,7 +255,7 @@ def trace(
         state_keys=run.state_keys,
         state_other_bytes=run.state_other,
         fast_path=recorder.cache.stats if recorder.cache is not None else None,
-        notes=run.factories.notes(),
+        notes=run.factories.notes() + run.saved_ops.notes(run.save_policy, len(run.step_starts)),
         orphan_costs=recorder.orphan_costs,
         kv_cache=generation.cache if generation is not None else None,
         stretches=generation.stretches if generation is not None else [],
@@ -274,7 +276,10 @@ def _setup_and_run(
     exception the model raised, if any (interrupts go through)."""
     try:
         set_training(run.recorder.root, training)
-        patch_forwards(checkpointed, run.autocast, undo, run.recorder.recomputation)
+        patch_forwards(
+            checkpointed, run.autocast, undo, run.recorder.recomputation, run.save_policy,
+            run.saved_ops,
+        )  # fmt: skip
         if not training and device != "math":  # the fused inference kernels a device runs
             patch_fast_paths(run.recorder.walk.modules, device, undo)
         undo.add(FunctionModes().restore)
@@ -324,6 +329,8 @@ class _Run:
         self.factories = DeviceLessFactories(default_device)
         self.generation: Generation | None = None  # mode="generate": its generate()
         self.foreach: bool | None = None  # the optimizer's implementation (``FOREACH``)
+        self.save_policy: SavePolicy | None = None  # selective checkpointing: its policy,
+        self.saved_ops = SavedOps()  # and what it decided
         self.set_to_none = True  # how ``zero_grad`` clears the gradients between steps
         self.step_starts: list[int] = [0]
         self.undo: Undo | None = None  # the trace's, for what the second step sets up again

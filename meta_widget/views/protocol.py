@@ -356,14 +356,13 @@ def encode_settings(options: Any) -> list[list[str]]:
         )
     plan = options.parallel
     if plan is not None:
-        parts = [
-            f"{k} {getattr(plan, k)}" for k in ("replicate", "fsdp", "tp") if getattr(plan, k) > 1
-        ]
+        mp = plan.mp  # FSDP2's MixedPrecisionPolicy
+        policy = f"; MixedPrecisionPolicy({mp.arguments()})" if mp is not None else ""
         out.append(
             [
-                " × ".join(parts) or "parallel",
+                plan.label(),
                 f"analyze(..., parallel=...): this trace is "
-                f"rank 0 of {plan.world}; its numbers are one GPU's",
+                f"rank 0 of {plan.world}; its numbers are one GPU's{policy}",
             ]
         )
     if getattr(options, "micro_batches", 1) > 1:
@@ -385,10 +384,12 @@ def encode_settings(options: Any) -> list[list[str]]:
             ]
         )
     if getattr(options, "activation_checkpointing", False):
+        saves = getattr(options, "save_policy", None)  # selective: what its policy saves
+        kept = f"outputs of {saves.label} kept, other " if saves is not None else ""
         out.append(
             [
-                "checkpointing",
-                "analyze(..., activation_checkpointing=...): activations "
+                "selective checkpointing" if saves is not None else "checkpointing",
+                f"analyze(..., activation_checkpointing=...): {kept}activations "
                 "recomputed in the backward pass",
             ]
         )
