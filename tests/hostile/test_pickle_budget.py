@@ -34,7 +34,6 @@ _MEASURE = textwrap.dedent(
     import json, resource, sys
     import torch
     from meta_widget.checkpoints import CheckpointError, inspect_checkpoint
-from meta_widget.checkpoints.pickle_budget import MAX_BYTES, MAX_STEPS, allowance
 
     def status(key):
         with open("/proc/self/status") as f:
