@@ -66,7 +66,9 @@ class Flattener:
             return ""
         text = key if type(key) is str else None
         size = len(text) if text is not None else _text_size(key)
-        narrow = parent.isascii() and text is not None and text.isascii()
+        # one byte a character when both are ASCII (an int's digits are), else up to four
+        ascii_key = text.isascii() if text is not None else isinstance(key, int)
+        narrow = parent.isascii() and ascii_key
         self.budget.charge((1 if narrow else 4) * (len(parent) + 1 + size) + _ENTRY)
         if text is None:
             text = _key(key)
