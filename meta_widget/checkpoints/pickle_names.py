@@ -200,7 +200,9 @@ def _text_size(key: Any) -> int:
         return 3 + 4 * len(key)
     if isinstance(key, int):
         return 2 + key.bit_length() // 3  # at least 3 bits a digit
-    return 2048  # a float, a complex, a stand-in: a fixed repr
+    if isinstance(key, float | complex) or key is None:
+        return 64  # '(-1.2345678901234567e-308-1.2345678901234567e-308j)'
+    return 2048  # a stand-in (a device, a dtype, a tensor as a key): its repr
 
 
 def _order(value: Any) -> tuple[Any, ...]:

@@ -406,8 +406,9 @@ class PickleMachine:
         try:
             if func.name in CONTAINERS:
                 return build_container(func.name, args, self.budget, self._damaged)
-            # before: a copy of a text or bytes argument (_codecs.encode, bytearray) at most
-            self.budget.charge(_STUB + sum(len(a) for a in args if isinstance(a, str | bytes)), 0)
+            # before: a copy of its text or bytes argument (_codecs.encode, bytearray) at most
+            copied = sum(len(a) for a in args[:2] if isinstance(a, str | bytes))
+            self.budget.charge(_STUB + copied, 0)
             value = func.call(args)
         except (TypeError, ValueError, IndexError, KeyError, OverflowError, RecursionError) as exc:
             raise self._damaged(
