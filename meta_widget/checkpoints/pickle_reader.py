@@ -278,7 +278,7 @@ class PickleMachine:
     @_op(pickle.TUPLE)
     def _tuple(self) -> None:
         items = self.pop_mark()
-        self.budget.charge(_TUPLE + _SLOT * len(items), 0)
+        self.budget.charge(_TUPLE + _SLOT * (len(items) + 1), 0)  # the tuple, its stack slot
         self.stack.append(tuple(items))
 
     @_op(pickle.TUPLE1, pickle.TUPLE2, pickle.TUPLE3)
