@@ -317,6 +317,21 @@ def test_hashing_is_counted(pickle_bytes: bytes) -> None:
     assert budget.steps >= 2000 * 1000
 
 
+def test_writing_a_huge_integer_key_is_counted(
+    tmp_path: pathlib.Path, recorded: list[Budget]
+) -> None:
+    """Writing an int's digits takes time quadratic in its size (17 us for the 2,040 bits a
+    LONG1 holds, ~50 steps): one memoized in 1,000 dicts names 1,000 entries, 50 steps each."""
+    big = b"\x8a\xff" + b"\xff" * 254 + b"\x7f"  # 2**2039 - 1: LONG1 of 255 bytes
+    dicts = b"}" + big + b"q\x01Ns" + b"}h\x01Ns" * 999
+    path = tmp_path / "bigkeys.pt"
+    _zip_with_pickle(path, b"\x80\x02](" + dicts + b"e.", zipfile.ZIP_STORED)
+    info = inspect_checkpoint(path)
+    assert len(info.others) == 1000 and f"999.{2**2039 - 1}" in info.others
+    [budget] = recorded
+    assert budget.steps >= 1000 * 50
+
+
 def test_a_key_of_too_many_values_is_refused() -> None:
     key = b"(" + b"K\x01" * 1025 + b"t"
     with pytest.raises(CheckpointError, match="a key of more than 1024 values"):
