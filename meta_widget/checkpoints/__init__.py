@@ -9,8 +9,9 @@
   builds a shape and dtype for each tensor and calls no global; ``torch.load`` is never called
   and no tensor byte is read. A pickle that would run code (a global that is not a tensor, dict,
   list or number) is refused with :class:`UnsafeCheckpointError`: nothing runs. Each file is
-  read under one budget, enforced as it goes: 1,000,000 steps, 128 MiB of objects, 10 s
-  (``torch_files.py``, ``pickle_reader.py``, ``pickle_globals.py``);
+  read under one budget of steps and bytes, enforced as it goes and growing with the pickle's
+  size, never timed (``torch_files.py``, ``pickle_reader.py``, ``pickle_globals.py``,
+  ``pickle_keys.py``, ``pickle_names.py``, ``pickle_budget.py``);
 - sharded Hugging Face checkpoints: a ``*.index.json`` (or a folder holding one), every shard's
   header merged into one view (``reading.py``).
 

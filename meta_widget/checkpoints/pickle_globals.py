@@ -7,7 +7,6 @@ from torch once (``vars(torch)``, so no import runs).
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +14,23 @@ from typing import Any
 from .. import heavy
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class StoredTensor:
-    """A tensor of the pickle: its shape and dtype (as torch spells it, without ``torch.``)."""
+    """A tensor of the pickle: its shape and dtype (as torch spells it, without ``torch.``).
+
+    Compared and hashed by identity, as torch compares tensors: two tensors of one shape are
+    two keys of a dict, two members of a set. ``stored`` is the bytes a sparse tensor holds
+    (its indices and values); ``None`` for a dense one, which holds ``numel * itemsize``.
+    """
 
     shape: tuple[int, ...]
     dtype: str
+    stored: int | None = None
 
     @property
     def nbytes(self) -> int:
+        if self.stored is not None:
+            return self.stored
         n = 1
         for d in self.shape:
             n *= d
@@ -102,14 +109,28 @@ def opaque(kind: str, args: tuple[Any, ...]) -> Opaque:
     return Opaque(kind)
 
 
+#: dimensions of a tensor read here: torch builds tensors of any rank, but no model's tensor has
+#: more than a handful, and a shape of a million copies of one memoized number is a file of a
+#: few MB that takes minutes to multiply out
+MAX_RANK = 64
+_MAX_DIM = 2**63  # torch's sizes are int64
+
+
 def _shape(size: Any, dtype: str) -> tuple[int, ...]:
-    if not isinstance(size, tuple | list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in size
-    ):
+    """``size`` as a shape, checked before it is multiplied out: at most :data:`MAX_RANK`
+    dimensions, each an int64 >= 0, and under 2**63 bytes in all."""
+    if not isinstance(size, tuple | list):
         raise ValueError("a shape that is not a list of integers >= 0")
+    if len(size) > MAX_RANK:
+        raise ValueError(
+            f"a shape of {len(size):,} dimensions, past the {MAX_RANK} meta_widget reads "
+            "(no model's tensor has more than a few)"
+        )
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < _MAX_DIM for d in size):
+        raise ValueError("a shape that is not a list of integers >= 0 and < 2**63")
     tensor = StoredTensor(tuple(size), dtype)
-    if tensor.nbytes >= 2**63:
-        raise ValueError(f"a shape of {tensor.nbytes} bytes, past what any tensor can hold")
+    if tensor.nbytes >= _MAX_DIM:  # at most 64 numbers of 63 bits: cheap to multiply
+        raise ValueError("a shape of 2**63 bytes or more, past what any tensor can hold")
     return tensor.shape
 
 
@@ -156,17 +177,73 @@ def _device_tensor(args: tuple[Any, ...]) -> StoredTensor:
     return StoredTensor(_shape(data.shape, dtype), dtype)
 
 
+#: what ``_rebuild_from_type_v2`` may call: the functions that rebuild a tensor
+_REBUILDS = (
+    "torch._utils._rebuild_tensor",
+    "torch._utils._rebuild_tensor_v2",
+    "torch._utils._rebuild_tensor_v3",
+    "torch._utils._rebuild_qtensor",
+    "torch._utils._rebuild_parameter",
+    "torch._utils._rebuild_parameter_with_state",
+    "torch._utils._rebuild_meta_tensor_no_storage",
+    "torch._utils._rebuild_wrapper_subclass",
+    "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+    "torch._utils._rebuild_sparse_tensor",
+    "torch.nn.parameter.Parameter",
+)
+
+
 def _from_type(args: tuple[Any, ...]) -> Any:
     func, inner = args[0], args[2]  # _rebuild_from_type_v2(func, type, args, state)
     if not isinstance(func, Global) or not isinstance(inner, tuple):
         raise TypeError("a tensor subclass rebuilt by something that is not a function")
+    if func.name not in _REBUILDS:  # torch.save writes the tensor's own rebuild function there
+        raise TypeError(f"a tensor subclass rebuilt by {func.name}, which rebuilds no tensor")
     return func.call(inner)
 
 
-def _ordered_dict(args: tuple[Any, ...]) -> OrderedDict[Any, Any]:
-    if args and not (isinstance(args[0], list | tuple) and not args[0]):
-        raise TypeError("an OrderedDict built from values")
-    return OrderedDict()
+#: the sparse layouts ``torch.serialization._get_layout`` names, and how many tensors each
+#: one's data holds before its size: COO (indices, values, size[, coalesced]); the compressed
+#: ones (compressed indices, plain indices, values, size)
+_SPARSE = {
+    "torch.sparse_coo": 2,
+    "torch.sparse_csr": 3,
+    "torch.sparse_csc": 3,
+    "torch.sparse_bsr": 3,
+    "torch.sparse_bsc": 3,
+}
+
+
+def _layout(args: tuple[Any, ...]) -> Opaque:
+    if len(args) != 1 or not isinstance(args[0], str):
+        raise TypeError("a layout that is not named")
+    return Opaque(args[0])
+
+
+def _sparse_tensor(args: tuple[Any, ...]) -> StoredTensor:
+    """``_rebuild_sparse_tensor(layout, data)``: the shape and dtype
+    ``torch.sparse_coo_tensor`` (or ``sparse_compressed_tensor``) builds, checked as they
+    check them; its bytes are those of its indices and values."""
+    layout, data = args
+    held = _SPARSE.get(layout.kind) if isinstance(layout, Opaque) else None
+    if held is None or not isinstance(data, tuple) or len(data) < held + 1:
+        raise TypeError("a sparse tensor of a layout torch does not rebuild")
+    tensors, size = data[:held], data[held]
+    if not all(isinstance(t, StoredTensor) for t in tensors):
+        raise TypeError("a sparse tensor whose indices or values are not tensors")
+    values = tensors[-1]
+    shape = _shape(size, values.dtype)
+    if held == 2:  # COO: indices (sparse dims, nnz), values (nnz, *dense dims)
+        indices = tensors[0]
+        sparse = indices.shape[0] if len(indices.shape) == 2 else -1
+        if (
+            sparse < 0
+            or values.shape[:1] != indices.shape[1:]
+            or len(shape) != sparse + len(values.shape) - 1
+            or shape[sparse:] != values.shape[1:]
+        ):
+            raise ValueError("a sparse COO tensor whose indices, values and size disagree")
+    return StoredTensor(shape, values.dtype, stored=sum(t.nbytes for t in tensors))
 
 
 def _encode(args: tuple[Any, ...]) -> bytes:
@@ -175,16 +252,6 @@ def _encode(args: tuple[Any, ...]) -> bytes:
     if not isinstance(text, str) or codec not in ("latin1", "latin-1"):
         raise TypeError("_codecs.encode of something that is not text")
     return text.encode("latin1")
-
-
-def _set(args: tuple[Any, ...]) -> set[Any]:
-    if not args:
-        return set()
-    if not isinstance(args[0], list | tuple):
-        raise TypeError("a set of something that is not a list")
-    if not all(isinstance(v, str | int | float | bytes) for v in args[0]):
-        raise TypeError("a set of values that are not numbers or text")
-    return set(args[0])
 
 
 def _bytearray(args: tuple[Any, ...]) -> bytearray:
@@ -223,11 +290,11 @@ def known_globals() -> dict[str, Global]:
         "torch._utils._rebuild_wrapper_subclass": _wrapper_subclass,
         "torch._utils._rebuild_device_tensor_from_cpu_tensor": _device_tensor,
         "torch._tensor._rebuild_from_type_v2": _from_type,
-        "collections.OrderedDict": _ordered_dict,
+        "torch._utils._rebuild_sparse_tensor": _sparse_tensor,
+        "torch.serialization._get_layout": _layout,
         "torch.Size": _size,
         "torch.device": lambda a: Opaque("device"),
         "_codecs.encode": _encode,
-        "builtins.set": _set,
         "builtins.bytearray": _bytearray,
         "builtins.complex": _complex,
     }

@@ -7,10 +7,12 @@ text are built as they are, and any other global ``torch.load(weights_only=True)
 is an :class:`Opaque` value that is never called. A global it would not allow is refused with
 :class:`UnsafeCheckpointError` the moment the pickle names it: nothing is imported or run.
 
-Every step is charged to a :class:`Budget` *as it goes*: objects built, bytes they take (an
-upper bound of CPython's sizes; a string's length is checked before it is read) and seconds.
-A 9 KB zip whose pickle builds 8 million empty dicts is refused after :data:`MAX_OBJECTS`
-steps (a second or two and under 100 MiB), not after 84 s and 2.3 GB.
+Every step is charged to a :class:`~.pickle_budget.Budget` *as it goes*: steps (one per opcode,
+and one per unit of work where an opcode's work is not a constant: hashing a key, building a set)
+and the bytes built (an upper bound of CPython's sizes, charged before they are built; a
+string's length is checked before it is read). Nothing is timed: a file is read or refused the
+same way on every machine. A 9 KB zip whose pickle builds 8 million empty dicts is refused after
+about a million steps and 70 MiB, not after 84 s and 2.3 GB.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import functools
 import pickle
 import struct
 import sys
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from .entries import CheckpointError, UnsafeCheckpointError
+from .pickle_budget import Budget
 from .pickle_globals import (
     Global,
     Opaque,
@@ -36,14 +38,7 @@ from .pickle_globals import (
     opaque,
     storage_dtypes,
 )
-
-#: the budget of one checkpoint file: objects walked (pickle steps, each building at most one
-#: object, and values listed from them), ...
-MAX_OBJECTS = 1_000_000
-#: ... the bytes those objects (and the names listed from them) may take, ...
-MAX_BYTES = 128 * 1024 * 1024
-#: ... and the seconds reading and listing it may take.
-MAX_SECONDS = 10.0
+from .pickle_keys import CONTAINERS, build_container, hashable
 
 #: ``torch.save``'s legacy (pre-1.6) format starts with these two pickled numbers
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -59,43 +54,6 @@ _SLOT = 8  # one more pointer: a list or stack slot
 _MEMO = 104  # a memo entry: dict slot and int key
 _STUB = 96  # a stand-in object
 _STRUCTS = {f: struct.Struct(f) for f in ("<B", "<H", "<i", "<I", ">d")}
-
-
-class Budget:
-    """What reading one file may spend: objects, bytes, seconds; refused as soon as one is spent.
-
-    ``shown`` names the file in the refusal. The same budget is charged by the pickle machine
-    and by the listing of names that follows.
-    """
-
-    def __init__(self, shown: str) -> None:
-        self.shown = shown
-        self.objects = 0
-        self.bytes = 0
-        self.deadline = time.monotonic() + MAX_SECONDS
-
-    def charge(self, nbytes: int, objects: int = 1) -> None:
-        """Count ``objects`` new objects taking ``nbytes``; refuse past either cap (before the
-        objects are built: the refusal says what was spent until then)."""
-        if self.bytes + nbytes > MAX_BYTES:
-            raise self.refuse(f"would take more than {MAX_BYTES // 2**20} MiB of memory to list")
-        if self.objects + objects > MAX_OBJECTS:
-            raise self.refuse(f"takes more than {MAX_OBJECTS:,} steps to read and list")
-        self.objects += objects
-        self.bytes += nbytes
-
-    def tick(self) -> None:
-        """Refuse when the time is spent (called every few thousand steps)."""
-        if time.monotonic() > self.deadline:
-            raise self.refuse(f"takes more than {MAX_SECONDS:.0f} s to list")
-
-    def refuse(self, what: str) -> CheckpointError:
-        return CheckpointError(
-            f"{self.shown!r}: its pickle {what}; refused after {self.objects:,} steps "
-            f"({self.bytes // 2**20} MiB). A model checkpoint a person would write is far "
-            "smaller; this one is damaged or built to exhaust memory or time. If you wrote it, "
-            "save the model's state_dict() instead."
-        )
 
 
 # -- the machine --------------------------------------------------------------------------------
@@ -152,22 +110,24 @@ class PickleMachine:
         self.marks: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
         self.not_weights_only: str | None = None
+        self.allowed = allowed_names()  # read once: torch's list, and the user's added to it
         self.table = [getattr(self, _HANDLERS[i]) if i in _HANDLERS else None for i in range(256)]
 
     # -- reading --------------------------------------------------------------------------------
 
     def load(self) -> Any:
         data, table, budget, end = self.data, self.table, self.budget, len(self.data)
-        steps = 0
         while True:
             if self.pos >= end:
                 raise self._past_end()
             code = data[self.pos]
             self.pos += 1
-            budget.bytes += _COST[code]
-            budget.objects += 1  # at most one object a step
-            if budget.bytes > MAX_BYTES or budget.objects > MAX_OBJECTS:
-                budget.charge(0, 0)  # refuses
+            budget.bytes += _COST[code]  # inline charge(_COST[code], 1): most steps come here
+            budget.steps += 1
+            if budget.bytes > budget.max_bytes or budget.steps > budget.max_steps:
+                budget.bytes -= _COST[code]
+                budget.steps -= 1
+                budget.charge(_COST[code], 1)  # refuses, counting what was spent before it
             handler = table[code]
             if handler is None:
                 raise self._damaged(
@@ -179,9 +139,6 @@ class PickleMachine:
                 self.not_weights_only = _NOT_WEIGHTS_ONLY[code]
             if handler():
                 return self.stack.pop() if self.stack else self._underflow()
-            steps += 1
-            if not steps & 0x3FFF:
-                budget.tick()
 
     def read(self, n: int) -> Any:
         if n > len(self.data) - self.pos:
@@ -321,7 +278,8 @@ class PickleMachine:
     @_op(pickle.TUPLE)
     def _tuple(self) -> None:
         items = self.pop_mark()
-        self.push(tuple(items), _TUPLE + _SLOT * len(items))
+        self.budget.charge(_TUPLE + _SLOT * (len(items) + 1), 0)  # the tuple, its stack slot
+        self.stack.append(tuple(items))
 
     @_op(pickle.TUPLE1, pickle.TUPLE2, pickle.TUPLE3)
     def _tuple_n(self) -> None:
@@ -340,8 +298,9 @@ class PickleMachine:
     @_op(pickle.APPENDS)
     def _appends(self) -> None:
         items = self.pop_mark()
-        self._list_target("APPENDS").extend(items)
+        target = self._list_target("APPENDS")
         self.budget.charge(_SLOT * len(items), 0)
+        target.extend(items)
 
     def _list_target(self, opcode: str) -> list[Any]:
         target = self.top()
@@ -352,7 +311,7 @@ class PickleMachine:
     @_op(pickle.SETITEM, cost=_ITEM)
     def _setitem(self) -> None:
         value, key = self.pop(), self.pop()
-        self._dict_target("SETITEM")[_hashable(key, self)] = value
+        self._dict_target("SETITEM")[hashable(key, self.budget, self._damaged)] = value
 
     @_op(pickle.SETITEMS)
     def _setitems(self) -> None:
@@ -360,9 +319,9 @@ class PickleMachine:
         if len(items) % 2:
             raise self._damaged("its pickle does SETITEMS with a key and no value")
         target = self._dict_target("SETITEMS")
-        for i in range(0, len(items), 2):
-            target[_hashable(items[i], self)] = items[i + 1]
         self.budget.charge(_ITEM * (len(items) // 2), 0)
+        for i in range(0, len(items), 2):
+            target[hashable(items[i], self.budget, self._damaged)] = items[i + 1]
 
     def _dict_target(self, opcode: str) -> dict[Any, Any]:
         target = self.top()
@@ -423,7 +382,7 @@ class PickleMachine:
         known = known_globals().get(full)
         if known is not None:
             return known
-        if full in allowed_names():
+        if full in self.allowed:
             return Global(full, functools.partial(opaque, full))
         raise UnsafeCheckpointError(unsafe_message(self.budget.shown, f"the global {full}"))
 
@@ -445,12 +404,18 @@ class PickleMachine:
         if not isinstance(args, tuple):
             raise self._damaged(f"its pickle calls {func.name} with a {type(args).__name__}")
         try:
+            if func.name in CONTAINERS:
+                return build_container(func.name, args, self.budget, self._damaged)
+            # before: a copy of its text or bytes argument (_codecs.encode, bytearray) at most
+            copied = sum(len(a) for a in args[:2] if isinstance(a, str | bytes))
+            self.budget.charge(_STUB + copied, 0)
             value = func.call(args)
         except (TypeError, ValueError, IndexError, KeyError, OverflowError, RecursionError) as exc:
             raise self._damaged(
                 f"its call to {func.name} has arguments no tensor has ({exc})"
             ) from None
-        self.budget.charge(_STUB + _size_of(value), 0)
+        if isinstance(value, StoredTensor):  # its shape: at most MAX_RANK numbers
+            self.budget.charge(_TUPLE + _SLOT * len(value.shape), 0)
         return value
 
     @_op(pickle.BUILD)
@@ -485,39 +450,10 @@ def _utf8(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
-_FLAT_KEYS = (str, int, float, complex, bytes, type(None), Opaque, Global, StoredTensor)
-_MAX_KEY_NESTING = 8
-
-
-def _hashable(key: Any, machine: PickleMachine) -> Any:
-    """``key`` if it can be hashed safely: scalars, and tuples of them at most
-    :data:`_MAX_KEY_NESTING` deep (hashing a tuple nested a million deep crashes CPython)."""
-    level, depth = [key], 0
-    while level:
-        if depth > _MAX_KEY_NESTING:
-            raise machine._damaged(
-                f"its pickle uses tuples nested past {_MAX_KEY_NESTING} as a key"
-            )
-        nested: list[Any] = []
-        for k in level:
-            if isinstance(k, tuple):
-                nested.extend(k)
-            elif not isinstance(k, _FLAT_KEYS):
-                raise machine._damaged(f"its pickle uses a {type(k).__name__} as a key")
-        level, depth = nested, depth + 1
-    return key
-
-
 def _text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return value.decode("ascii", "replace")
     return value if isinstance(value, str) else None
-
-
-def _size_of(value: Any) -> int:
-    if isinstance(value, StoredTensor):
-        return _TUPLE + _SLOT * len(value.shape)
-    return sys.getsizeof(value) if isinstance(value, bytes | bytearray | set | dict) else 0
 
 
 def unsafe_message(path: str, what: str) -> str:

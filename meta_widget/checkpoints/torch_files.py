@@ -1,7 +1,8 @@
 """``torch.save`` files, read without ``torch.load``: the pickle is run by
 :mod:`.pickle_reader`'s machine (tensors are stand-ins, no global is called, no tensor byte is
-read) under one budget of objects, bytes and seconds per file, and its objects are walked into
-dotted names charged to the same budget. A pickle that would run code is refused (nothing runs).
+read) under one budget of steps and bytes per file (:mod:`.pickle_budget`), and its objects are
+walked into dotted names charged to the same budget (:mod:`.pickle_names`). A pickle that would
+run code is refused (nothing runs).
 
 Zip files (``torch.save`` since 1.6): only the ``data.pkl`` record is read, after the zip's
 table of contents says it is at most :data:`_MAX_PICKLE_BYTES`. Legacy (pre-zip) files: the
@@ -16,21 +17,18 @@ import re
 import zipfile
 from typing import Any
 
-from .entries import CheckpointError, CheckpointInfo, TensorEntry, quoted
-from .pickle_globals import Global, Opaque, StoredTensor
-from .pickle_reader import LEGACY_MAGIC, LEGACY_PROTOCOL, Budget, PickleMachine
+from .entries import CheckpointError, CheckpointInfo, quoted
+from .pickle_budget import MAX_RATIO, Budget
+from .pickle_names import Flattener
+from .pickle_reader import LEGACY_MAGIC, LEGACY_PROTOCOL, PickleMachine
 
 _MAX_PICKLE_BYTES = 64 * 1024 * 1024  # data.pkl: ~150 B per tensor, so ~450k tensors
 
 
-_MAX_NESTING = 100  # containers inside containers in one torch.save file
-
-
 def read_torch_file(path: str, shown: str, *, zip_format: bool) -> CheckpointInfo:
     """The tensors (names, shapes, dtypes) and other values of a ``torch.save`` file."""
-    budget = Budget(shown)
-    obj = _read_zip(path, shown, budget) if zip_format else _read_legacy(path, shown, budget)
-    walk = _Flattener(shown, budget)
+    obj, budget = _read_zip(path, shown) if zip_format else _read_legacy(path, shown)
+    walk = Flattener(shown, budget)
     walk.run(obj)
     info = CheckpointInfo(
         path=shown,
@@ -62,28 +60,32 @@ def _run(machine: PickleMachine, shown: str) -> Any:
     return value
 
 
-def _read_zip(path: str, shown: str, budget: Budget) -> Any:
+def _read_zip(path: str, shown: str) -> tuple[Any, Budget]:
+    """The value of the zip's ``data.pkl``, and the budget it was read under (the allowance of
+    its size in the file: what it inflates to, up to :data:`MAX_RATIO` times what it takes)."""
     record = _check_zip(path, shown)
+    budget = Budget(shown, min(record.file_size, MAX_RATIO * record.compress_size))
     try:
         with zipfile.ZipFile(path) as z:
-            data = z.read(record)
+            data = z.read(record.filename)
     except (zipfile.BadZipFile, EOFError, ValueError, RuntimeError) as exc:
         raise CheckpointError(
-            f"{shown!r}: its pickle record {quoted(record)} cannot be read from the zip "
+            f"{shown!r}: its pickle record {quoted(record.filename)} cannot be read from the zip "
             f"({type(exc).__name__}: {str(exc)[:120]}). The file is truncated or damaged: "
             "download or save it again."
         ) from exc
-    return _run(PickleMachine(data, 0, budget), shown)
+    return _run(PickleMachine(data, 0, budget), shown), budget
 
 
-def _read_legacy(path: str, shown: str, budget: Budget) -> Any:
+def _read_legacy(path: str, shown: str) -> tuple[Any, Budget]:
     """The legacy format: four pickles (magic number, protocol, system info, the object), read
     from a memory map of the file's first :data:`_MAX_PICKLE_BYTES` (the data after them is
-    never touched)."""
+    never touched), under the allowance of that window's size."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         window = min(size, _MAX_PICKLE_BYTES)
         data: Any = mmap.mmap(f.fileno(), window, access=mmap.ACCESS_READ) if window else b""
+    budget = Budget(shown, window)
     try:
         at = 0
         values = []
@@ -97,15 +99,19 @@ def _read_legacy(path: str, shown: str, budget: Budget) -> Any:
                     "with torch.save's magic number and protocol version). Pass a .safetensors, "
                     ".pt/.pth/.bin or *.index.json file."
                 )
-        return values[3]
+        return values[3], budget
     finally:
         if isinstance(data, mmap.mmap):
             data.close()
 
 
-def _check_zip(path: str, shown: str) -> str:
-    """The name of the zip's ``data.pkl`` record, refused when torch would inflate any record
-    past :data:`_MAX_PICKLE_BYTES` in memory.
+#: how zip records may be stored: what torch's reader (miniz) reads; it refuses bzip2 and lzma
+_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+
+
+def _check_zip(path: str, shown: str) -> zipfile.ZipInfo:
+    """The zip's ``data.pkl`` record, refused when torch would inflate any record past
+    :data:`_MAX_PICKLE_BYTES` in memory, or could not read a record at all.
 
     ``torch.save`` stores records uncompressed, but torch also reads deflated ones: a 1 MB
     record can say it inflates to 1 GB. Only the zip's table of contents is read here.
@@ -119,6 +125,12 @@ def _check_zip(path: str, shown: str) -> str:
             "contents cannot be read. Download or save it again."
         ) from exc
     for r in records:
+        if r.compress_type not in _METHODS:
+            raise CheckpointError(
+                f"{shown!r}: its record {quoted(r.filename)} is compressed with method "
+                f"{r.compress_type} (bzip2 is 12, lzma 14), which torch.load cannot read (it "
+                "reads stored and deflated records only). Refused: re-save it with torch.save."
+            )
         is_pickle = r.filename.endswith(".pkl")
         inflates = r.compress_type != zipfile.ZIP_STORED
         if (is_pickle or inflates) and r.file_size > _MAX_PICKLE_BYTES:
@@ -127,113 +139,10 @@ def _check_zip(path: str, shown: str) -> str:
                 f"memory to read (limit {_MAX_PICKLE_BYTES}); torch.save never writes such a "
                 "record. Refused: the file is damaged or built to exhaust memory."
             )
-    found = [r.filename for r in records if re.fullmatch(r"[^/]+/data\.pkl", r.filename)]
+    found = [r for r in records if re.fullmatch(r"[^/]+/data\.pkl", r.filename)]
     if not found:
         raise CheckpointError(
             f"{shown!r} is a zip file without the 'data.pkl' record torch.save writes: it is not "
             "a torch.save checkpoint (or it is damaged)."
         )
     return found[0]
-
-
-class _Flattener:
-    """A pickle's value as dotted names: tensors, and the other values with their type.
-
-    A pickle can share objects (``[x] * 20``, ten levels deep, is 20**10 paths to one list in a
-    3.7 KB file) and hold cycles (a dict holding itself). Each container is expanded once, under
-    the first name that reaches it; every later reference is listed in ``others`` as
-    ``"same <type> as <first name>"`` and counted in a note. Tensors reached twice (tied weights)
-    are listed under each name, as ``state_dict`` does; two tensors reached under one name
-    (``"fc.weight"`` beside ``{"fc": {"weight": ...}}``) are a duplicate: the first is listed,
-    the others are in ``duplicates``. The walk has no recursion, stops past
-    :data:`_MAX_NESTING` levels, and charges every name and entry to the file's budget.
-    """
-
-    def __init__(self, file: str, budget: Budget) -> None:
-        self.file = file
-        self.budget = budget
-        self.tensors: list[TensorEntry] = []
-        self.duplicates: list[TensorEntry] = []
-        self.others: dict[str, str] = {}
-        self.shared = 0
-        self.first: dict[int, str] = {}  # id of an expanded container -> its first name
-        self.named: set[str] = set()  # names of the tensors listed
-
-    def run(self, obj: Any) -> None:
-        # the objects stay alive in `obj` for the whole walk, so their ids are never reused
-        stack: list[tuple[Any, str, int]] = [(obj, "", 0)]
-        steps = 0
-        while stack:
-            item, name, depth = stack.pop()
-            steps += 1
-            if not steps & 0xFFF:
-                self.budget.tick()
-            self.budget.charge(len(name) + 160)  # the name, its entry, its place on the stack
-            stack.extend(reversed(self._visit(item, name, depth)))
-
-    def _visit(self, item: Any, name: str, depth: int) -> list[tuple[Any, str, int]]:
-        """Record ``item``; return its children to walk (in order)."""
-        label = name or "<root>"
-        if isinstance(item, StoredTensor):
-            self._tensor(item, name)
-            return []
-        if not isinstance(item, dict | list | tuple):
-            self.others[label] = _kind(item)
-            return []
-        first = self.first.get(id(item))
-        if first is not None:
-            self.shared += 1
-            self.others[label] = f"same {type(item).__name__} as {first}"
-            return []
-        self.first[id(item)] = label
-        pairs = item.items() if isinstance(item, dict) else enumerate(item)
-        if not isinstance(item, dict) and not any(isinstance(v, StoredTensor | dict) for v in item):
-            self.others[label] = type(item).__name__  # a plain list of values: one entry
-            return []
-        if depth >= _MAX_NESTING:
-            raise CheckpointError(
-                f"{self.file!r} nests containers more than {_MAX_NESTING} levels deep (at "
-                f"{quoted(label)}): refused, it is not a model checkpoint a person would write. "
-                "If you wrote it, save the model's state_dict() instead."
-            )
-        return [(v, f"{name}.{_key(k)}" if name else _key(k), depth + 1) for k, v in pairs]
-
-    def _tensor(self, item: StoredTensor, name: str) -> None:
-        entry = TensorEntry(name, item.shape, item.dtype, item.nbytes, self.file)
-        if name in self.named:
-            self.duplicates.append(entry)
-            return
-        self.named.add(name)
-        self.tensors.append(entry)
-
-    def notes(self) -> list[str]:
-        notes = []
-        if self.shared:
-            notes.append(
-                f"{self.shared} reference(s) to containers listed already (the pickle shares "
-                "them): each container is listed once, under its first name; see 'others'."
-            )
-        if self.duplicates:
-            d = self.duplicates[0]
-            notes.append(
-                f"{len(self.duplicates)} tensor name(s) are given twice, e.g. {quoted(d.name)} "
-                "(a key with dots beside nested keys that read the same): the first is listed, "
-                "the others are in 'duplicates'. Which one a loader keeps depends on how it "
-                "flattens the keys: fix the file."
-            )
-        return notes
-
-
-def _kind(item: Any) -> str:
-    if isinstance(item, Opaque):
-        return item.kind.rpartition(".")[2]
-    if isinstance(item, Global):  # a global kept as a value (a dtype, a storage type)
-        return item.name
-    return type(item).__name__
-
-
-def _key(k: object) -> str:
-    try:
-        return str(k)
-    except ValueError:  # e.g. an int past sys.get_int_max_str_digits()
-        return f"<{type(k).__name__}>"
