@@ -29,6 +29,7 @@ built as it is. That is the way to go past them deliberately.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "MAX_PARAMS",
     "config_problem",
     "estimated_params",
+    "read_config",
 ]
 
 MAX_CONFIG_BYTES = 16 * 2**20
@@ -186,3 +188,23 @@ def config_problem(raw: Any) -> str | None:
     if total > MAX_PARAMS:
         return f"it implies about {total:.3g} parameters, past the limit of {MAX_PARAMS:.0e}"
     return None
+
+
+def read_config(path: str) -> tuple[dict[str, Any] | None, str]:
+    """The JSON object of the config file at ``path`` when it is within the limits of the
+    module docstring, else None and why not, in words (the file is read once, at most
+    :data:`MAX_CONFIG_BYTES` + 1 of it)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            return None, f"it is larger than {MAX_CONFIG_BYTES:,} bytes"
+        raw = json.loads(data)
+    except RecursionError:
+        return None, "its JSON nests too deep to read"
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
+        return None, f"it cannot be read ({' '.join(str(exc).split())[:200]})"
+    problem = config_problem(raw)
+    if problem is not None:
+        return None, f"{problem}: refused before anything was built"
+    return dict(raw), ""

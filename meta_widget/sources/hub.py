@@ -13,7 +13,6 @@ This module imports ``huggingface_hub``; the package loads it only when a string
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ from huggingface_hub.utils import validate_repo_id
 from .. import heavy
 from ..errors import MetaWidgetError
 from ..undo import on_meta
-from .config_limits import MAX_CONFIG_BYTES, config_problem
+from .config_limits import read_config
 from .models import MetaModel, _from_config, register_source
 
 __all__ = ["HubError", "HubModel", "RemoteCodeError", "config_file", "hub_id"]
@@ -117,21 +116,9 @@ def read_config_json(path: str, shown: str) -> dict[str, Any]:
     """The JSON object of a ``config.json`` someone else wrote, within the limits of
     ``sources.config_limits`` (size, nesting, the sizes it asks for); :class:`HubError` in
     one line otherwise (``shown`` names it)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ValueError(f"it is larger than {MAX_CONFIG_BYTES:,} bytes")
-        raw = json.loads(data)
-    except RecursionError:
-        why = "its JSON nests too deep to read"
-    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError included
-        why = f"it cannot be read ({' '.join(str(exc).split())[:200]})"
-    else:
-        problem = config_problem(raw)
-        if problem is None:
-            return dict(raw)
-        why = f"{problem}: refused before anything was built"
+    raw, why = read_config(path)
+    if raw is not None:
+        return raw
     raise HubError(
         f"{shown} ({path}): {why}. If the file is genuine, load the config yourself and pass "
         "the object (mw.analyze(transformers.AutoConfig.from_pretrained(...))): a config "
