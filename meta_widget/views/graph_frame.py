@@ -186,10 +186,8 @@ def graph_of(a: Analyzed, depth: int = 1, fold: bool = True) -> Graph:
 def graph_rows(a: Analyzed, depth: int) -> GraphData:
     """The graph of module rows at ``depth``, tied weights included (the widget's payload)."""
     rows = row_graph(a.modules, a.calls, depth)
-    by_module = a.memory.by_module
-    own = by_module.param_bytes if by_module is not None else None
     at = _ancestor_at(a, depth)
-    for owner, user, info in tied_edges(a.modules, own):
+    for owner, user, info in tied_edges(a.modules):
         src, dst = at(owner), at(user)
         if src != dst and src in rows.nodes and dst in rows.nodes:
             rows.edges.setdefault((src, dst), RowEdge(info, 1, {}, "tied"))
