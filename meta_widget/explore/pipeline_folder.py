@@ -56,8 +56,11 @@ def _index(folder: Path) -> dict[str, Any]:
         )
     real = _inside(index, folder.resolve(), "model_index.json")
     try:
+        size = real.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"it is larger than {MAX_CONFIG_BYTES:,} bytes")
         with open(real, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+            data = f.read(size + 1)
         if len(data) > MAX_CONFIG_BYTES:
             raise ValueError(f"it is larger than {MAX_CONFIG_BYTES:,} bytes")
         raw = json.loads(data)

@@ -30,6 +30,8 @@ built as it is. That is the way to go past them deliberately.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -195,8 +197,13 @@ def read_config(path: str) -> tuple[dict[str, Any] | None, str]:
     module docstring, else None and why not, in words (the file is read once, at most
     :data:`MAX_CONFIG_BYTES` + 1 of it)."""
     try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            return None, "it is not a regular file (a pipe, a device or a socket)"
+        if info.st_size > MAX_CONFIG_BYTES:
+            return None, f"it is larger than {MAX_CONFIG_BYTES:,} bytes"
         with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+            data = f.read(info.st_size + 1)
         if len(data) > MAX_CONFIG_BYTES:
             return None, f"it is larger than {MAX_CONFIG_BYTES:,} bytes"
         raw = json.loads(data)
