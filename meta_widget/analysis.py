@@ -582,7 +582,7 @@ def analyze(
     # a new option is a field of Options and a parameter here, nothing more
     given = locals()
     options = Options(**{f.name: given[f.name] for f in fields(Options) if f.name in given})
-    if isinstance(model, (str, os.PathLike)):
+    if isinstance(model, (str, bytes, os.PathLike)):  # a path (bytes too) or a Hub id
         options.checked()  # the same checks, for the same messages
         hub = _hub_model(model, options)
         if hub is None:  # a path: the checkpoint's view
@@ -591,7 +591,7 @@ def analyze(
     return run(model, options, Analysis, widget, listeners)
 
 
-def _hub_model(model: str | os.PathLike[str], options: Options) -> Any:
+def _hub_model(model: Any, options: Options) -> Any:
     """A Hub id that is no file or folder here: its ``HubModel`` (``sources.hub``), else None."""
     if not isinstance(model, str) or os.path.lexists(model):
         return None

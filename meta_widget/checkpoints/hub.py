@@ -72,8 +72,13 @@ def inspect_hub(
         why = f"{repo_id!r} is gated: accept its terms, then log in (hf auth login / HF_TOKEN)."
     except hf_errors.RepositoryNotFoundError:
         why = f"no Hugging Face Hub repository {repo_id!r} (nor a file or folder of that name)."
-    except (hf_errors.HfHubHTTPError, OSError) as exc:
-        why = f"could not read the safetensors headers of {repo_id!r}{at} ({type(exc).__name__})."
+    except Exception as exc:  # the HTTP library's own errors (httpx, httpx2: by version)
+        why = (
+            f"could not read the safetensors headers of {repo_id!r}{at} from the Hub "
+            f"({hf_constants.ENDPOINT}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}) "
+            "and they are not in the Hugging Face cache: connect, or download them once "
+            f"(hf download {repo_id} --include '*.safetensors*') and set HF_HUB_OFFLINE=1."
+        )
     else:
         return _from_metadata(repo_id, meta)
     raise HubError(why) from None

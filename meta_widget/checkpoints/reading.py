@@ -30,7 +30,7 @@ _ENDINGS = (".pt", ".pth", ".bin", ".safetensors", ".json", ".ckpt")
 
 
 def inspect_checkpoint(
-    path: str | os.PathLike[str], *, revision: str | None = None
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes], *, revision: str | None = None
 ) -> CheckpointInfo:
     """Read a checkpoint's tensor names, shapes, dtypes and bytes, never its tensor data.
 
@@ -66,8 +66,8 @@ def inspect_checkpoint(
         A Hub id whose safetensors are neither in the cache nor reachable (offline, no such
         repository, no safetensors weights).
     """
-    path = os.fspath(path)
-    if isinstance(path, str) and not os.path.lexists(path) and not path.endswith(_ENDINGS):
+    path = _checked_path(path, revision)
+    if not os.path.lexists(path) and not path.endswith(_ENDINGS):
         try:  # huggingface_hub: loaded only for a name that is no path, and optional
             from .hub import inspect_hub, is_hub_id
         except ImportError:
@@ -84,6 +84,28 @@ def inspect_checkpoint(
         return _read_file(path, path)
     except OSError as exc:
         raise _read_error(path, exc) from exc
+
+
+def _checked_path(path: Any, revision: Any) -> str:
+    """``path`` as a ``str`` (a ``bytes`` path decoded as ``os.fsdecode`` does); a path with a
+    NUL byte, another type, or a ``revision`` that is no string: :class:`CheckpointError`."""
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise CheckpointError(
+            f"revision must be a branch, tag or commit of the Hub repository (a non-empty "
+            f"string) or None, not {revision!r}."
+        )
+    try:
+        text = os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise CheckpointError(
+            f"inspect_checkpoint takes a path (a str, bytes or os.PathLike) or a Hub id, not a "
+            f"{type(path).__name__}."
+        ) from None
+    if "\0" in text:
+        raise CheckpointError(
+            f"{quoted(text)} holds a NUL byte: no file or Hub id can be named so; check the path."
+        )
+    return text
 
 
 def _check_regular(path: str) -> None:

@@ -43,6 +43,9 @@ class ModuleNode:
     calls: list[CallRecord] = field(default_factory=list)
     #: the constructor's settings as ``print(model)`` shows them (``Module.extra_repr()``)
     extra_repr: str = ""
+    #: (name, owner row) of each of ``own_params`` that an earlier row holds too, the same
+    #: Parameter object (tied weights: GPT-2's ``lm_head.weight`` is ``transformer.wte``'s)
+    tied_params: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def flops(self) -> int:
@@ -107,6 +110,7 @@ def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[
     totals = _subtree_totals(module, tree)
     nodes: list[ModuleNode] = []
     row_by_path: dict[str, int] = {}
+    owner: dict[int, int] = {}  # a Parameter's id -> the first row holding it
     for i, (path, m) in enumerate(zip(tree.names, tree.modules, strict=True)):
         row_by_path[path] = i
         n, trainable, nbytes, floats, buffer_bytes = totals[id(m)]
@@ -129,11 +133,24 @@ def build_tree(module: torch.nn.Module, tree: ModuleWalk | None = None) -> list[
                     TensorInfo.named(n, p) for n, p in m._parameters.items() if p is not None
                 ],
                 extra_repr=_extra_repr(m),
+                tied_params=_tied(m, i, owner),
             )
         )
         if parent >= 0:
             nodes[parent].children.append(nodes[-1])
     return nodes
+
+
+def _tied(module: torch.nn.Module, row: int, owner: dict[int, int]) -> list[tuple[str, int]]:
+    """``module``'s own parameters an earlier row holds (name, that row); ``owner`` (a
+    Parameter's id -> its first row) learns the others."""
+    out = []
+    for name, p in module._parameters.items():
+        if p is not None:
+            first = owner.setdefault(id(p), row)
+            if first != row:
+                out.append((name, first))
+    return out
 
 
 #: a subtree's parameters, trainable parameters, parameter bytes, floating-point parameters and

@@ -20,9 +20,8 @@ temporaries at its own peak).
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,8 +30,8 @@ import torch
 
 from .. import heavy
 from ..analysis import Analysis, analyze
-from ..errors import MetaWidgetError
 from ..units import format_bytes, format_count
+from .pipeline_folder import PipelineError, parts_of_folder
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,10 +42,6 @@ __all__ = ["PipelineAnalysis", "PipelineError", "analyze_pipeline", "default_inp
 
 #: the text length a UNet's ``encoder_hidden_states`` get without a text encoder to ask
 DEFAULT_TEXT_TOKENS = 77
-
-
-class PipelineError(MetaWidgetError, ValueError):
-    """``mw.analyze_pipeline`` cannot take the object or its inputs as given."""
 
 
 @dataclass(eq=False, frozen=True)
@@ -221,7 +216,7 @@ def _unique_modules(items: list[tuple[str, Any]]) -> dict[str, Any]:
 def _parts_of(pipe: Any) -> dict[str, Any]:
     """name -> an nn.Module, or a factory building one on meta (a config folder's part)."""
     if isinstance(pipe, (str, os.PathLike)):
-        return _parts_of_folder(Path(pipe))
+        return dict(parts_of_folder(Path(pipe)))
     if isinstance(pipe, torch.nn.Module):
         raise PipelineError(
             f"{type(pipe).__name__} is one nn.Module: analyze it with mw.analyze, or pass an "
@@ -241,59 +236,6 @@ def _parts_of(pipe: Any) -> dict[str, Any]:
             "modules, an object whose attributes are modules, or a pipeline's config folder."
         )
     return parts
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PipelineError(f"cannot read {path}: {exc}") from exc
-
-
-def _parts_of_folder(folder: Path) -> dict[str, Any]:
-    index = folder / "model_index.json"
-    if not index.is_file():
-        raise PipelineError(
-            f"no model_index.json in {folder}: pass the folder a diffusers pipeline's "
-            "save_pretrained or save_config wrote."
-        )
-    parts: dict[str, Any] = {}
-    for name, entry in _read_json(index).items():
-        if name.startswith("_") or not isinstance(entry, list) or len(entry) != 2:
-            continue
-        library, cls_name = entry
-        config_file = folder / name / "config.json"
-        if library is None or cls_name is None or not config_file.is_file():
-            continue  # absent (None), or no model config (a scheduler, a tokenizer)
-        factory = _factory(library, cls_name, folder / name)
-        if factory is not None:
-            parts[name] = factory
-    if not parts:
-        raise PipelineError(f"{folder}: model_index.json names no part with a config.json.")
-    return parts
-
-
-def _factory(library: str, cls_name: str, folder: Path) -> tuple[Callable[[], Any], Any] | None:
-    """(builder on meta, config) of one part saved in ``folder``; None if not a module."""
-    if library == "transformers":
-        lib = heavy.transformers()
-        config = lib.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    elif library == "diffusers":
-        lib = heavy.diffusers()
-        config = None
-    else:
-        raise PipelineError(
-            f"{folder.name}: a {library}.{cls_name} part; only diffusers and transformers "
-            "parts are built from a config folder."
-        )
-    cls: Any = getattr(lib, cls_name, None)
-    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
-        return None
-    maker: Any = cls  # a diffusers ModelMixin or a transformers PreTrainedModel
-    if config is None:
-        config = dict(maker.load_config(str(folder)))
-        return (lambda: maker.from_config(config)), config
-    return (lambda: maker(config)), config
 
 
 def _inputs_kwargs(value: Any) -> dict[str, Any]:
@@ -341,7 +283,9 @@ def analyze_pipeline(
     ------
     PipelineError
         The object holds no module, a name in ``inputs`` is no part, or the folder is not a
-        pipeline's.
+        pipeline's, or names a part outside itself (an absolute key, ``..``, a link), a part
+        whose config is past ``sources.config_limits``, needs its own code (``auto_map``), or
+        needs diffusers where it cannot be imported (``meta_widget.explore.pipeline_folder``).
     """
     parts = _parts_of(pipe)
     given = dict(inputs or {})

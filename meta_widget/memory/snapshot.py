@@ -31,19 +31,14 @@ that called the module (``model:42``), its type the forward's file and function
 
 from __future__ import annotations
 
-import gzip
-import io
-import json
-import os
-import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
 from ..errors import MetaWidgetError
 
-__all__ = ["SnapshotError", "SnapshotTimeline", "from_snapshot", "from_trace", "read_recording"]
+__all__ = ["SnapshotError", "SnapshotTimeline", "from_snapshot", "from_trace"]
 
 #: a module stack: (name, type) of each module call, outermost first
 Stack = tuple[tuple[str, str], ...]
@@ -100,41 +95,6 @@ class SnapshotTimeline:
         return ".".join(reversed(names))
 
 
-class _NoGlobals(pickle.Unpickler):
-    """Builds dicts, lists, strings and numbers; refuses every global and persistent id."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise SnapshotError(
-            f"this snapshot pickle names the global {module}.{name}: a memory snapshot holds "
-            "only dicts, lists, strings and numbers, so it was refused unread (nothing was "
-            "imported or run). Check where the file came from."
-        )
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise SnapshotError(
-            "this snapshot pickle holds a persistent id (a torch.save file?): not a memory "
-            "snapshot; refused unread. Pass the file torch.cuda.memory._dump_snapshot wrote."
-        )
-
-
-def read_recording(data: bytes, shown: str) -> Any:
-    """The recording in ``data``: a snapshot pickle (no globals allowed) or a trace's JSON."""
-    if data[:1] == b"\x80":
-        try:
-            return _NoGlobals(io.BytesIO(data)).load()
-        except SnapshotError:
-            raise
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
-            raise SnapshotError(f"{shown}: a damaged pickle ({exc}).") from exc
-    try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SnapshotError(
-            f"{shown} is neither a memory snapshot pickle (torch.cuda.memory._dump_snapshot) nor "
-            f"a chrome trace JSON (torch.profiler's export_chrome_trace): {exc}"
-        ) from exc
-
-
 class _Calls:
     """Module rows and calls from the module stacks of successive events."""
 
@@ -172,23 +132,90 @@ def _is_call_impl(frame: dict[str, Any]) -> bool:
     return path.endswith("torch/nn/modules/module.py") and "call_impl" in str(frame.get("name"))
 
 
+def _is_module_py(frame: dict[str, Any]) -> bool:
+    return str(frame.get("filename", "")).replace("\\", "/").endswith("torch/nn/modules/module.py")
+
+
 def frame_stack(frames: Sequence[dict[str, Any]]) -> Stack:
-    """The module calls that ``frames`` (innermost first) pass through, outermost first."""
+    """The module calls that ``frames`` (innermost first) pass through, outermost first.
+
+    Linear in the frames: each frame is looked at a fixed number of times (the caller of a
+    module call, the first frame past it outside ``torch/nn/modules/module.py``, comes from
+    one backward pass)."""
+    frames = list(frames)
+    n = len(frames)
+    impl = [_is_call_impl(f) for f in frames]
+    outside: list[int] = [n] * (n + 1)  # the first frame at or after i not in module.py
+    for i in range(n - 1, -1, -1):
+        outside[i] = outside[i + 1] if _is_module_py(frames[i]) else i
     out: list[tuple[str, str]] = []
     for i, f in enumerate(frames):
         name = str(f.get("name", ""))
         if name.startswith(_MODULE_PREFIX):
             label = name[len(_MODULE_PREFIX) :]
             out.append((label, label.rsplit("_", 1)[0]))
-        elif i + 1 < len(frames) and _is_call_impl(frames[i + 1]) and not _is_call_impl(f):
-            caller = next((g for g in frames[i + 1 :] if not _is_module_py(g)), None)
-            site = f"{_stem(caller['filename'])}:{caller.get('line', 0)}" if caller else "?"
+        elif i + 1 < n and impl[i + 1] and not impl[i]:
+            j = outside[i + 1]
+            caller = frames[j] if j < n else None
+            site = f"{_stem(str(caller['filename']))}:{caller.get('line', 0)}" if caller else "?"
             out.append((site, f"{_stem(str(f.get('filename', '')))}.{name}"))
     return tuple(reversed(out))
 
 
-def _is_module_py(frame: dict[str, Any]) -> bool:
-    return str(frame.get("filename", "")).replace("\\", "/").endswith("torch/nn/modules/module.py")
+class _Shape:
+    """Checks of a recording's parts as they are read: each wrong one a :class:`SnapshotError`
+    that says where (``device_traces[0][3]['size']``) and what it holds."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+
+    def wrong(self, where: str, value: Any, expected: str) -> SnapshotError:
+        got = repr(value)
+        got = got if len(got) <= 60 else got[:57] + "..."
+        return SnapshotError(
+            f"{self.shown}: {where} is {got}, not {expected}: not a recording PyTorch wrote "
+            "(damaged, or built by hand?)."
+        )
+
+    def whole(self, value: Any, where: str, low: int | None = None) -> int:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or (low is not None and value < low)
+        ):
+            raise self.wrong(where, value, "a whole number" + (f" >= {low}" if low else ""))
+        return value
+
+    def number(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise self.wrong(where, value, "a number")
+        return float(value)
+
+    def obj(self, value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.wrong(where, value, "a dict")
+        return value
+
+    def items(self, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.wrong(where, value, "a list")
+        return value
+
+    def text(self, value: Any, where: str) -> str:
+        if not isinstance(value, str):
+            raise self.wrong(where, value, "a string")
+        return value
+
+    def frames(self, value: Any, where: str) -> list[dict[str, Any]]:
+        frames = self.items(value if value is not None else [], where)
+        for k, f in enumerate(frames):
+            self.obj(f, f"{where}[{k}]")
+        return frames
+
+    def tid(self, value: Any, where: str) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
+            raise self.wrong(where, value, "a thread id (a number or a string)")
+        return value
 
 
 def _check_snapshot(data: Any, shown: str) -> None:
@@ -214,50 +241,66 @@ def _pick_device(traces: list[Any], device: int | None, shown: str) -> int:
     return device
 
 
-def _allocated_at_end(segments: Iterable[Any], device: int) -> int:
+def _allocated_at_end(segments: Any, device: int, shape: _Shape) -> int:
     total = 0
-    for seg in segments:
-        if isinstance(seg, dict) and seg.get("device", device) == device:
-            for b in seg.get("blocks", []):
-                if b.get("state") in _ALLOCATED_STATES:
-                    total += int(b.get("size", 0))
+    for i, seg in enumerate(shape.items(segments, "segments")):
+        seg = shape.obj(seg, f"segments[{i}]")
+        if seg.get("device", device) != device:
+            continue
+        for k, b in enumerate(shape.items(seg.get("blocks", []), f"segments[{i}]['blocks']")):
+            where = f"segments[{i}]['blocks'][{k}]"
+            b = shape.obj(b, where)
+            if b.get("state") in _ALLOCATED_STATES:
+                total += shape.whole(b.get("size", 0), f"{where}['size']", 0)
     return total
 
 
 def from_snapshot(data: Any, shown: str, device: int | None = None) -> SnapshotTimeline:
     """The timeline of a snapshot dict (see the module docstring), for ``device`` (its index in
-    ``device_traces``; default: the one with the most events)."""
+    ``device_traces``; default: the one with the most events). A part of the wrong shape (an
+    event that is no dict, a size that is no whole number...) is a :class:`SnapshotError`."""
     _check_snapshot(data, shown)
+    shape = _Shape(shown)
     traces = data["device_traces"]
     index = _pick_device(traces, device, shown)
     calls = _Calls(f"memory snapshot (device {index})")
     out = SnapshotTimeline("snapshot", f"cuda:{index}")
+    stacks: dict[int, Stack] = {}  # by the frames list: events often share one
     delta = 0
-    for e in traces[index]:
-        action = str(e.get("action", ""))
-        size = int(e.get("size", 0))
+    for k, e in enumerate(shape.items(traces[index], f"device_traces[{index}]")):
+        where = f"device_traces[{index}][{k}]"
+        e = shape.obj(e, where)
+        action = shape.text(e.get("action", ""), f"{where}['action']")
+        size = shape.whole(e.get("size", 0), f"{where}['size']", 0)
         change = size if action == "alloc" else -size if action == "free_completed" else 0
         delta += change
         out.live.append(delta)
         out.actions.append(action)
         out.sizes.append(change)
-        out.event_call.append(calls.at(frame_stack(e.get("frames") or [])))
-    out.baseline_bytes = _allocated_at_end(data.get("segments", []), index) - delta
+        frames = e.get("frames")
+        stack = stacks.get(id(frames))
+        if stack is None:
+            stack = stacks[id(frames)] = frame_stack(shape.frames(frames, f"{where}['frames']"))
+        out.event_call.append(calls.at(stack))
+    out.baseline_bytes = _allocated_at_end(data.get("segments", []), index, shape) - delta
     out.live = [out.baseline_bytes + x for x in out.live]
     out.modules, out.calls = calls.modules, calls.calls
     return out
 
 
-def _module_spans(events: list[dict[str, Any]]) -> dict[Any, list[tuple[float, float, str]]]:
+def _module_spans(
+    events: list[dict[str, Any]], shape: _Shape
+) -> dict[Any, list[tuple[float, float, str]]]:
     """Per thread, the ``nn.Module: ...`` Python events as (start, end, label), by start."""
     spans: dict[Any, list[tuple[float, float, str]]] = {}
-    for e in events:
+    for k, e in enumerate(events):
         name = str(e.get("name", ""))
         if e.get("ph") == "X" and name.startswith(_MODULE_PREFIX):
-            start = float(e.get("ts", 0))
-            spans.setdefault(e.get("tid"), []).append(
-                (start, start + float(e.get("dur", 0)), name[len(_MODULE_PREFIX) :])
-            )
+            where = f"traceEvents[{k}]"
+            start = shape.number(e.get("ts", 0), f"{where}['ts']")
+            end = start + shape.number(e.get("dur", 0), f"{where}['dur']")
+            tid = shape.tid(e.get("tid"), f"{where}['tid']")
+            spans.setdefault(tid, []).append((start, end, name[len(_MODULE_PREFIX) :]))
     for v in spans.values():
         v.sort(key=lambda s: (s[0], -s[1]))
     return spans
@@ -284,71 +327,55 @@ class _Enclosing:
         return tuple((label, label.rsplit("_", 1)[0]) for _, _, label in stack)
 
 
-def _trace_device(args: dict[str, Any]) -> str:
-    kind = args.get("Device Type", 0)
-    return f"cuda:{args.get('Device Id', 0)}" if kind == 1 else "cpu"
+def _trace_device(args: dict[str, Any], where: str, shape: _Shape) -> str:
+    kind = shape.whole(args.get("Device Type", 0), f"{where}['Device Type']")
+    index = shape.whole(args.get("Device Id", 0), f"{where}['Device Id']")
+    return f"cuda:{index}" if kind == 1 else "cpu"
 
 
 def from_trace(data: Any, shown: str, device: str | None = None) -> SnapshotTimeline:
     """The timeline of a chrome trace's ``[memory]`` events on ``device`` (default: CUDA's
-    first device if it has events, else the CPU); modules from its ``nn.Module`` events."""
+    first device if it has events, else the CPU); modules from its ``nn.Module`` events. A
+    part of the wrong shape is a :class:`SnapshotError`."""
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise SnapshotError(f"{shown} is not a chrome trace: no 'traceEvents' list.")
-    memory = [e for e in events if isinstance(e, dict) and e.get("name") == "[memory]"]
+    shape = _Shape(shown)
+    dicts = [(k, e) for k, e in enumerate(events) if isinstance(e, dict)]
+    memory = []
+    for k, e in dicts:
+        if e.get("name") == "[memory]":
+            where = f"traceEvents[{k}]"
+            args = shape.obj(e.get("args", {}), f"{where}['args']")
+            memory.append(
+                (
+                    shape.number(e.get("ts", 0), f"{where}['ts']"),
+                    shape.tid(e.get("tid"), f"{where}['tid']"),
+                    shape.whole(args.get("Bytes", 0), f"{where}['args']['Bytes']"),
+                    shape.whole(
+                        args.get("Total Allocated", 0), f"{where}['args']['Total Allocated']", 0
+                    ),
+                    _trace_device(args, f"{where}['args']", shape),
+                )
+            )
     if not memory:
         raise SnapshotError(
             f"{shown} has no [memory] events: profile with torch.profiler.profile("
             "profile_memory=True) (and with_stack=True to see modules)."
         )
-    devices = [_trace_device(e.get("args", {})) for e in memory]
+    devices = [m[4] for m in memory]
     chosen = device or next((d for d in devices if d.startswith("cuda")), "cpu")
     if chosen not in devices:
         raise SnapshotError(f"{shown}: no [memory] events on {chosen!r}; it has {set(devices)}.")
-    picked = sorted(
-        (e for e, d in zip(memory, devices, strict=True) if d == chosen),
-        key=lambda e: float(e.get("ts", 0)),
-    )
-    enclosing = _Enclosing(_module_spans([e for e in events if isinstance(e, dict)]))
+    picked = sorted((m for m in memory if m[4] == chosen), key=lambda m: m[0])
+    enclosing = _Enclosing(_module_spans([e for _, e in dicts], shape))
     calls = _Calls(f"profiler trace ({chosen})")
     out = SnapshotTimeline("profiler", chosen)
-    for e in picked:
-        args = e.get("args", {})
-        size = int(args.get("Bytes", 0))
-        out.live.append(int(args.get("Total Allocated", 0)))
+    for ts, tid, size, total, _ in picked:
+        out.live.append(total)
         out.actions.append("alloc" if size >= 0 else "free")
         out.sizes.append(size)
-        stack = enclosing.at(e.get("tid"), float(e.get("ts", 0)))
-        out.event_call.append(calls.at(stack))
+        out.event_call.append(calls.at(enclosing.at(tid, ts)))
     out.baseline_bytes = out.live[0] - out.sizes[0]
     out.modules, out.calls = calls.modules, calls.calls
     return out
-
-
-#: the most bytes a recording is read as (gunzipped): past it, ``load_snapshot`` stops reading
-#: and says so (a gzip bomb, ``/dev/zero`` or a file far larger than a run's history would
-#: otherwise fill the memory); ``max_bytes=`` raises it
-MAX_BYTES = 2 * 2**30
-
-
-def read_file(path: str | os.PathLike[str], max_bytes: int = MAX_BYTES) -> bytes:
-    """The bytes of a recording's file, gunzipped when it is a ``.gz``, at most ``max_bytes``
-    of them (``SnapshotError`` past that, having read no more than ``max_bytes + 1``)."""
-    shown = os.fspath(path)
-    try:
-        with open(path, "rb") as raw:
-            gzipped = raw.read(2) == b"\x1f\x8b"
-            raw.seek(0)
-            f = gzip.GzipFile(fileobj=raw) if gzipped else raw
-            data = f.read(max_bytes + 1)
-    except (OSError, EOFError) as exc:
-        why = getattr(exc, "strerror", None) or str(exc)
-        raise SnapshotError(f"cannot read {shown!r}: {why}.") from exc
-    if len(data) > max_bytes:
-        raise SnapshotError(
-            f"{shown!r} holds more than max_bytes={max_bytes:,} bytes"
-            f"{' once gunzipped' if gzipped else ''}: it was not read further. A recording "
-            "that large is rare (a gzip bomb or the wrong file?); pass a larger max_bytes= to "
-            "load_snapshot to read it anyway."
-        )
-    return data

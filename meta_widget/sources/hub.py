@@ -13,7 +13,6 @@ This module imports ``huggingface_hub``; the package loads it only when a string
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from huggingface_hub.utils import validate_repo_id
 from .. import heavy
 from ..errors import MetaWidgetError
 from ..undo import on_meta
+from .config_limits import read_config
 from .models import MetaModel, _from_config, register_source
 
 __all__ = ["HubError", "HubModel", "RemoteCodeError", "config_file", "hub_id"]
@@ -112,21 +112,27 @@ def _not_cached(repo: str, at: str) -> str:
     )
 
 
+def read_config_json(path: str, shown: str) -> dict[str, Any]:
+    """The JSON object of a ``config.json`` someone else wrote, within the limits of
+    ``sources.config_limits`` (size, nesting, the sizes it asks for); :class:`HubError` in
+    one line otherwise (``shown`` names it)."""
+    raw, why = read_config(path)
+    if raw is not None:
+        return raw
+    raise HubError(
+        f"{shown} ({path}): {why}. If the file is genuine, load the config yourself and pass "
+        "the object (mw.analyze(transformers.AutoConfig.from_pretrained(...))): a config "
+        "object is built as it is."
+    )
+
+
 def load_config(model: HubModel, path: str) -> tuple[Any, list[str]]:
     """The transformers config of ``config.json`` at ``path``, and notes. A config whose
     ``model_type`` transformers does not know needs the repository's code:
-    :class:`RemoteCodeError` unless ``trust_remote_code``."""
+    :class:`RemoteCodeError` unless ``trust_remote_code``. A file past the limits of
+    ``sources.config_limits``, or one its config class refuses: :class:`HubError`."""
     transformers = heavy.transformers()
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise HubError(
-            f"the config.json of {model.repo_id!r} ({path}) cannot be read ({exc}): delete it "
-            "from the cache and download it again."
-        ) from None
-    if not isinstance(raw, dict):
-        raise HubError(f"the config.json of {model.repo_id!r} ({path}) is not a JSON object.")
+    raw = read_config_json(path, f"the config.json of {model.repo_id!r}")
     kind = raw.get("model_type")
     known = isinstance(kind, str) and kind in transformers.CONFIG_MAPPING
     remote = isinstance(raw.get("auto_map"), dict)
@@ -137,7 +143,13 @@ def load_config(model: HubModel, path: str) -> tuple[Any, list[str]]:
         return config, [f"Built with the code of {model.repo_id!r} (trust_remote_code=True)."]
     if not known:
         raise RemoteCodeError(_remote_message(model.repo_id, kind, remote, transformers))
-    config = transformers.CONFIG_MAPPING[kind].from_dict(raw)
+    try:
+        config = transformers.CONFIG_MAPPING[kind].from_dict(raw)
+    except Exception as exc:  # a config class checks its fields with errors of its own
+        raise HubError(
+            f"transformers' {transformers.CONFIG_MAPPING[kind].__name__} refuses the "
+            f"config.json of {model.repo_id!r} ({path}): {_one_line(exc)}"
+        ) from None
     notes = []
     if remote:
         notes.append(
@@ -146,6 +158,11 @@ def load_config(model: HubModel, path: str) -> tuple[Any, list[str]]:
             "the repository's code instead)."
         )
     return config, notes
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as ``Type: message`` on one line, at most 300 characters."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
 
 
 def _remote_message(repo: str, kind: Any, remote: bool, transformers: Any) -> str:
@@ -176,7 +193,16 @@ def _from_hub(model: HubModel) -> MetaModel:
         built = _remote_built(config)
         meta = MetaModel(built(), "hub", owned=True, rebuild=built)
     else:
-        meta = _from_config(config)
+        try:
+            meta = _from_config(config)
+        except MetaWidgetError:
+            raise
+        except Exception as exc:  # transformers' model code, on numbers from a file
+            raise HubError(
+                f"building the model of {where} from its config.json failed: "
+                f"{_one_line(exc)}. Check the config's sizes (hidden_size divisible by "
+                "num_attention_heads, ...)."
+            ) from None
         meta.source = "hub"
     meta.notes = [fetched, *notes, *meta.notes]
     return meta

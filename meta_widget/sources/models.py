@@ -481,8 +481,7 @@ def is_transformers_config(obj: Any) -> bool:
 def _from_config(config: Any) -> MetaModel:
     def build() -> torch.nn.Module:
         transformers = heavy.transformers()
-        archs = getattr(config, "architectures", None) or []
-        cls = getattr(transformers, archs[0], None) if archs else None
+        cls = model_class(config)
         make = cls if cls is not None else transformers.AutoModel.from_config
         return on_meta(lambda: make(config))  # type: ignore[no-any-return]
 
@@ -492,6 +491,24 @@ def _from_config(config: Any) -> MetaModel:
     )
 
 
+def model_class(config: Any) -> type | None:
+    """The class the first of ``config.architectures`` names, when it is a transformers model
+    class (a subclass of ``PreTrainedModel``), else None. Nothing else a config names is ever
+    called: ``["Trainer"]``, ``["pipeline"]`` or ``["__class__"]`` in a ``config.json`` would
+    otherwise run ``transformers.Trainer(config)`` (which reseeds every global RNG)."""
+    archs = getattr(config, "architectures", None)
+    name = archs[0] if isinstance(archs, (list, tuple)) and archs else None
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        return None
+    transformers = heavy.transformers()
+    try:
+        cls = getattr(transformers, name, None)
+    except Exception:  # a lazy import of a model whose optional library is missing
+        return None
+    model = transformers.PreTrainedModel
+    return cls if isinstance(cls, type) and issubclass(cls, model) else None
+
+
 def built_note(config: Any, module: torch.nn.Module) -> str:
     """Which class a config built, why, and how to pick another (``config.architectures``)."""
     built = type(module).__name__
@@ -499,7 +516,10 @@ def built_note(config: Any, module: torch.nn.Module) -> str:
     if archs and archs[0] == built:
         why = "the first of its architectures"
     elif archs:
-        why = f"its architectures names {archs[0]}, which transformers has not: AutoModel's choice"
+        why = (
+            f"its architectures names {str(archs[0])[:80]!r}, which is no model class of "
+            "transformers: AutoModel's choice"
+        )
     else:
         why = "it names no architectures: AutoModel's base model, without a task head"
     auto = getattr(heavy.transformers().models.auto, "modeling_auto", None)

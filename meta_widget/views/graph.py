@@ -315,27 +315,17 @@ def folded_graph(rows: GraphData, keys: FoldKeys) -> GraphData:
     return out
 
 
-def tied_edges(
-    modules: Sequence[ModuleNode], own_bytes: Sequence[int] | None
-) -> list[tuple[int, int, TensorInfo]]:
-    """Tied weights: ``(owner row, user row, the parameter)`` for each module that holds a
-    parameter another module owns (``own_bytes``: the parameter bytes each row owns,
-    ``MemoryReport.by_module.param_bytes``; GPT-2's ``lm_head`` owns none of its weight, which
-    is ``transformer.wte``'s). The owner is the first earlier row with a parameter of the same
-    shape and dtype."""
-    if own_bytes is None or len(own_bytes) != len(modules):
-        return []
-    seen: dict[tuple[tuple[int, ...], str], int] = {}
+def tied_edges(modules: Sequence[ModuleNode]) -> list[tuple[int, int, TensorInfo]]:
+    """Tied weights: ``(owner row, user row, the parameter)`` for each parameter a module holds
+    that an earlier module (in ``named_modules()`` order) holds too, the same Parameter object
+    (``ModuleNode.tied_params``; GPT-2's ``lm_head.weight`` is ``transformer.wte``'s). The owner
+    is found by identity, never by shape: among several same-shape tensors, the one tied."""
     out = []
     for m in modules:
-        held = sum(nbytes(info) for _, info in m.own_params)
-        for _, info in m.own_params:
-            spec = (info.shape, info.dtype)
-            if held > own_bytes[m.index] and spec in seen and seen[spec] != m.index:
-                out.append((seen[spec], m.index, info))
-                held -= nbytes(info)
-            else:
-                seen.setdefault(spec, m.index)
+        own = dict(m.own_params)
+        for name, owner in m.tied_params:
+            if name in own:
+                out.append((owner, m.index, own[name]))
     return out
 
 

@@ -105,28 +105,48 @@ class Graph:
 
     def to_dot(self) -> str:
         """The graph in Graphviz's DOT language (``dot -Tsvg``): nodes labelled with their
-        module, type and repeats; edges with their shape and ops."""
+        module, type and repeats; edges with their shape and ops.
+
+        Every name is written as one quoted DOT string (:func:`dot_string`): a module or class
+        name holding quotes, brackets, backslashes or newlines stays text, never a node, an
+        attribute (a ``URL``) or a broken file."""
         lines = ["digraph model {", "  rankdir=TB;", '  node [shape=box, fontname="Helvetica"];']
         for rec in self.nodes.to_dict("records"):
-            label = f"{rec['module']}\\n{rec['type']}"
+            label = _LINE.join(_label_text(str(t)) for t in (rec["module"], rec["type"]))
             if rec["repeats"] > 1:
-                label += f" ×{rec['repeats']}"
-            lines.append(f"  {_quote(rec['module'])} [label={_quote(label, escaped=True)}];")
+                label += f" ×{int(rec['repeats'])}"
+            lines.append(f'  {dot_string(str(rec["module"]))} [label="{label}"];')
         for rec in self.edges.to_dict("records"):
-            label = "×".join(str(s) for s in rec["shape"])
+            label = "×".join(str(int(s)) for s in rec["shape"])
             if rec["ops"]:
-                label += "\\n" + ", ".join(rec["ops"])
+                label += _LINE + _label_text(", ".join(str(op) for op in rec["ops"]))
             style = ", style=dashed" if rec["kind"] == "tied" else ""
             lines.append(
-                f"  {_quote(rec['src'])} -> {_quote(rec['dst'])} "
-                f"[label={_quote(label, escaped=True)}{style}];"
+                f"  {dot_string(str(rec['src']))} -> {dot_string(str(rec['dst']))} "
+                f'[label="{label}"{style}];'
             )
         lines.append("}")
         return "\n".join(lines) + "\n"
 
 
-def _quote(text: str, escaped: bool = False) -> str:
-    body = text.replace('"', '\\"') if escaped else text.replace("\\", "\\\\").replace('"', '\\"')
+#: a line break inside a DOT label (an escString's ``\n``)
+_LINE = "\\n"
+
+
+def _label_text(text: str) -> str:
+    """``text`` escaped for the inside of a quoted DOT label: shown as it is (escString's own
+    escapes, ``\\N`` ``\\G`` ``\\l``..., and line breaks are not run)."""
+    return dot_string(text)[1:-1]
+
+
+def dot_string(text: str) -> str:
+    r"""``text`` as one quoted DOT string: each backslash doubled (Graphviz's lexer reads
+    ``\\`` as one pair, and a label shows it as one backslash, so ``\N`` or ``\l`` in a name is
+    text, not an escape), each double quote written ``\"``, and each character that is not
+    printable (a line break, a NUL) spelled out as ``\uNNNN``, shown as such. Nothing a user
+    names can close the string, start an attribute or split the line."""
+    body = text.replace("\\", "\\\\").replace('"', '\\"')
+    body = "".join(c if c.isprintable() else f"\\\\u{ord(c):04x}" for c in body)
     return f'"{body}"'
 
 
@@ -166,10 +186,8 @@ def graph_of(a: Analyzed, depth: int = 1, fold: bool = True) -> Graph:
 def graph_rows(a: Analyzed, depth: int) -> GraphData:
     """The graph of module rows at ``depth``, tied weights included (the widget's payload)."""
     rows = row_graph(a.modules, a.calls, depth)
-    by_module = a.memory.by_module
-    own = by_module.param_bytes if by_module is not None else None
     at = _ancestor_at(a, depth)
-    for owner, user, info in tied_edges(a.modules, own):
+    for owner, user, info in tied_edges(a.modules):
         src, dst = at(owner), at(user)
         if src != dst and src in rows.nodes and dst in rows.nodes:
             rows.edges.setdefault((src, dst), RowEdge(info, 1, {}, "tied"))

@@ -10,18 +10,18 @@ module the frames name, a call per module call, the live bytes as the timeline).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import heavy
-from ..memory.snapshot import (
+from ..memory.snapshot import SnapshotError, SnapshotTimeline, from_snapshot, from_trace
+from ..memory.snapshot_files import (
     MAX_BYTES,
-    SnapshotError,
-    SnapshotTimeline,
-    from_snapshot,
-    from_trace,
+    MAX_OBJECTS,
+    check_objects,
     read_file,
     read_recording,
 )
@@ -186,6 +186,12 @@ def _is_profiler(obj: Any) -> bool:
 
 
 def _from_profiler(prof: Any, device: str | None) -> SnapshotTimeline:
+    if getattr(prof, "profiler", None) is None:
+        raise SnapshotError(
+            "this profiler was never run, so it holds no trace: record with `with "
+            "torch.profiler.profile(profile_memory=True) as prof: ...` around the run (or "
+            "prof.start() ... prof.stop()), then pass prof."
+        )
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "trace.json")
         # PyTorch's Python exporter: the native one saves a profile once only (the user may
@@ -194,17 +200,70 @@ def _from_profiler(prof: Any, device: str | None) -> SnapshotTimeline:
         return from_trace(read_recording(read_file(path), "the profiler's trace"), "", device)
 
 
+_CUDA = re.compile(r"cuda:(\d+)")
+
+
+def _snapshot_device(device: int | str | None, shown: str) -> int | None:
+    """``device=`` for a snapshot: the index of its device trace (``3`` or ``"cuda:3"``)."""
+    if device is None or (isinstance(device, int) and not isinstance(device, bool)):
+        return device
+    m = _CUDA.fullmatch(device) if isinstance(device, str) else None
+    if m is None:
+        raise SnapshotError(
+            f"{shown} is a CUDA memory snapshot: device= is the index of a device trace (0, "
+            f"1, ... or 'cuda:N'), not {device!r}."
+        )
+    return int(m.group(1))
+
+
+def _trace_device(device: int | str | None, shown: str) -> str | None:
+    """``device=`` for a profiler trace: ``"cpu"`` or ``"cuda:N"`` (``N`` alone or ``"cuda"``
+    mean the CUDA device ``N`` or 0)."""
+    if device is None:
+        return None
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        return f"cuda:{device}"
+    if device == "cuda":
+        return "cuda:0"
+    if device == "cpu" or (isinstance(device, str) and _CUDA.fullmatch(device)):
+        return device
+    raise SnapshotError(
+        f"{shown} is a profiler trace: device= is 'cpu' or 'cuda:N' (an int N for "
+        f"'cuda:N'), not {device!r}."
+    )
+
+
+def _check_arguments(device: Any, max_bytes: Any, max_objects: Any) -> None:
+    for name, value in (("max_bytes", max_bytes), ("max_objects", max_objects)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SnapshotError(f"load_snapshot: {name} must be a positive int, not {value!r}.")
+    if device is not None and (isinstance(device, bool) or not isinstance(device, (int, str))):
+        raise SnapshotError(
+            "load_snapshot: device= is a device trace's index or 'cuda:N' for a snapshot, "
+            f"'cpu' or 'cuda:N' for a profiler trace, not {device!r}."
+        )
+
+
 def _timeline(
-    source: Any, device: int | str | None, max_bytes: int
+    source: Any, device: int | str | None, max_bytes: int, max_objects: int
 ) -> tuple[SnapshotTimeline, str]:
     if _is_profiler(source):
-        return _from_profiler(source, device if isinstance(device, str) else None), "a profiler"
+        return _from_profiler(source, _trace_device(device, "a profiler")), "a profiler"
     if isinstance(source, (str, os.PathLike)):
-        shown = os.fspath(source)
-        data = read_recording(read_file(source, max_bytes), shown)
+        shown = os.fsdecode(os.fspath(source))
+        data = read_recording(read_file(source, max_bytes, max_objects), shown)
     elif isinstance(source, (bytes, bytearray)):
         shown = "the bytes given"
-        data = read_recording(bytes(source), shown)
+        data = bytes(source)
+        if len(data) > max_bytes:
+            raise SnapshotError(f"{shown}: more than max_bytes={max_bytes:,} bytes.")
+        if data[:1] not in (b"\x80", b"{", b"[") and len(data) < 4096 and os.path.isfile(data):
+            raise SnapshotError(
+                f"the bytes given ({data!r}) name a file, but bytes are read as a recording's "
+                "content: pass the path as a str or pathlib.Path."
+            )
+        check_objects(data, shown, max_objects)
+        data = read_recording(data, shown)
     elif isinstance(source, (dict, list)):
         shown, data = f"a {type(source).__name__}", source
     else:
@@ -214,10 +273,9 @@ def _timeline(
             "or a torch.profiler.profile run with profile_memory=True."
         )
     if isinstance(data, dict) and "device_traces" in data:
-        index = device if isinstance(device, int) and not isinstance(device, bool) else None
-        return from_snapshot(data, shown, index), shown
+        return from_snapshot(data, shown, _snapshot_device(device, shown)), shown
     if isinstance(data, list) or (isinstance(data, dict) and "traceEvents" in data):
-        return from_trace(data, shown, device if isinstance(device, str) else None), shown
+        return from_trace(data, shown, _trace_device(device, shown)), shown
     raise SnapshotError(
         f"{shown} is neither a CUDA memory snapshot (a dict with 'device_traces') nor a "
         "chrome trace (a dict with 'traceEvents')."
@@ -225,7 +283,11 @@ def _timeline(
 
 
 def load_snapshot(
-    source: Any, *, device: int | str | None = None, max_bytes: int = MAX_BYTES
+    source: Any,
+    *,
+    device: int | str | None = None,
+    max_bytes: int = MAX_BYTES,
+    max_objects: int = MAX_OBJECTS,
 ) -> MemorySnapshot:
     """Read a recorded run's memory history, to show it in the widget's timeline.
 
@@ -238,11 +300,17 @@ def load_snapshot(
         returns. Or a ``torch.profiler`` trace recorded with ``profile_memory=True``: the
         profiler itself, or the path of its ``export_chrome_trace`` JSON (``.gz`` too).
     device
-        For a snapshot, the index of the device trace (default: the one with most events);
-        for a profiler trace, ``"cpu"`` or ``"cuda:N"`` (default: CUDA's if it has events).
+        For a snapshot, the index of the device trace, ``N`` or ``"cuda:N"`` (default: the
+        one with most events); for a profiler trace, ``"cpu"`` or ``"cuda:N"`` (``N`` alone
+        too; default: CUDA's if it has events). Any other value is a ``SnapshotError``.
     max_bytes
         The most bytes a file is read as, gunzipped (default 2 GiB): past it nothing more is
-        read and a ``SnapshotError`` says so (a gzip bomb, ``/dev/zero``).
+        read and a ``SnapshotError`` says so (a gzip bomb: measured in 1 MiB pieces, never
+        held whole).
+    max_objects
+        The most dicts and lists a file or bytes may build (default 5,000,000), an upper
+        bound counted in the bytes before anything is built
+        (``meta_widget.memory.snapshot_files``).
 
     Returns
     -------
@@ -253,10 +321,10 @@ def load_snapshot(
     Raises
     ------
     SnapshotError
-        Not a snapshot or trace, damaged, without events, a pickle naming a global, or a file
-        past ``max_bytes``.
+        Not a snapshot or trace, damaged or of the wrong shape, without events, a pickle
+        naming a global, a file that is not a regular file, past ``max_bytes`` or
+        ``max_objects``, a profiler never run, or a ``device`` it has not.
     """
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-        raise SnapshotError(f"load_snapshot: max_bytes must be a positive int, not {max_bytes!r}.")
-    timeline, shown = _timeline(source, device, max_bytes)
+    _check_arguments(device, max_bytes, max_objects)
+    timeline, shown = _timeline(source, device, max_bytes, max_objects)
     return MemorySnapshot(timeline, shown)
