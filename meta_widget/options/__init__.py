@@ -5,6 +5,7 @@ the frozen :class:`Options` / :class:`TraceSpec` they give (``spec``).
 
 from .checks import (
     DEFAULT_OPTIMIZER,
+    MAX_BUDGET_BYTES,
     carried_optimizer,
     check_assume,
     check_autocast,
@@ -50,6 +51,7 @@ from .spec import Options, TraceSpec
 __all__ = [
     "DEFAULT_OPTIMIZER",
     "INT64_MAX",
+    "MAX_BUDGET_BYTES",
     "MAX_MICRO_BATCHES",
     "MAX_RANKS",
     "InputError",
