@@ -277,6 +277,21 @@ def _required_parameters(factory: Callable[..., Any]) -> list[str]:
 # -- exploration (sweep, max_fit) ---------------------------------------------------------------
 
 
+def check_graph(depth: Any, fold: Any) -> tuple[int, bool]:
+    """``Analysis.graph``'s ``depth`` (an int >= 0, the root 0) and ``fold`` (True or False)."""
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 0:
+        raise OptionError(
+            f"graph: depth={show(depth)} must be a whole number of 0 or more (the root is 0, "
+            "its children 1), e.g. a.graph(depth=2)."
+        )
+    if not isinstance(fold, bool):
+        raise OptionTypeError(
+            f"graph: fold={show(fold)} must be True (fold repeated siblings such as layers.0 "
+            "... layers.79 into one node) or False (list every one)."
+        )
+    return int(depth), fold
+
+
 #: the largest memory figure accepted (a budget, a GPU's memory): 16 EiB, all a 64-bit address
 #: space can name; past it a figure is a typo or an attempt to overflow, not a device
 MAX_BUDGET_BYTES = 2**64
