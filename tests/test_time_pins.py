@@ -82,19 +82,18 @@ def test_only_causal_fused_attention_skips_half_its_flops(causal: bool) -> None:
 
 
 class Mixed(nn.Module):
-    """Eight identical bf16 matmuls (one cost, counted 8 times) and one float32 matmul with
-    more FLOPs than one of them, fewer than all eight: the step's peak class is bf16."""
+    """One bf16 matmul run eight times in one call (one cost, counted 8 times) and one float32
+    matmul with more FLOPs than one of them, fewer than all eight: the step's peak class is
+    bf16."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.small = nn.ModuleList(
-            nn.Linear(256, 256, bias=False, dtype=torch.bfloat16) for _ in range(8)
-        )
+        self.small = nn.Parameter(torch.empty(256, 256, dtype=torch.bfloat16))
         self.big = nn.Linear(256, 512, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.small:
-            x = layer(x)
+        for _ in range(8):
+            x = x @ self.small
         return self.big(x.float())
 
 
@@ -154,18 +153,18 @@ def test_a_replica_group_spans_the_fsdp_and_tp_ranks_between_its_members() -> No
 
 
 def test_a_tensor_parallel_rank_moves_the_bytes_of_its_shard() -> None:
-    # the MLP's activation runs on each rank's half of the intermediate features (colwise
-    # gate projection): SiLU reads and writes 1 x 512 x 8192 float32 elements per rank
+    # the gate projection, column-wise over tp=2, is memory-bound at 8 tokens: each rank reads
+    # the replicated input and its half of the weight, and writes its half of the features
     config = T.LlamaConfig(
-        hidden_size=64, intermediate_size=16384, num_hidden_layers=1, num_attention_heads=4,
+        hidden_size=1024, intermediate_size=16384, num_hidden_layers=1, num_attention_heads=8,
         num_key_value_heads=2, vocab_size=128,
     )  # fmt: skip
-    a = mw.analyze(config, input_size=(1, 512), parallel={"tp": 2}, gpu="H100")
+    a = mw.analyze(config, input_size=(1, 8), parallel={"tp": 2}, gpu="H100")
     assert a.error is None, a.error
     frame = a.to_dataframe()
-    act = frame[frame.module == "layers.0.mlp.act_fn"].time_s.item()
-    per_rank = 2 * 512 * (16384 // 2) * 4
-    assert act == pytest.approx(per_rank / (H100.hbm_bytes_per_s * MEMORY), rel=1e-9)
+    gate = frame[frame.module == "layers.0.mlp.gate_proj"].time_s.item()
+    per_rank = (8 * 1024 + 1024 * (16384 // 2) + 8 * (16384 // 2)) * 4  # float32
+    assert gate == pytest.approx(per_rank / (H100.hbm_bytes_per_s * MEMORY), rel=1e-9)
 
 
 @pytest.fixture(scope="module")
