@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -78,6 +79,7 @@ def test_an_item_whose_child_raised_is_traced_here() -> None:
     job = {"run": operator.truediv}  # a child calls truediv(job, item): a TypeError
 
     def here(item: int) -> int:
+        time.sleep(0.5)  # slow enough here for the child to start and take items
         return item * 10
 
     def on_done(i: int, result: Any, remote: bool) -> None:
@@ -85,12 +87,12 @@ def test_an_item_whose_child_raised_is_traced_here() -> None:
         done[i] = result
 
     share = threading.Thread(
-        target=workers.share, args=([1, 2, 3, 4, 5, 6], here, job, 2, on_done), daemon=True
+        target=workers.share, args=(list(range(1, 61)), here, job, 2, on_done), daemon=True
     )
     share.start()
     share.join(timeout=120)  # a dropped item waits forever: fail instead
     assert not share.is_alive(), f"share never returned; items done: {sorted(done)}"
-    assert done == {i: (i + 1) * 10 for i in range(6)}
+    assert done == {i: (i + 1) * 10 for i in range(60)}
 
 
 def test_checkpointing_tells_blocks_1_from_blocks_10() -> None:
