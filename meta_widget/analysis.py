@@ -29,7 +29,7 @@ from .materialize import MaterializeReport, materialize
 from .memory.kv_cache import KVCache
 from .memory.moe import MoE
 from .memory.report import MemoryReport
-from .options import DEFAULT_OPTIMIZER, Options, carried_optimizer
+from .options import DEFAULT_OPTIMIZER, OptionError, Options, carried_optimizer, check_graph
 from .pipeline import run, time_step
 from .sources.models import MetaModel
 from .timing.gpus import resolve_gpu
@@ -39,7 +39,7 @@ from .trace.opcache import CacheStats
 from .units import format_bytes, format_count, format_flops
 from .views.estimates import distributed_table, what_if_table
 from .views.figures import categories_figure, memory_figure, timeline_figure
-from .views.graph_frame import graph_of
+from .views.graph_frame import Graph, graph_of
 from .views.protocol import encode_analysis
 from .views.summary import render_summary
 
@@ -245,7 +245,8 @@ class Analysis:
         ``mw.GPU``), from the same records: nothing is traced again. ``analyze(..., gpu=)``
         gives :attr:`time` the same way."""
         if not self.traced:
-            raise ValueError(f"{self.title} was not traced (no inputs): it has no step to time")
+            why = f"{self.title} was not traced (no inputs): it has no step to time"
+            raise OptionError(f"time_on: {why}; analyze it with input_size= or input_data=.")
         inputs = [t for _, t in named_tensors(self.options.input_data)]
         records = self.calls, self.orphan_costs, self.comm_records
         return time_step(*records, resolve_gpu(gpu), inputs, self.options, self.total_flops)
@@ -289,7 +290,10 @@ class Analysis:
             return categories_figure(self)
         raise ValueError(f"kind must be 'memory', 'timeline' or 'categories', not {kind!r}")
 
-    graph = graph_of  # a.graph(depth=1, fold=True): the Graph (its docstring says how)
+    def graph(self, depth: int = 1, fold: bool = True) -> Graph:  # graph_of's docstring
+        return graph_of(self, *check_graph(depth, fold))
+
+    graph.__doc__ = graph_of.__doc__
 
     def to_payload(self) -> dict[str, Any]:
         """The analysis as the widget's payload (see ``meta_widget.views.protocol``)."""

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import logging
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +59,9 @@ from ..undo import Undo
 from .comms import CommRecord, CommWatcher
 from .decisions import world_ended, world_started
 from .stand_ins import SeenAsReal
+
+#: the logger of ``torch._subclasses.fake_tensor`` (its meta kernel failures)
+_FAKE_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 
 __all__ = [
     "ParallelError",
@@ -225,6 +229,27 @@ class RankWorld(Protocol):
     def comms(self) -> list[CommRecord]: ...
 
 
+class _MetaFailure(logging.Filter):
+    """Drops ``FakeTensorMode``'s log of a meta kernel that raised (a traceback of ~20 lines,
+    ``[rank0]:E``-prefixed under a process group): the error itself reaches the trace, which
+    records and explains it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+@contextmanager
+def quiet_meta_failures() -> Iterator[None]:
+    """While tracing a rank, ``FakeTensorMode`` logs nothing of the errors it raises (they are
+    explained once, in ``Analysis.error``); its other messages pass."""
+    quiet = _MetaFailure()
+    _FAKE_LOG.addFilter(quiet)
+    try:
+        yield
+    finally:
+        _FAKE_LOG.removeFilter(quiet)
+
+
 def trace_rank(
     world: RankWorld,
     module: nn.Module,
@@ -241,7 +266,7 @@ def trace_rank(
     that take another path for a fake tensor see the rank's tensors as real ones
     (``meta_widget.distributed.stand_ins``), as they see a single-device trace's meta tensors."""
     fake_ops = FakeOpCache() if spec.fast else nullcontext()  # the op cache below the recorder
-    with world:
+    with world, quiet_meta_failures():
         with fake_ops:
             wrapped, args, kwargs = world.prepare(module, args, kwargs)
         mode = world.tracing()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis import Analysis
-from ..options import OptionError, OptionTypeError
+from ..options import OptionError, OptionTypeError, check_micro_batches
 from ..timing.gpus import GPU, resolve_gpu
 
 __all__ = ["COLUMNS", "MESH", "PRECISIONS", "Candidate", "Space", "candidates", "default_layouts"]
@@ -179,7 +179,12 @@ class Space:
                 bool,
             ),
             _axis("precisions", precisions, tuple(PRECISIONS), str, PRECISIONS),
-            _axis("micro_batches", micro_batches, (1, 2) if training else (1,), int),
+            tuple(
+                check_micro_batches(count, mode)  # before any trace: 5000 is refused here
+                for count in _axis(
+                    "micro_batches", micro_batches, (1, 2) if training else (1,), int
+                )
+            ),
         )
 
     def candidates(self) -> list[Candidate]:

@@ -48,7 +48,7 @@ from ..errors import MetaWidgetError
 from ..options import OptionError, check_budget
 from ..units import format_bytes, format_flops
 from .fit import NothingFitsError
-from .sweeps import ProgressFn, progress_function
+from .sweeps import ProgressFn, check_analyze_options, progress_function
 
 __all__ = ["CheckpointPlan", "PlanError", "checkpoint_code", "plan_checkpointing"]
 
@@ -203,7 +203,9 @@ def plan_checkpointing(
 
 
 def _check_options(options: dict[str, Any], max_iterations: Any) -> None:
-    """``mode`` is training; the options the search sets are not given."""
+    """``mode`` is training; the options are ``analyze``'s, and those the search sets are not
+    given."""
+    check_analyze_options(options, "plan_checkpointing")
     mode = options.setdefault("mode", "training")
     if mode != "training":
         raise OptionError(

@@ -129,9 +129,32 @@ def measure(
     Raises
     ------
     MeasureError
-        ``device`` is not available, or the predicted peak passes ``max_bytes``.
+        ``device`` is not available, or the predicted peak passes ``max_bytes``, or the real
+        run raised.
+
+    Notes
+    -----
+    The global random number generators (the CPU's, and CUDA's when ``device="cuda"``) are
+    left as they were, whether the run succeeds or raises: random inputs, a fresh build's
+    initialization and dropout draw from a fork of them.
     """
     _check_device(device, max_bytes)
+    cuda = list(range(torch.cuda.device_count())) if device == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):  # the user's random streams are left as they were
+        return _measure(model, input_size, input_data, dtypes, mode, device, max_bytes, options)
+
+
+def _measure(
+    model: Any,
+    input_size: Any,
+    input_data: Any,
+    dtypes: Any,
+    mode: str,
+    device: str,
+    max_bytes: int,
+    options: dict[str, Any],
+) -> Measured:
+    """``measure`` past its checks, inside a fork of the random number generators."""
     predicted = analyze(
         model, input_size, input_data=input_data, dtypes=dtypes, mode=mode, device=device,
         **options,
@@ -234,6 +257,10 @@ def _wall_times(
         set_training(module, training)
         with torch.no_grad():
             module(*args, **kwargs)
+    except Exception as exc:  # the model's own error, said as measure's, with its cause kept
+        raise MeasureError(
+            f"measure: the real run of {type(module).__name__} failed: {exc}"
+        ) from exc
     finally:
         undo.run()
     return calls

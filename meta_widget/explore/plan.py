@@ -52,8 +52,8 @@ from .candidates import (
 )
 from .depth import DEPTHS, Sample, depth_of, extend, sample, with_layers
 from .fit import NothingFitsError
-from .sweeps import ProgressFn, progress_function
-from .workers import default_workers, share
+from .sweeps import ProgressFn, check_analyze_options, progress_function
+from .workers import cores, default_workers, share
 
 __all__ = ["Candidate", "Plan", "plan"]
 
@@ -201,7 +201,8 @@ def plan(
     workers
         Processes that trace candidates at once (this one and ``workers - 1`` children;
         ``meta_widget.explore.workers``). Default: one per core this process may use (at most
-        8) for a transformers config and at least 16 candidates, else 1. Children rebuild the
+        8) for a transformers config and at least 16 candidates, else 1; a number given is
+        capped at the candidates and at the cores this process may use. Children rebuild the
         model from its config, so ``workers > 1`` needs ``model`` to be a transformers config,
         no ``input_data``, and options that pickle.
     **analyze_options
@@ -350,7 +351,10 @@ def _workers(given: Any, candidates: int, job: dict[str, Any], model: Any, data:
     children can rebuild the job (a transformers config, no input data, options that pickle)."""
     if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
         raise OptionTypeError(f"plan: workers must be a whole number >= 1, not {given!r}.")
-    count = default_workers(candidates) if given is None else min(given, max(1, candidates))
+    # never more processes than candidates, nor than cores: a process per core at most
+    count = (
+        default_workers(candidates) if given is None else min(given, max(1, candidates), cores())
+    )
     if count <= 1:
         return 1
     why = None
@@ -448,7 +452,9 @@ def _speed(c: Candidate) -> tuple[int, float]:
 
 
 def _check(devices: Any, mode: Any, options: dict[str, Any]) -> None:
-    """``devices`` a positive int, ``mode`` known, none of the options ``plan`` sets."""
+    """``devices`` a positive int, ``mode`` known, options all ``analyze``'s and none of those
+    ``plan`` sets."""
+    check_analyze_options(options, "plan")
     if isinstance(devices, bool) or not isinstance(devices, int):
         raise OptionTypeError(f"devices must be an int (how many GPUs), not {devices!r}")
     if not 1 <= devices <= 16_384:

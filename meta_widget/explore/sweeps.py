@@ -6,6 +6,7 @@ The model is built on meta once; every point re-traces it at other input sizes
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +61,19 @@ def progress_function(progress: bool | ProgressFn, what: str) -> ProgressFn | No
     raise OptionTypeError(
         f"progress must be True, False or a function (done, total, text), not {progress!r}"
     )
+
+
+def check_analyze_options(options: Mapping[str, Any], who: str) -> None:
+    """Every name of ``options`` is an option of ``analyze`` (said before anything is traced,
+    where ``analyze`` itself would raise Python's ``TypeError`` at the first trace)."""
+    known = inspect.signature(analyze).parameters
+    unknown = sorted(name for name in options if name not in known)
+    if unknown:
+        names = ", ".join(n for n in known if n not in ("model", "input_size"))
+        raise OptionTypeError(
+            f"{who}: {', '.join(map(repr, unknown))} is not an option of {who} or of analyze; "
+            f"analyze's options are {names}."
+        )
 
 
 class Tracer:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import IO, Any, TypeVar
 
-__all__ = ["default_workers", "share"]
+__all__ = ["cores", "default_workers", "share"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -46,11 +46,15 @@ def default_workers(candidates: int) -> int:
     ``MAX_WORKERS``), or 1 below ``MIN_CANDIDATES`` candidates."""
     if candidates < MIN_CANDIDATES:
         return 1
+    return max(1, min(cores(), MAX_WORKERS, candidates))
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity; the machine's count off Linux)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_WORKERS, candidates))
+        return os.cpu_count() or 1
 
 
 def share(

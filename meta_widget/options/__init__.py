@@ -5,6 +5,7 @@ the frozen :class:`Options` / :class:`TraceSpec` they give (``spec``).
 
 from .checks import (
     DEFAULT_OPTIMIZER,
+    MAX_BUDGET_BYTES,
     carried_optimizer,
     check_assume,
     check_autocast,
@@ -16,6 +17,7 @@ from .checks import (
     check_fast,
     check_flag,
     check_grad_mode,
+    check_graph,
     check_listeners,
     check_loss,
     check_micro_batches,
@@ -50,6 +52,7 @@ from .spec import Options, TraceSpec
 __all__ = [
     "DEFAULT_OPTIMIZER",
     "INT64_MAX",
+    "MAX_BUDGET_BYTES",
     "MAX_MICRO_BATCHES",
     "MAX_RANKS",
     "InputError",
@@ -71,6 +74,7 @@ __all__ = [
     "check_fast",
     "check_flag",
     "check_grad_mode",
+    "check_graph",
     "check_listeners",
     "check_loss",
     "check_micro_batches",

@@ -280,27 +280,55 @@ def _required_parameters(factory: Callable[..., Any]) -> list[str]:
 # -- exploration (sweep, max_fit) ---------------------------------------------------------------
 
 
-def check_budget(budget: Any) -> int:
+def check_graph(depth: Any, fold: Any) -> tuple[int, bool]:
+    """``Analysis.graph``'s ``depth`` (an int >= 0, the root 0) and ``fold`` (True or False)."""
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 0:
+        raise OptionError(
+            f"graph: depth={show(depth)} must be a whole number of 0 or more (the root is 0, "
+            "its children 1), e.g. a.graph(depth=2)."
+        )
+    if not isinstance(fold, bool):
+        raise OptionTypeError(
+            f"graph: fold={show(fold)} must be True (fold repeated siblings such as layers.0 "
+            "... layers.79 into one node) or False (list every one)."
+        )
+    return int(depth), fold
+
+
+#: the largest memory figure accepted (a budget, a GPU's memory): 16 EiB, all a 64-bit address
+#: space can name; past it a figure is a typo or an attempt to overflow, not a device
+MAX_BUDGET_BYTES = 2**64
+
+
+def check_budget(budget: Any, name: str = "budget") -> int:
     """A memory budget in bytes: an int of bytes or a string with a unit (``"80GiB"``,
-    ``"80GB"``: binary units are powers of 1024, decimal ones of 1000); more than 0."""
+    ``"80GB"``: binary units are powers of 1024, decimal ones of 1000); more than 0 and at most
+    ``MAX_BUDGET_BYTES`` (16 EiB). ``name`` is the argument the messages name."""
     if isinstance(budget, bool) or not isinstance(budget, (numbers.Integral, str)):
         raise OptionTypeError(
-            f"budget={show(budget)} is not a size: give bytes as an int, or a string with a "
-            "unit, e.g. budget='80GiB' (80 x 2**30) or budget='80GB' (80 x 10**9)."
+            f"{name}={show(budget)} is not a size: give bytes as an int, or a string with a "
+            f"unit, e.g. {name}='80GiB' (80 x 2**30) or {name}='80GB' (80 x 10**9)."
         )
     if isinstance(budget, str):
         try:
             value = parse_bytes(budget)
+        except OverflowError:  # a number past float's range: past any bound
+            value = MAX_BUDGET_BYTES + 1
         except ValueError:
             units = ", ".join(u.replace("I", "i") for u in BYTE_UNITS)
             raise OptionError(
-                f"cannot read budget={budget!r}: write a number and a unit ({units}), e.g. "
+                f"cannot read {name}={show(budget)}: write a number and a unit ({units}), e.g. "
                 "'80GiB' (80 x 2**30 bytes) or '80GB' (80 x 10**9); 'G' alone is ambiguous."
             ) from None
     else:
         value = int(budget)
     if value <= 0:
-        raise OptionError(f"budget={show(budget)} must be more than 0 bytes.")
+        raise OptionError(f"{name}={show(budget)} must be more than 0 bytes.")
+    if value > MAX_BUDGET_BYTES:
+        raise OptionError(
+            f"{name}={show(budget)} is past 16 EiB (2**64 bytes, all a 64-bit address space "
+            "can name): give the memory of one device, e.g. '80GiB'."
+        )
     return value
 
 

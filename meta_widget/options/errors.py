@@ -35,5 +35,8 @@ class InputError(OptionError):
 
 def show(value: Any, limit: int = 80) -> str:
     """``repr(value)``, shortened to one line of at most ``limit`` characters."""
-    text = " ".join(repr(value).split())
+    try:
+        text = " ".join(repr(value).split())
+    except ValueError:  # an int past Python's 4,300 digits of str()
+        text = f"<an int of {value.bit_length():,} bits>"
     return text if len(text) <= limit else text[: limit - 3] + "..."

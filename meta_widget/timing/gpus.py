@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from .. import heavy
-from ..options import OptionError, OptionTypeError, show
+from ..options import MAX_BUDGET_BYTES, OptionError, OptionTypeError, show
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,6 +32,14 @@ __all__ = ["GPU", "GPUS", "gpus", "resolve_gpu"]
 T = 1e12
 G = 1e9
 GIB = 2**30
+
+
+def _finite(value: float) -> bool:
+    """Whether ``value`` is a finite number (an int past float's range is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -90,11 +98,21 @@ class GPU:
                 raise OptionTypeError(
                     f"GPU({self.name!r}).{f.name} must be a number, not {show(value)}."
                 )
-            if not (math.isfinite(value) and value > 0):
+            if f.name == "memory_bytes" and value > MAX_BUDGET_BYTES:
+                raise OptionError(
+                    f"GPU({self.name!r}).memory_bytes={show(value)} is past 16 EiB (2**64 "
+                    "bytes, all a 64-bit address space can name): give one device's memory."
+                )
+            if not (_finite(value) and value > 0):
                 raise OptionError(
                     f"GPU({self.name!r}).{f.name} must be a positive finite number (base units: "
                     f"bytes, bytes/s, FLOPs/s), not {show(value)}."
                 )
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node > 1_000_000:
+            raise OptionError(
+                f"GPU({self.name!r}).gpus_per_node must be a whole number of GPUs (1 to "
+                f"1,000,000), not {show(self.gpus_per_node)}."
+            )
 
     def peak(self, kind: str) -> float:
         """The dense peak FLOPs per second for a peak class of ``meta_widget.trace.costs``:

@@ -16,9 +16,11 @@ place, or into a new buffer under a padding mask, the context over the query hea
 made contiguous). The encoder layer adds the residual in place, layer norms, and the feed-forward
 as ``addmm`` fused with its activation (``_addmm_activation``). ``nn.TransformerEncoder`` with a
 padding mask packs the kept tokens into a nested tensor first (:mod:`meta_widget.trace.nested`).
-Where the kernel would take another branch (``need_weights=True``, an attention mask), or PyTorch
-would not take the fast path (a user's forward hook on an encoder layer), the module's own
-``forward`` runs. The undo step puts back what was there.
+``need_weights=True`` (the default of ``MultiheadAttention.forward``) keeps the fast path, as
+in PyTorch: the kernel's math branch on every device, its scores kept and returned (averaged
+over the heads unless ``average_attn_weights=False``). Where the kernel would take another branch
+(an attention mask), or PyTorch would not take the fast path (a user's forward hook on an encoder
+layer), the module's own ``forward`` runs. The undo step puts back what was there.
 """
 
 from __future__ import annotations
@@ -57,18 +59,35 @@ def _attention_ok(m: nn.MultiheadAttention, x: torch.Tensor, device: str) -> boo
 
 
 def _attention(m: nn.MultiheadAttention, x: torch.Tensor, device: str) -> torch.Tensor:
-    """``_native_multi_head_attention`` as ``device`` runs it."""
+    """``_native_multi_head_attention`` as ``device`` runs it, ``need_weights=False``."""
     return _attention_math(m, x) if device == "cpu" else _attention_sdpa(m, x)
 
 
+def _attention_with_weights(
+    m: nn.MultiheadAttention, x: torch.Tensor, average: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_native_multi_head_attention`` with ``need_weights=True``: the math branch on every
+    device (the SDPA branch needs ``need_weights=False``), its scores kept past the output
+    projection and returned, summed over the heads and divided in place when ``average``."""
+    weights: list[torch.Tensor] = []
+    y = _attention_math(m, x, weights=weights, average=average)
+    return y, weights[0]
+
+
 def _attention_math(
-    m: nn.MultiheadAttention, x: torch.Tensor, padding: torch.Tensor | None = None
+    m: nn.MultiheadAttention,
+    x: torch.Tensor,
+    padding: torch.Tensor | None = None,
+    weights: list[torch.Tensor] | None = None,
+    average: bool = True,
 ) -> torch.Tensor:
     """The kernel's math branch, which the CPU always takes (PyTorch registers no CPU backend
     choice for it): the projection without its bias, a new ``(3, B, H, T, Dh)`` buffer for the
     biased, scaled heads, the scores (softmax in place; with a ``padding`` mask, made boolean, a
     masked softmax into a new buffer), the context written over the query heads, then the
-    heads made contiguous for the output projection."""
+    heads made contiguous for the output projection. With ``weights`` (``need_weights=True``)
+    the scores stay alive through the projection, then are appended to it (with ``average``,
+    their sum over the heads divided in place, made while the heads buffer is still alive)."""
     b, t, d = x.shape
     heads = m.num_heads
     assert m.in_proj_weight is not None
@@ -84,9 +103,18 @@ def _attention_math(
         scores = torch.softmax(scores, -1)  # _masked_softmax: a new buffer
         del keep
     torch.bmm(scores, v, out=q)
-    del scores
+    if weights is None:
+        del scores
     heads_last = q.view(b, heads, t, d // heads).transpose(1, 2).contiguous()
     y = F.linear(heads_last.view(b * t, d), m.out_proj.weight, m.out_proj.bias)
+    del heads_last
+    if weights is not None:
+        per_head = scores.view(b, heads, t, scores.shape[-1])
+        del scores
+        if average:
+            per_head = per_head.sum(1)
+            per_head.div_(heads)
+        weights.append(per_head)
     return y.view(b, t, d)
 
 
@@ -111,16 +139,17 @@ def _attention_forward(
         plain = not args and not any(
             kw.get(k) is not None for k in ("key_padding_mask", "attn_mask")
         )
-        if (
+        if not (
             plain
             and query is key
             and key is value
-            and kw.get("need_weights", True) is False
             and not kw.get("is_causal", False)
             and _attention_ok(m, query, device)
         ):
+            return forward(query, key, value, *args, **kw)
+        if not kw.get("need_weights", True):  # PyTorch's default, True, keeps the fast path
             return _attention(m, query, device), None
-        return forward(query, key, value, *args, **kw)
+        return _attention_with_weights(m, query, bool(kw.get("average_attn_weights", True)))
 
     return run
 

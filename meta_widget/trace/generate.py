@@ -28,6 +28,7 @@ tensor), bytes (distinct storages), tokens held and window.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -100,6 +101,27 @@ class CacheSummary:
     prompt_tokens: int
     new_tokens: int
     batch: int
+
+
+def _returned_cache(output: Any) -> Any:
+    """The cache ``generate()`` returned: ``output.cache`` (transformers 5, where reading
+    ``past_key_values`` warns that the name is deprecated), else ``output.past_key_values``."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+class _MetaValueWarning(logging.Filter):
+    """Drops a warning of transformers' generation code that prints a meta tensor: a check of
+    a value meta has not got, answered by the trace's policy, not a problem of the model (every
+    run warned that ``eos_token_id`` "should consist of positive integers, but is
+    tensor(..., device='meta')" and "will not stop")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "device='meta'" not in record.getMessage()
+
+
+#: the logger of transformers' ``generate()`` (its warnings about the special tokens)
+_GENERATION_LOG = logging.getLogger("transformers.generation.utils")
 
 
 @dataclass
@@ -215,6 +237,8 @@ class Generation:
         # before the recorder's own pre-hook: a skipped step's call is not recorded
         handle = module.register_forward_pre_hook(began, prepend=True, with_kwargs=True)
         remove = skipper.install()
+        quiet = _MetaValueWarning()
+        _GENERATION_LOG.addFilter(quiet)
         try:
             output = module.generate(  # type: ignore[operator]
                 *args,
@@ -226,11 +250,12 @@ class Generation:
                 cache_implementation=spec.cache_implementation,
             )
         finally:
+            _GENERATION_LOG.removeFilter(quiet)
             handle.remove()
             remove()
         skipper.finish()
         self.cache = summarize_cache(
-            getattr(output, "past_key_values", None),
+            _returned_cache(output),
             self.prompt_tokens,
             self.new_tokens,
             int(ids.shape[0]),

@@ -1,0 +1,106 @@
+"""Plans pinned to analyses traced here and to the workers' own contract (issue 36's blind
+spots): a candidate whose traced peak equals the budget fits (by the per-layer rule and at full
+depth); a candidate a child traced comes back with its peak, the peak ``analyze`` traces; an
+item whose child raised is traced here, not dropped (the wait is bounded: a dropped item fails
+the test instead of hanging it); ``plan_checkpointing`` tells ``blocks.1`` from ``blocks.10``."""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from typing import Any
+
+import pytest
+import transformers
+from test_checkpoint_plan import Net
+
+import meta_widget as mw
+from meta_widget.explore import plan as plan_module
+from meta_widget.explore import workers
+
+SIZE = (2, 32)
+ONE = dict(
+    gpu="H100", devices=2, layouts=[{"fsdp": 2}], activation_checkpointing=[False],
+    precisions=["as given"], micro_batches=[1],
+)  # fmt: skip
+
+
+def llama() -> Any:
+    return transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def traced_peak() -> int:
+    """The one candidate's peak, as ``analyze`` traces it at full depth."""
+    a = mw.analyze(llama(), SIZE, mode="training", gpu="H100", parallel={"fsdp": 2})
+    assert a.error is None
+    return int(a.peak_bytes)
+
+
+@pytest.mark.parametrize("full_depth", [False, True], ids=["rule", "full-depth"])
+def test_a_peak_equal_to_the_budget_fits(traced_peak: int, full_depth: bool) -> None:
+    p = mw.plan(llama(), SIZE, budget=traced_peak, full_depth=full_depth, workers=1, **ONE)
+    (c,) = p.candidates
+    assert c.peak_bytes == traced_peak and c.fits
+    assert p.best is c
+    (c,) = mw.plan(
+        llama(), SIZE, budget=traced_peak - 1, full_depth=full_depth, workers=1, **ONE
+    ).candidates
+    assert not c.fits
+
+
+def test_a_childs_candidates_come_back_with_their_peaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    remote: list[tuple[Any, ...]] = []
+    take = plan_module._take
+
+    def watched(c: plan_module.Candidate, numbers: dict[str, Any], run: Any) -> None:
+        remote.append(c.key)
+        take(c, numbers, run)
+
+    monkeypatch.setattr(plan_module, "_take", watched)
+    monkeypatch.setattr(plan_module, "cores", lambda: 2)  # a child even on one core
+    space = dict(ONE, layouts=[{"tp": 2}, {"fsdp": 2}], activation_checkpointing=[False, True])
+    space.pop("precisions")  # all three: 12 candidates, time for the child to start
+    p = mw.plan(llama(), SIZE, budget="1GiB", workers=2, **space)
+    traced = [c for c in p.candidates if c.key in remote and c.error is None]
+    assert traced, "no candidate was traced by the child"
+    for c in traced:
+        if c.key in remote:
+            assert c.analysis is not None  # traced here, at full depth, when asked for
+            assert c.peak_bytes == c.analysis.peak_bytes and c.fits
+
+
+def test_an_item_whose_child_raised_is_traced_here() -> None:
+    done: dict[int, Any] = {}
+    job = {"run": operator.truediv}  # a child calls truediv(job, item): a TypeError
+
+    def here(item: int) -> int:
+        time.sleep(0.5)  # slow enough here for the child to start and take items
+        return item * 10
+
+    def on_done(i: int, result: Any, remote: bool) -> None:
+        assert not remote  # nothing a child raised on comes back as its result
+        done[i] = result
+
+    share = threading.Thread(
+        target=workers.share, args=(list(range(1, 61)), here, job, 2, on_done), daemon=True
+    )
+    share.start()
+    share.join(timeout=120)  # a dropped item waits forever: fail instead
+    assert not share.is_alive(), f"share never returned; items done: {sorted(done)}"
+    assert done == {i: (i + 1) * 10 for i in range(60)}
+
+
+def test_checkpointing_tells_blocks_1_from_blocks_10() -> None:
+    model = Net((64,) * 12)  # blocks.0 ... blocks.11
+    every = [f"blocks.{i}" for i in range(12)]
+    shape = (16, 64, 64)
+    traced = mw.analyze(model, shape, mode="training", activation_checkpointing=every)
+    budget = int(traced.peak_bytes)  # only checkpointing every block fits
+    p = mw.plan_checkpointing(model, shape, budget=budget)
+    assert p.peak_bytes <= budget
+    assert set(p.modules) == set(every), p.modules
