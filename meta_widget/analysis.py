@@ -536,18 +536,12 @@ def analyze(
         step. FLOPs and calls count every micro-batch. At most ``MAX_MICRO_BATCHES`` (1024):
         each is traced in full.
     parallel
-        Trace one rank of several devices, on PyTorch's own engine
-        (``meta_widget.distributed.parallel``):
-        ``{"fsdp": 8}`` (FSDP2's ``fully_shard`` on each block, then the root),
-        ``{"tp": 2}`` (``parallelize_module`` with the config's tensor-parallel plan) or both,
-        ``{"fsdp": 4, "tp": 2}``; HSDP, ``{"replicate": 2, "fsdp": 4}`` (``fully_shard`` on
-        a 2-D mesh: shards over ``fsdp`` ranks in ``replicate`` replicas, the gradients
-        all-reduced across them); optional ``"blocks"`` (what ``fully_shard`` wraps) and
-        ``"tp_plan"`` (``{path: "colwise" | "rowwise"}``). Memory, FLOPs and ``comms`` are then
-        those of rank 0; the batch given is the batch of one rank. Not for a model already
-        wrapped (its own wrapping is traced; ``ParallelError``). Checked before any process
-        group is made: at most 16,384 ranks, ``tp`` dividing the attention (and key/value)
-        heads the model's config gives, ``fsdp`` at most the rows of the largest parameter.
+        Trace one rank of several devices on PyTorch's own engine (``docs/parallel.md``):
+        ``{"fsdp": 8}`` (FSDP2's ``fully_shard`` on each block, then the root), ``{"tp": 2}``
+        (``parallelize_module``), both, HSDP ``{"replicate": 2, "fsdp": 4}``; optional
+        ``"blocks"``, ``"tp_plan"`` and ``"mp"`` (FSDP2's ``MixedPrecisionPolicy``). Memory,
+        FLOPs and ``comms`` are rank 0's, for the batch given to one rank; the layout is checked
+        before any process group is made (``ParallelError``).
     gpu
         The accelerator to time the step on: a name of ``mw.gpus()`` (``"H100"``, ``"A100-80GB"``,
         ...) or an ``mw.GPU(...)`` of your own. ``Analysis.time`` then holds the step's time
@@ -558,15 +552,11 @@ def analyze(
     listeners
         A list of functions, each called with every :class:`CallRecord` as it completes.
     fast
-        ``True`` (default): an aten op already seen on the same input metadata is not run
-        again, its outputs are rebuilt from the op cache (``Analysis.fast_path`` counts hits,
-        misses and why ops were not cached). ``False``: every kernel runs. The results are the
-        same either way.
-    revision
-        A Hub id's branch, tag or commit (default ``main``).
-    trust_remote_code
-        ``False`` (default): a Hub model whose config needs code from its repository is
-        refused (``RemoteCodeError``); ``True`` runs that code, as transformers does.
+        ``True`` (default): an op seen on the same input metadata is rebuilt from the op cache
+        (``Analysis.fast_path``); ``False``: every kernel runs. The results are the same.
+    revision, trust_remote_code
+        A Hub id's branch, tag or commit (default ``main``); whether a Hub model's own code may
+        run (default ``False``: ``RemoteCodeError``), as transformers does.
 
     Returns
     -------
