@@ -9,6 +9,7 @@ the output kept to the end.
 from __future__ import annotations
 
 import copy
+import gc
 from typing import Any
 
 import torch
@@ -84,23 +85,32 @@ def loop_peaks(step: Any, steps: int, held: list[torch.Tensor]) -> list[int]:
     buffers and inputs, there before), each step's peak taken within its own
     ``record_function`` range."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+    gc.collect()  # earlier garbage freed now, not inside the window
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for k in range(steps):
             with torch.profiler.record_function(f"meta_widget step {k}"):
                 step()
-    allocations: list[tuple[int, int]] = []
+    allocations: list[tuple[int, int, int]] = []
     ranges: dict[int, tuple[int, int]] = {}
     pending = list(prof.profiler.kineto_results.experimental_event_tree())
     while pending:
         node = pending.pop()
         if node.tag == _EventType.Allocation:
-            allocations.append((node.start_time_ns, node.extra_fields.alloc_size))
+            fields = node.extra_fields
+            allocations.append((node.start_time_ns, fields.alloc_size, fields.ptr))
         elif node.name.startswith("meta_widget step "):
             ranges[int(node.name.rsplit(" ", 1)[1])] = (node.start_time_ns, node.end_time_ns)
         pending.extend(node.children)
     peaks = [0] * steps
     live = 0
-    for at, size in sorted(allocations):
+    mine: set[int] = set()  # blocks allocated in the window: a free of another is not the loop's
+    for at, size, ptr in sorted(allocations):
+        if size > 0:
+            mine.add(ptr)
+        elif ptr in mine:
+            mine.discard(ptr)
+        else:
+            continue
         live += size
         for k, (start, end) in ranges.items():
             if start <= at <= end:
