@@ -170,7 +170,7 @@ export function renderCategoryBar(parent: HTMLElement, memory: Memory, peakBytes
   if (segs.length === 0) return;
   const head = document.createElement("div");
   head.className = "mw-subhead";
-  head.textContent = `Peak by category (${formatBytes(peakBytes || segs.reduce((s, x) => s + x.bytes, 0))}${memory.peakPhase ? `, during ${memory.peakPhase}` : ""})`;
+  head.textContent = `Peak by category (${formatBytes(peakBytes || segs.reduce((s, x) => s + x.bytes, 0))}${memory.peakPhase ? `, during ${memory.peakPhase}${memory.peakStep ? ` of step ${memory.peakStep}` : ""}` : ""})`;
   const bar = document.createElement("div");
   bar.className = "mw-catbar";
   bar.setAttribute("role", "img");

@@ -90,7 +90,7 @@ function totals(a: Analysis, rootAgg: Aggregate | undefined, params: ParamMemory
           "peak",
           running ? "…" : formatBytes(t.peak_bytes),
           a.mode === "training"
-            ? `maximum of live bytes over forward, backward and optimizer step${a.memory.peakPhase ? ` (reached in ${a.memory.peakPhase})` : ""}, at the recorded dtypes`
+            ? `maximum of live bytes over a steady training step (forward, backward, optimizer step; the optimizer state live from its start)${a.memory.peakPhase ? ` (reached in ${a.memory.peakPhase}${a.memory.peakStep ? ` of step ${a.memory.peakStep}` : ""})` : ""}, at the recorded dtypes; the first step peaks at ${formatBytes(a.memory.firstStepPeakBytes)}`
             : "maximum of live bytes over the forward pass, at the recorded dtypes",
         ],
   ];

@@ -175,6 +175,11 @@ export interface Memory {
   /** Phase name -> index of its first timeline event. */
   phases: Record<string, number>;
   peakPhase: string | null;
+  /** Training: the step the peak is in (2: the steady state, the optimizer state live
+   * throughout; 1: the first step); null for one pass. */
+  peakStep: number | null;
+  /** The first training step's peak alone (the peak itself for one pass). */
+  firstStepPeakBytes: number;
   gradientBytes: number;
   optimizerStateBytes: number;
   optimizerHostBytes: number;

@@ -60,6 +60,7 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       },
       "memory": {"categories": {name: bytes},   # live at the peak; they add up to peak_bytes
                  "phases": {phase: first timeline index}, "peak_phase": str | null,
+                 "peak_step": 1 | 2 | null, "first_step_peak_bytes": int,   # 2: steady
                  "gradient_bytes", "optimizer_state_bytes", "optimizer_host_bytes",
                  "what_if": {"fp32" | "bf16" | "fp16" | "int8" | "int4":   # the switch
                              {category: bytes, "total", "activation_scale"}},
@@ -101,8 +102,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
     }
 
 The columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``,
-``backward_ops``) are left out of a payload, and of a streamed batch, when
-all their values are 0 (or empty): a missing column reads as zeros (empty lists).
+``backward_ops``) are left out of a payload, and of a streamed batch, when all their values are
+0 (or empty): a missing column reads as zeros (empty lists).
 
 Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"args[0]"``,
 ``"attention_mask"``, ``"[0]"``, ``"logits"``, ``"past_key_values.layers[0].keys"``.
@@ -120,19 +121,16 @@ Messages, kernel -> front end (custom messages, while tracing)
   ``payload`` trait; ``elapsed_s`` the trace's seconds, ``total_s`` the whole analysis's (from
   ``analyze``'s start with ``widget=True``, or the re-run's: the model built, traced, analyzed).
 - ``{"type": "error", "error": {...the error object...}}``
-- ``{"type": "ready"}``: the answer to ``hello``: a kernel-side widget is behind the view. When
-  that widget's last stream has finished, its ``done`` follows, so that a view mounted after the
-  stream (another display, or the output redrawn by ``widget=True``'s update) says how it ended.
+- ``{"type": "ready"}``: the answer to ``hello``: a kernel-side widget is behind the view; its
+  last stream's ``done`` follows, so a view mounted after the stream says how it ended.
 
 Messages, front end -> kernel
 -----------------------------
 - ``{"type": "hello"}``: a view with a kernel mounted. A widget restored from a saved notebook has
-  no kernel-side object: nothing answers, and its re-run switches stay off (instead of waiting
-  forever for a re-run).
+  no kernel-side object: nothing answers, and its re-run switches stay off.
 - ``{"type": "select", "module": int}``: the user selected a module row.
 - ``{"type": "rerun", "mode": str, "optimizer": str | null, "device": str}``: analyze again with
-  these options (values in ``meta_widget.views.widget.RERUN_OPTIONS``), streaming into the same
-  widget.
+  these options (``meta_widget.views.widget.RERUN_OPTIONS``), streaming into the same widget.
 """
 
 from __future__ import annotations
@@ -431,6 +429,8 @@ def encode_analysis(a: Analyzed) -> dict[str, Any]:
         "categories": dict(mem.categories),
         "phases": {name: first_kept.get(name, 0) for name in mem.phases},
         "peak_phase": mem.peak_phase,
+        "peak_step": mem.peak_step,
+        "first_step_peak_bytes": mem.first_step_peak_bytes,
         "gradient_bytes": mem.gradient_bytes,
         "optimizer_state_bytes": mem.optimizer_state_bytes,
         "optimizer_host_bytes": mem.optimizer_host_bytes,

@@ -264,7 +264,13 @@ def totals_lines(analysis: Analyzed) -> list[str]:
             f" · peak {format_bytes(mem.peak_bytes)}{where}"
         )
         cats = " + ".join(f"{k} {format_bytes(v)}" for k, v in mem.categories.items() if v)
-        out.append(f"Peak ({mem.peak_phase}) = {cats}")
+        step = (
+            f", step {mem.peak_step} of 2: the steady state; the first step peaks at "
+            f"{format_bytes(mem.first_step_peak_bytes)}"
+            if mem.peak_step == 2
+            else (", step 1 of 2" if mem.peak_step == 1 else "")
+        )
+        out.append(f"Peak ({mem.peak_phase}{step}) = {cats}")
     if analysis.traced and analysis.mode == "training":
         out.append(
             f"After the step: gradients {format_bytes(mem.gradient_bytes)} · optimizer state "
