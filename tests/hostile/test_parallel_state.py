@@ -60,30 +60,32 @@ def small_llama() -> Any:
 # -- item 2: huge world sizes ---------------------------------------------------------------
 
 HUGE = """
-import json, resource, sys, time
+import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a regression fails fast, here
 import torch.distributed as dist
 import meta_widget as mw
 from parallel_truth import DeepMLP
 
-analyze = mw.analyze  # imported before timing: the bound is on the check, not the import
 hook = sys.excepthook
 seen = []
 for parallel in ({"fsdp": 10**9}, {"fsdp": 2**70}, {"fsdp": 2, "tp": 10**9}):
-    start = time.perf_counter()
+    built = []
+    def make():
+        built.append(1)
+        return DeepMLP()
     try:
-        analyze(DeepMLP, input_size=(8, 256), parallel=parallel)
+        mw.analyze(make, input_size=(8, 256), parallel=parallel)
         raised, message = None, ""
     except BaseException as exc:
         raised, message = type(exc).__name__, str(exc)
-    seen.append(dict(raised=raised, message=message, seconds=time.perf_counter() - start,
+    seen.append(dict(raised=raised, message=message, built=len(built),
                      group_left=dist.is_initialized(), hook_kept=sys.excepthook is hook))
 later = mw.analyze(DeepMLP, input_size=(8, 256), parallel={"fsdp": 2})
 print(json.dumps(dict(seen=seen, later_error=None if later.error is None else str(later.error))))
 """
 
 
-def test_a_world_of_a_billion_or_2_to_the_70_is_an_option_error_in_under_a_second() -> None:
+def test_a_world_of_a_billion_or_2_to_the_70_is_an_option_error_before_anything_is_built() -> None:
     run = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(HUGE)],
         capture_output=True,
@@ -96,7 +98,7 @@ def test_a_world_of_a_billion_or_2_to_the_70_is_an_option_error_in_under_a_secon
     for case in found["seen"]:
         assert case["raised"] == "OptionError", case
         assert "more than 16384" in case["message"] and "\n" not in case["message"]
-        assert case["seconds"] < 1.0, case  # the issue's bound: checked before anything starts
+        assert case["built"] == 0, case  # checked before anything is built: no clock needed
         assert not case["group_left"] and case["hook_kept"], case
     assert found["later_error"] is None  # the process can still run parallel analyses
 
