@@ -87,7 +87,7 @@ def test_drag_zooms_into_a_range_and_double_click_resets(page: Any, pages: dict[
     def event_at(fraction: float) -> int:
         page.mouse.move(r["x"] + r["width"] * fraction, y)
         tip = page.inner_text(".mw-timeline .mw-chart-tip")
-        return int(tip.split()[1])  # "event 123 (forward) · ..."
+        return int(tip.split()[1].replace(",", ""))  # "event 1,123 (forward) · ..."
 
     whole = event_at(0.9)
     page.mouse.move(r["x"] + r["width"] * 0.1, y)
