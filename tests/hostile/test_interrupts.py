@@ -70,6 +70,7 @@ def _ran_in_own_process(request: pytest.FixtureRequest) -> bool:
 # (file suffix, function qualname prefix): the code whose every step gets an interrupt
 _WATCHED = (
     ("meta_widget/trace/passes.py", ""),
+    ("meta_widget/trace/trace_changes.py", ""),
     ("meta_widget/undo.py", ""),
     ("meta_widget/trace/checkpointing.py", ""),
     ("meta_widget/sources/models.py", "_from_factory"),

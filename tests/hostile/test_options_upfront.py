@@ -178,4 +178,4 @@ def test_micro_batches_have_an_upper_bound(counted: Callable[[], tuple[int, int]
         assert f"micro_batches={count}" in message
     assert counted() == (0, 0)  # not one forward pass
     a = mw.analyze(Counted, (2, 8), mode="training", micro_batches=3)
-    assert a.error is None and counted() == (1, 3)
+    assert a.error is None and counted() == (1, 6)  # two steps (first, steady) of three each
