@@ -85,6 +85,7 @@ def run(
         live[key] = block
         if alloc.reserved > peak[0]:
             peak = (alloc.reserved, i, alloc.segments)
+    alloc.unlink(live.values())
     return Reserved(
         peak_bytes=alloc.peak_reserved,
         end_bytes=alloc.reserved,

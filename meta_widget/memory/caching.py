@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..options import OptionError
@@ -236,6 +237,18 @@ class CachingAllocator:
         self.retries = 0
         self._next_ptr = 0
         self._expandables = 0
+
+    def unlink(self, held: Iterable[Block] = ()) -> None:
+        """Cut the links between neighbouring blocks (each segment's list, a cycle of references)
+        once a replay is over, so that its blocks are freed without the garbage collector:
+        ``held`` are the blocks handed out and not freed, the pools know the rest."""
+        todo = [*held, *(b for pool in self.pools for b in pool.blocks.values())]
+        while todo:
+            b = todo.pop()
+            for other in (b.prev, b.next):
+                if other is not None:
+                    todo.append(other)
+            b.prev = b.next = None
 
     # -- requests -------------------------------------------------------------------------
     def malloc(self, nbytes: int, stream: int = 0) -> Block | None:
