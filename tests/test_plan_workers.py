@@ -96,7 +96,9 @@ def test_workers_give_the_numbers_of_one_process(
     alone: mw.Plan, remote: list[tuple[Any, ...]]
 ) -> None:
     assert sum(c.error is not None for c in alone.candidates) == 4  # the refused layout
-    assert sum(c.traced_layers == (2, 3, 4) for c in alone.candidates) == 8
+    # FSDP 4 with checkpointing in fp32 is traced at full depth: the second (steady) step's
+    # multi-tensor AdamW defeats the per-layer rule's diff (tests/test_plan_depth.py)
+    assert sum(c.traced_layers == (2, 3, 4) for c in alone.candidates) == 7
     p = mw.plan(llama(), SIZE, workers=2, **SPACE)
     assert remote, "no candidate was traced by the child"
     same_plan(alone, p)
