@@ -267,14 +267,7 @@ class CachingAllocator:
         if block is None:
             return None
         if self._should_split(block, size):
-            rest = Block(block.ptr + size, block.size - size, block.small, stream, block.segment)
-            rest.page = block.page
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            pool.add(rest)
+            pool.add(_split_off(block, size))
         block.allocated = True
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
@@ -386,13 +379,8 @@ class CachingAllocator:
         pool.remove_unmapped(block)
         block.mapped = True
         if nbytes < block.size:
-            rest = Block(block.ptr + nbytes, block.size - nbytes, block.small, block.stream, 0)
-            rest.segment, rest.page, rest.mapped = block.segment, block.page, False
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = nbytes
+            rest = _split_off(block, nbytes)
+            rest.mapped = False
             pool.add_unmapped(rest)
         self._merge(block, block.prev, pool)
         self._merge(block, block.next, pool)
@@ -492,3 +480,16 @@ def _growable(b: Block) -> int:
     """What a free block of an expandable segment can grow to: itself and the unmapped space
     right after it."""
     return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+
+
+def _split_off(block: Block, size: int) -> Block:
+    """Cut ``block`` to its first ``size`` bytes; the rest becomes the block after it in its
+    segment (same stream, segment and page size), returned for the caller to pool."""
+    rest = Block(block.ptr + size, block.size - size, block.small, block.stream, block.segment)
+    rest.page = block.page
+    rest.prev, rest.next = block, block.next
+    if block.next is not None:
+        block.next.prev = rest
+    block.next = rest
+    block.size = size
+    return rest
