@@ -29,7 +29,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._C._profiler import _EventType
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.checkpoint import (
@@ -38,6 +37,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 from torch.utils.flop_counter import FlopCounterMode
+from truth import window_peak
 
 import meta_widget as mw
 
@@ -94,33 +94,6 @@ def wrap_blocks(model: nn.Module, context_fn: Callable[[], Any] | None) -> nn.Mo
 
 def _loss(out: Any) -> torch.Tensor:
     return out.sum() if isinstance(out, torch.Tensor) else out.logits.sum()
-
-
-def window_peak(prof: profile) -> int:
-    """The highest running sum of the allocations ``prof`` recorded and the frees of those
-    blocks. A free of a block allocated before the profiler started is left out: the cyclic
-    garbage of earlier code, collected during the step, would otherwise lower the sum (the
-    profiler knows such a block's size when an earlier profiler in the process saw it made)."""
-    events: list[tuple[int, int, int]] = []
-    pending = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
-    while pending:
-        node = pending.pop()
-        if node.tag == _EventType.Allocation:
-            f = node.extra_fields
-            events.append((node.start_time_ns, f.alloc_size, f.ptr))
-        pending.extend(node.children)
-    live = peak = 0
-    mine: set[int] = set()
-    for _, size, ptr in sorted(events):
-        if size > 0:
-            mine.add(ptr)
-        elif ptr in mine:
-            mine.discard(ptr)
-        else:
-            continue
-        live += size
-        peak = max(peak, live)
-    return peak
 
 
 def _profiled() -> profile:

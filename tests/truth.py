@@ -90,30 +90,54 @@ def loop_peaks(step: Any, steps: int, held: list[torch.Tensor]) -> list[int]:
         for k in range(steps):
             with torch.profiler.record_function(f"meta_widget step {k}"):
                 step()
-    allocations: list[tuple[int, int, int]] = []
     ranges: dict[int, tuple[int, int]] = {}
     pending = list(prof.profiler.kineto_results.experimental_event_tree())
     while pending:
         node = pending.pop()
-        if node.tag == _EventType.Allocation:
-            fields = node.extra_fields
-            allocations.append((node.start_time_ns, fields.alloc_size, fields.ptr))
-        elif node.name.startswith("meta_widget step "):
+        if node.name.startswith("meta_widget step "):
             ranges[int(node.name.rsplit(" ", 1)[1])] = (node.start_time_ns, node.end_time_ns)
         pending.extend(node.children)
     peaks = [0] * steps
     live = 0
-    mine: set[int] = set()  # blocks allocated in the window: a free of another is not the loop's
-    for at, size, ptr in sorted(allocations):
-        if size > 0:
-            mine.add(ptr)
-        elif ptr in mine:
-            mine.discard(ptr)
-        else:
-            continue
+    for at, size in owned_allocations(prof):
         live += size
         for k, (start, end) in ranges.items():
             if start <= at <= end:
                 peaks[k] = max(peaks[k], live)
     base = sum(storages.values())
     return [base + p for p in peaks]
+
+
+def owned_allocations(prof: profile) -> list[tuple[int, int]]:
+    """The allocations (+ bytes) ``prof`` recorded and the frees (-) of those blocks, in time
+    order. A free of a block allocated before the profiler started is left out: the cyclic
+    garbage of earlier code, collected inside the window, would otherwise lower the sum (the
+    profiler knows such a block's size when an earlier profiler in the process saw it made)."""
+    events: list[tuple[int, int, int]] = []
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    while pending:
+        node = pending.pop()
+        if node.tag == _EventType.Allocation:
+            fields = node.extra_fields
+            events.append((node.start_time_ns, fields.alloc_size, fields.ptr))
+        pending.extend(node.children)
+    out: list[tuple[int, int]] = []
+    mine: set[int] = set()
+    for at, size, ptr in sorted(events):
+        if size > 0:
+            mine.add(ptr)
+        elif ptr in mine:
+            mine.discard(ptr)
+        else:
+            continue
+        out.append((at, size))
+    return out
+
+
+def window_peak(prof: profile) -> int:
+    """The highest running sum of :func:`owned_allocations`."""
+    live = peak = 0
+    for _, size in owned_allocations(prof):
+        live += size
+        peak = max(peak, live)
+    return peak
