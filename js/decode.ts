@@ -184,6 +184,8 @@ function decodeMemory(raw: unknown): Memory {
     peakPhase: typeof m.peak_phase === "string" ? m.peak_phase : null,
     peakStep: typeof m.peak_step === "number" ? m.peak_step : null,
     firstStepPeakBytes: num(m.first_step_peak_bytes),
+    reservedBytes: num(m.reserved_bytes),
+    deviceBytes: num(m.device_bytes),
     gradientBytes: num(m.gradient_bytes),
     optimizerStateBytes: num(m.optimizer_state_bytes),
     optimizerHostBytes: num(m.optimizer_host_bytes),

@@ -111,6 +111,14 @@ function totals(a: Analysis, rootAgg: Aggregate | undefined, params: ParamMemory
       ],
     );
   }
+  const m = a.memory;
+  if (a.time && !running && m.deviceBytes > m.reservedBytes && m.reservedBytes > 0) {
+    items.push([
+      `on the ${a.time.gpu}`,
+      formatBytes(m.deviceBytes),
+      `what the GPU would hold at the peak, as nvidia-smi shows it, and what plan and max_fit hold against a budget: PyTorch's caching allocator reserved ${formatBytes(m.reservedBytes)} (the peak's tensors in its rounded blocks and segments, cuBLAS workspaces) + ${formatBytes(m.deviceBytes - m.reservedBytes)} outside it (the CUDA context; NCCL's buffers under parallel=)`,
+    ]);
+  }
   if (a.time) items.push(["step", stepText(a.time), stepTitle(a.time)]);
   return items;
 }

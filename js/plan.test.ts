@@ -1,6 +1,6 @@
 /**
  * The plan view of `mw.plan`, drawn from the Python side's own payload of a real plan (the tiny
- * Llama on 2 H100s in 300 KiB: `python tests/test_explore_view.py` writes
+ * Llama on 2 H100s in 700 MiB each: `python tests/test_explore_view.py` writes
  * `js/fixtures/plan.json`), and the analysis the kernel sends back when a point is clicked (the
  * recorded training sample stands in for it).
  */
@@ -53,7 +53,7 @@ describe("the plan view", () => {
     show(raw);
     const dots = [...el.querySelectorAll<SVGCircleElement>(".mw-plan-dot")];
     expect(dots).toHaveLength(traced.length);
-    const fits = traced.filter((c) => c.peakBytes <= plan.budget).length; // 300 KiB
+    const fits = traced.filter((c) => (c.deviceBytes ?? Infinity) <= plan.budget).length; // 700 MiB on the GPU
     expect(el.querySelectorAll(".mw-plan-dot.mw-plan-in")).toHaveLength(fits);
     expect(el.querySelectorAll(".mw-plan-dot.mw-plan-out")).toHaveLength(traced.length - fits);
     expect(fits).toBeGreaterThan(0);
@@ -73,7 +73,7 @@ describe("the plan view", () => {
     const x = Number(line.getAttribute("x1"));
     for (const d of el.querySelectorAll(".mw-plan-dot.mw-plan-in")) expect(Number(d.getAttribute("cx"))).toBeLessThanOrEqual(x);
     for (const d of el.querySelectorAll(".mw-plan-dot.mw-plan-out")) expect(Number(d.getAttribute("cx"))).toBeGreaterThan(x);
-    expect(el.textContent).toContain("budget 300 KiB");
+    expect(el.textContent).toContain("budget 700 MiB");
     // far above every peak (the default budget, a GPU's memory), it is an arrow at the edge
     expect(xRange({ ...plan, budget: 80 * 2 ** 30 }).budgetShown).toBe(false);
   });
@@ -86,14 +86,14 @@ describe("the plan view", () => {
     expect(el.querySelector(".mw-plan-detail-head")!.textContent).toContain("tracing it at full depth");
   });
 
-  it("says the candidate on hover: layout, checkpointing, precision, micro-batches, peak, step, MFU", () => {
+  it("says the candidate on hover: layout, checkpointing, precision, micro-batches, bytes on the GPU and peak, step, MFU", () => {
     show(raw);
     const c = traced[0]!;
     const g = el.querySelector(`.mw-plan-point[data-index="${c.index}"]`)!;
     g.dispatchEvent(new MouseEvent("mouseenter"));
     const tip = el.querySelector(".mw-plan-tip")!.textContent!;
     expect(tip).toBe(`#${c.index} ${candidateText(c)}`);
-    expect(tip).toMatch(/^#0 fsdp=2 · no checkpointing · as given · 1 micro-batch: peak 357 KiB \(over the budget\) · step 1 ms · MFU 0.0034%$/);
+    expect(tip).toMatch(/^#0 fsdp=2 · no checkpointing · as given · 1 micro-batch: 620 MiB on the GPU \(peak 357 KiB\) · step 1 ms · MFU 0.0034%$/);
   });
 
   it("asks the kernel for a clicked candidate's analysis and shows it below when it comes", () => {

@@ -11,7 +11,7 @@ import { App } from "./app";
 import { decodePayload } from "./decode";
 import { h } from "./details";
 import { formatBytes } from "./format";
-import { candidateText, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
+import { candidateText, heldBytes, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
 import type { PlanCandidate, PlanPayload } from "./protocol";
 import { formatSeconds } from "./timing";
 
@@ -30,6 +30,7 @@ function decodeCandidate(raw: Obj, i: number): PlanCandidate {
     precision: typeof raw.precision === "string" ? raw.precision : "",
     microBatches: int(raw.microBatches),
     peakBytes: numOrNull(raw.peakBytes),
+    deviceBytes: numOrNull(raw.deviceBytes),
     fits: raw.fits === true,
     stepS: numOrNull(raw.stepS),
     mfu: numOrNull(raw.mfu),
@@ -63,7 +64,7 @@ export function planVerdict(p: PlanPayload): string {
   const best = p.candidates.find((c) => c.index === p.best);
   if (!best || !isDrawn(best)) return `${head}; none fits.`;
   const rate = best.tokensPerS !== null ? `, ${Math.round(best.tokensPerS).toLocaleString("en-US")} tokens/s` : "";
-  return `${head}. Fastest that fits: ${layoutText(best)}, ${best.checkpointing ? "checkpointing" : "no checkpointing"}, ${best.precision}, ${best.microBatches} micro-batch${best.microBatches === 1 ? "" : "es"}: step ${formatSeconds(best.stepS)}${rate}, peak ${formatBytes(best.peakBytes)}.`;
+  return `${head}. Fastest that fits: ${layoutText(best)}, ${best.checkpointing ? "checkpointing" : "no checkpointing"}, ${best.precision}, ${best.microBatches} micro-batch${best.microBatches === 1 ? "" : "es"}: step ${formatSeconds(best.stepS)}${rate}, ${formatBytes(heldBytes(best))} on the GPU (peak ${formatBytes(best.peakBytes)}).`;
 }
 
 interface TableColumn {
@@ -83,6 +84,12 @@ const TABLE: TableColumn[] = [
   { label: "precision", text: (c) => c.precision, value: (c) => c.precision },
   { label: "micro-batches", text: (c) => String(c.microBatches), value: (c) => c.microBatches, numeric: true },
   { label: "peak", text: (c) => or(c.peakBytes, formatBytes), value: (c) => c.peakBytes ?? Infinity, numeric: true },
+  {
+    label: "on the GPU",
+    text: (c) => or(c.deviceBytes ?? c.peakBytes, formatBytes),
+    value: (c) => c.deviceBytes ?? c.peakBytes ?? Infinity,
+    numeric: true,
+  },
   { label: "fits", text: (c) => (c.fits ? "yes" : "no"), value: (c) => Number(c.fits) },
   { label: "step", text: (c) => or(c.stepS, formatSeconds), value: (c) => c.stepS ?? Infinity, numeric: true },
   { label: "MFU", text: (c) => or(c.mfu, (m) => `${(m * 100).toPrecision(2)}%`), value: (c) => c.mfu ?? -1, numeric: true },

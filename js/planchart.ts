@@ -1,6 +1,6 @@
 /**
- * The plan chart: each candidate `mw.plan` traced as a point, its step time (y) against its
- * per-rank peak (x); the ones that fit the budget filled, the others hollow, colored by
+ * The plan chart: each candidate `mw.plan` traced as a point, its step time (y) against what
+ * its rank 0's GPU holds (x: `heldBytes`, what `fits` holds against the budget); the ones that fit the budget filled, the others hollow, colored by
  * precision; the budget as a vertical dashed line; the best one ringed and named. An SVG, like
  * the "what fits" chart (`fit.ts`); text only through `textContent`.
  */
@@ -22,6 +22,11 @@ export type Drawn = PlanCandidate & { peakBytes: number; stepS: number };
 
 export function isDrawn(c: PlanCandidate): c is Drawn {
   return c.error === null && c.peakBytes !== null && c.stepS !== null;
+}
+
+/** What `c`'s GPU holds at its peak (`deviceBytes`), or its peak from a kernel without it. */
+export function heldBytes(c: Drawn): number {
+  return c.deviceBytes ?? c.peakBytes;
 }
 
 /** The precisions' colors, in the order `plan.PRECISIONS` tries them (others cycle). */
@@ -54,7 +59,7 @@ export function candidateText(c: PlanCandidate): string {
   const head = `${layoutText(c)} · ${c.checkpointing ? "checkpointing" : "no checkpointing"} · ${c.precision} · ${micro}`;
   if (!isDrawn(c)) return `${head}: ${c.error ?? "not traced"}`;
   const mfu = c.mfu === null ? "" : ` · MFU ${(c.mfu * 100).toPrecision(2)}%`;
-  return `${head}: peak ${formatBytes(c.peakBytes)}${c.fits ? "" : " (over the budget)"} · step ${formatSeconds(c.stepS)}${mfu}`;
+  return `${head}: ${formatBytes(heldBytes(c))} on the GPU (peak ${formatBytes(c.peakBytes)})${c.fits ? "" : ", over the budget"} · step ${formatSeconds(c.stepS)}${mfu}`;
 }
 
 /** "Nice" axis ticks from 0 to at most `max`: 1, 2 or 5 times a power of `base`. */
@@ -75,7 +80,7 @@ export interface ChartHandlers {
 
 /** The chart's x range and whether it reaches the budget (see `budget.ts`: a quarter of it). */
 export function xRange(p: PlanPayload): { max: number; budgetShown: boolean } {
-  const peaks = p.candidates.filter(isDrawn).map((c) => c.peakBytes);
+  const peaks = p.candidates.filter(isDrawn).map(heldBytes);
   const largest = Math.max(0, ...peaks);
   const budgetShown = p.budget > 0 && largest >= IN_VIEW * p.budget;
   return { max: Math.max(budgetShown ? p.budget : 0, largest) * 1.1 || 1, budgetShown };
@@ -94,7 +99,7 @@ export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, 
   const y = (v: number): number => height - bottom - ((height - top - bottom) * v) / yMax;
   const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "mw-plan-chart", role: "img" });
   const title = svg("title", {});
-  title.textContent = `step time against peak per device for ${drawn.length} candidates on ${p.gpu}; the dashed line is the budget`;
+  title.textContent = `step time against the memory each device holds for ${drawn.length} candidates on ${p.gpu}; the dashed line is the budget`;
   root.append(title);
   const text = (x0: number, y0: number, value: string, cls: string, anchor = "start"): SVGTextElement => {
     const t = svg("text", { x: x0, y: y0, class: cls, "text-anchor": anchor });
@@ -113,7 +118,7 @@ export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, 
   }
   root.append(svg("line", { x1: left, x2: left, y1: top, y2: height - bottom, class: "mw-plan-axis" }));
   root.append(svg("line", { x1: left, x2: width - right, y1: height - bottom, y2: height - bottom, class: "mw-plan-axis" }));
-  text((left + width - right) / 2, height - 6, "peak per device (rank 0, traced)", "mw-plan-label", "middle");
+  text((left + width - right) / 2, height - 6, "memory per GPU (rank 0, as nvidia-smi would show it)", "mw-plan-label", "middle");
   const yLabel = text(14, (top + height - bottom) / 2, "step time", "mw-plan-label", "middle");
   yLabel.setAttribute("transform", `rotate(-90 14 ${(top + height - bottom) / 2})`);
   // the budget: a vertical dashed line, or an arrow at the right edge when off the scale
@@ -131,11 +136,11 @@ export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, 
   for (const c of order) {
     const g = svg("g", { class: "mw-plan-point", "data-index": c.index, tabindex: 0 });
     if (c.index === p.best) {
-      g.append(svg("circle", { cx: x(c.peakBytes), cy: y(c.stepS), r: 10, class: "mw-plan-best-ring" }));
-      text(x(c.peakBytes) + 13, y(c.stepS) + 4, "best", "mw-plan-best-label");
+      g.append(svg("circle", { cx: x(heldBytes(c)), cy: y(c.stepS), r: 10, class: "mw-plan-best-ring" }));
+      text(x(heldBytes(c)) + 13, y(c.stepS) + 4, "best", "mw-plan-best-label");
     }
     const dot = svg("circle", {
-      cx: x(c.peakBytes),
+      cx: x(heldBytes(c)),
       cy: y(c.stepS),
       r: 5,
       class: `mw-plan-dot ${c.fits ? "mw-plan-in" : "mw-plan-out"} ${classes.get(c.precision) ?? ""}`,

@@ -180,6 +180,11 @@ export interface Memory {
   peakStep: number | null;
   /** The first training step's peak alone (the peak itself for one pass). */
   firstStepPeakBytes: number;
+  /** PyTorch's caching allocator's reserved peak, replayed over the trace (0: not sent). */
+  reservedBytes: number;
+  /** What the GPU would hold at the peak, as `nvidia-smi` shows it: the reserve, the CUDA
+   * context, NCCL's buffers under `parallel=` (0: not sent). */
+  deviceBytes: number;
   gradientBytes: number;
   optimizerStateBytes: number;
   optimizerHostBytes: number;
@@ -459,8 +464,12 @@ export interface PlanCandidate {
   checkpointing: boolean;
   precision: string;
   microBatches: number;
-  /** Rank 0's traced peak. */
+  /** Rank 0's traced peak (the steady step's in training): what its tensors hold. */
   peakBytes: number | null;
+  /** What rank 0's GPU holds at that peak (`nvidia-smi`): the caching allocator's reserve, the
+   * CUDA context, NCCL's buffers; what `fits` holds against the budget. Null from an older
+   * kernel (then the peak stands for it). */
+  deviceBytes: number | null;
   fits: boolean;
   stepS: number | null;
   mfu: number | null;

@@ -4,6 +4,7 @@
  */
 import { describe, expect, it } from "vitest";
 import { decodePayload } from "./decode";
+import { formatBytes } from "./format";
 import { Header } from "./header";
 import type { Analysis } from "./protocol";
 import { decodeTime, formatPercent, formatSeconds, stepText, stepTitle } from "./timing";
@@ -85,6 +86,22 @@ describe("the step time in the header", () => {
     header.render(a, undefined, { label: "params", bytes: 0 });
     expect(header.el.textContent).toContain("step0.67 s · MFU 31% on <b>H100</b>");
     expect(header.el.querySelector("b")).toBeNull();
+  });
+
+  it("shows what the GPU holds beside the peak, with what its parts are, and not without a time", () => {
+    const a = decodePayload(get("gpt2-tiny.training.json")) as Analysis;
+    const m = a.memory;
+    expect(m.deviceBytes).toBeGreaterThan(m.reservedBytes);
+    expect(m.reservedBytes).toBeGreaterThanOrEqual(a.totals.peak_bytes);
+    const header = new Header();
+    header.render(a, undefined, { label: "params", bytes: 0 });
+    const item = [...header.el.querySelectorAll<HTMLElement>("[title]")].find((e) => e.textContent!.startsWith("on the H100"))!;
+    expect(item.textContent).toBe(`on the H100${formatBytes(m.deviceBytes)}`);
+    expect(item.title).toContain(`caching allocator reserved ${formatBytes(m.reservedBytes)}`);
+    expect(item.title).toContain(`${formatBytes(m.deviceBytes - m.reservedBytes)} outside it (the CUDA context`);
+    delete a.time;
+    header.render(a, undefined, { label: "params", bytes: 0 });
+    expect(header.el.textContent).not.toContain("on the H100");
   });
 
   it("shows no step without a time", () => {

@@ -149,6 +149,17 @@ class Analysis:
         return self.memory.peak_bytes
 
     @property
+    def footprint_bytes(self) -> int:
+        """The bytes a memory budget is held against (``plan``'s ``fits``, ``max_fit``,
+        ``plan_checkpointing``). With ``gpu=`` named, what that GPU would hold at the peak, as
+        ``nvidia-smi`` shows it: ``memory.device_bytes`` (the caching allocator's reserve, the
+        CUDA context, NCCL's buffers). Without ``gpu=``, or with ``device="cpu"`` (no caching
+        allocator, no context), the tensors' peak: ``peak_bytes``."""
+        m = self.memory
+        on_gpu = self.options.gpu is not None and not str(self.options.device).startswith("cpu")
+        return m.device_bytes if on_gpu and m.device_bytes > 0 else m.peak_bytes
+
+    @property
     def depth(self) -> int:
         """How deep ``summary()`` and the widget open (``analyze``'s ``depth``, default 3)."""
         return DEFAULT_DEPTH if self.options.depth is None else self.options.depth

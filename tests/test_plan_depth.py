@@ -25,7 +25,7 @@ SPACE: dict[str, Any] = dict(
     devices=8,
     layouts=[{"replicate": 2, "fsdp": 2, "tp": 2}],
     micro_batches=[2],
-    budget="16MiB",
+    budget="2GiB",
 )
 
 

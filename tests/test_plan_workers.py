@@ -29,7 +29,7 @@ SPACE: dict[str, Any] = dict(
     layouts=[{"fsdp": 4}, {"fsdp": 2, "tp": 2}, {"tp": 4}],
     precisions=["as given", "param_dtype bf16"],
     micro_batches=[1],
-    budget="3MiB",
+    budget="1GiB",
 )
 SIZE = (2, 32)
 

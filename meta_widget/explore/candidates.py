@@ -30,6 +30,7 @@ COLUMNS = (
     "precision",
     "micro_batches",
     "peak_bytes",
+    "device_bytes",
     "fits",
     "step_s",
     "mfu",
@@ -58,9 +59,16 @@ class Candidate:
     micro_batches
         Forward and backward passes per optimizer step.
     peak_bytes
-        Rank 0's traced peak; None when the candidate could not be traced.
+        Rank 0's traced peak (the steady step's in training): what its tensors hold; None when
+        the candidate could not be traced.
+    device_bytes
+        What rank 0's GPU holds at that peak, as ``nvidia-smi`` shows it
+        (``MemoryReport.device_bytes``: the caching allocator's reserve, the CUDA context,
+        NCCL's buffers). By the per-layer rule, the peak plus the caching allocator's overhead
+        at the same share of the peak as in the 4-layer trace (an estimate: the rule extends
+        the bytes of events, not the allocator's blocks), plus the context and NCCL's buffers.
     fits
-        ``peak_bytes <= budget`` (False when not traced).
+        ``device_bytes <= budget`` (False when not traced).
     step_s, mfu, tokens_per_s, samples_per_s
         ``analysis.time``'s; None when not traced (``tokens_per_s`` also for inputs that are
         not tokens).
@@ -82,6 +90,7 @@ class Candidate:
     precision: str
     micro_batches: int
     peak_bytes: int | None = None
+    device_bytes: int | None = None
     fits: bool = False
     step_s: float | None = None
     mfu: float | None = None

@@ -98,7 +98,12 @@ class CheckpointPlan:
         A Python snippet applying exactly this plan to ``model`` with PyTorch's
         ``apply_activation_checkpointing`` (see :func:`checkpoint_code`).
     budget
-        The budget in bytes.
+        The budget in bytes, as given.
+    held_back_bytes
+        With ``gpu=``: the bytes of the budget held back for what the GPU holds beside the
+        tensors (``Analysis.footprint_bytes - peak_bytes`` with nothing checkpointed: the
+        caching allocator's reserve around the peak, the CUDA context); the traced peaks are
+        held against the rest. 0 without ``gpu=``.
     baseline_peak_bytes
         The traced peak with nothing checkpointed.
     candidates
@@ -117,6 +122,7 @@ class CheckpointPlan:
     baseline_peak_bytes: int
     candidates: list[str] = field(default_factory=list)
     history: list[Traced] = field(default_factory=list)
+    held_back_bytes: int = 0
 
     @property
     def traces(self) -> int:
@@ -125,9 +131,10 @@ class CheckpointPlan:
 
     def __repr__(self) -> str:
         seconds = f" ({self.recompute_s * 1e3:.3g} ms)" if self.recompute_s is not None else ""
+        held = f" + {format_bytes(self.held_back_bytes)} held back" if self.held_back_bytes else ""
         return (
             f"<CheckpointPlan {len(self.modules)} of {len(self.candidates)} modules: "
-            f"{format_bytes(self.peak_bytes)} of {format_bytes(self.budget)} (was "
+            f"{format_bytes(self.peak_bytes)}{held} of {format_bytes(self.budget)} (was "
             f"{format_bytes(self.baseline_peak_bytes)}), recomputes "
             f"{format_flops(self.recompute_flops)}{seconds}; {self.traces} traces>"
         )
@@ -171,7 +178,9 @@ def plan_checkpointing(
         ``analyze``'s options (``optimizer``, ``param_dtype``, ``micro_batches``,
         ``parallel``...); ``mode`` is ``"training"``. With ``gpu=`` the search minimizes the
         recomputation's seconds on that accelerator (``CheckpointPlan.recompute_s``), else its
-        FLOPs.
+        FLOPs, and the bytes the GPU holds beside the tensors (the caching allocator's reserve
+        around the peak, the CUDA context, with nothing checkpointed) are held back from the
+        budget (``CheckpointPlan.held_back_bytes``).
 
     Returns
     -------
@@ -190,12 +199,14 @@ def plan_checkpointing(
     """
     limit = check_budget(budget)
     _check_options(analyze_options, max_iterations)
+    base = analyze(model, input_size, input_data=input_data, **analyze_options)
+    # with gpu=: the caching allocator's reserve around the peak and the CUDA context, as with
+    # nothing checkpointed, are held back; the search compares traced peaks, whose savings add
+    held_back = base.footprint_bytes - base.peak_bytes if base.error is None else 0
     search = _Search(
-        analyze(model, input_size, input_data=input_data, **analyze_options),
-        limit,
-        progress_function(progress, "plan_checkpointing"),
+        base, limit - held_back, progress_function(progress, "plan_checkpointing"), held_back
     )
-    if search.base.peak_bytes <= limit:
+    if search.base.peak_bytes <= search.budget:
         return search.plan(())
     search.start(_candidates(search.base, candidates))
     search.solve(max_iterations)
@@ -256,10 +267,13 @@ class _Search:
     """The traces of one search: the step with nothing checkpointed, then plans by their
     modules (each traced once)."""
 
-    def __init__(self, base: Analysis, budget: int, report: ProgressFn | None) -> None:
+    def __init__(
+        self, base: Analysis, budget: int, report: ProgressFn | None, held_back: int = 0
+    ) -> None:
         _check_traced(base, ())
         self.base = base
-        self.budget = budget
+        self.budget = budget  # for the traced peaks: the user's budget less ``held_back``
+        self.held_back = held_back
         self.report = report
         self.candidates: list[str] = []
         self.traced: dict[tuple[str, ...], tuple[Traced, Analysis]] = {}
@@ -294,7 +308,7 @@ class _Search:
         self.candidates = candidates
         every = self.trace(self._outermost(candidates))
         if every.peak_bytes > self.budget:
-            raise _nothing_fits(self.base, every, self.budget, len(candidates))
+            raise _nothing_fits(self.base, every, self.budget, len(candidates), self.held_back)
         singles = [self.trace([p]) for p in candidates]
         self.saving = np.array([self.base.peak_bytes - t.peak_bytes for t in singles], float)
         self.cost = np.array([max(self._cost(t), 0) for t in singles], float)
@@ -325,7 +339,8 @@ class _Search:
             recompute_s=traced.recompute_s,
             analysis=analysis,
             code=checkpoint_code(modules, traced.peak_bytes, self.budget),
-            budget=self.budget,
+            budget=self.budget + self.held_back,
+            held_back_bytes=self.held_back,
             baseline_peak_bytes=self.base.peak_bytes,
             candidates=list(self.candidates),
             history=list(self.history),
@@ -431,12 +446,21 @@ def _check_traced(a: Analysis, modules: Sequence[str]) -> None:
         )
 
 
-def _nothing_fits(base: Analysis, every: Traced, budget: int, count: int) -> NothingFitsError:
+def _nothing_fits(
+    base: Analysis, every: Traced, budget: int, count: int, held_back: int
+) -> NothingFitsError:
     smallest = min(every.peak_bytes, base.peak_bytes)
+    held = (
+        f" once {format_bytes(held_back)} are held back for the caching allocator's reserve "
+        "and the CUDA context (gpu=)"
+        if held_back
+        else ""
+    )
     return NothingFitsError(
         f"plan_checkpointing: even with all {count} candidate modules checkpointed, the training "
         f"step of {base.title} needs {format_bytes(smallest)} ({smallest:,} bytes, the smallest "
-        f"traced peak), more than the budget of {format_bytes(budget)} ({budget:,} bytes); with "
+        f"traced peak), more than the budget of {format_bytes(budget)} ({budget:,} bytes)"
+        f"{held}; with "
         f"nothing checkpointed it needs {format_bytes(base.peak_bytes)}. Try a larger budget, "
         "a smaller batch or sequence, autocast / param_dtype, micro_batches, or "
         "parallel={'fsdp': N}."

@@ -69,6 +69,12 @@ class Sample:
     recompute_flops: int = 0
     #: the event index where each training step begins (``MemoryReport.steps``)
     steps: tuple[int, ...] = (0,)
+    #: ``MemoryReport``'s peak, the caching allocator's reserved peak and the cuBLAS
+    #: workspaces in it, and ``Analysis.footprint_bytes``
+    peak_bytes: int = 0
+    reserved_bytes: int = 0
+    workspace_bytes: int = 0
+    device_bytes: int = 0
 
 
 def depth_of(model: Any) -> int | None:
@@ -133,7 +139,8 @@ def sample(a: Analysis, layers: int) -> Sample:
     recomputed = sum(c.recompute_self_flops for c in a.calls)
     return Sample(
         layers, tuple(events), base, costs, comms, int(a.total_flops), tokens, samples,
-        recomputed, tuple(report.steps),
+        recomputed, tuple(report.steps), report.peak_bytes, report.reserved_bytes,
+        report.workspace_bytes, a.footprint_bytes,
     )  # fmt: skip
 
 
@@ -143,6 +150,8 @@ class Extended:
 
     peak_bytes: int
     time: StepTime
+    #: what the GPU holds at the peak (``Candidate.device_bytes``: an estimate by the rule)
+    device_bytes: int
 
 
 def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int) -> Extended | None:
@@ -187,7 +196,20 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     batch = None if three.samples is None else three.samples // dp
     flops = totals["flops"]
     time = step_time([call], outside, records, gpu, flops, tokens, batch, data_parallel=dp)
-    return Extended(peak, time)
+    return Extended(peak, time, _device_bytes(peak, four))
+
+
+def _device_bytes(peak: int, deepest: Sample) -> int:
+    """What the GPU holds at the full depth's ``peak``: the caching allocator's rounding and
+    cached blocks at the share of the peak they have in the deepest trace (the rule extends
+    events' bytes, not the allocator's blocks, which it cannot replay), and that trace's bytes
+    that do not grow with depth: cuBLAS's workspaces, the CUDA context, NCCL's buffers. Without
+    ``gpu=`` (no reserve held against the budget): the peak."""
+    if deepest.reserved_bytes <= 0 or deepest.device_bytes <= deepest.peak_bytes:
+        return peak
+    cached = deepest.reserved_bytes - deepest.workspace_bytes - deepest.peak_bytes
+    fixed = deepest.device_bytes - deepest.reserved_bytes + deepest.workspace_bytes
+    return peak + round(peak * max(cached, 0) / max(deepest.peak_bytes, 1)) + fixed
 
 
 def _phases(samples: Sequence[Sample]) -> list[str]:

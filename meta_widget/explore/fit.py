@@ -53,7 +53,8 @@ class Fit:
     #: the varied name (``"batch"`` or ``"seq"``...) and the largest size that fits
     vary: str
     size: int
-    #: the bytes compared with the budget at ``size`` (the peak, or the per-device estimate)
+    #: the bytes compared with the budget at ``size``: ``Analysis.footprint_bytes`` (with
+    #: ``gpu=``, what the GPU holds; else the peak), or the per-device estimate
     peak_bytes: int
     #: the analysis at ``size``
     analysis: Analysis
@@ -135,6 +136,9 @@ def max_fit(
         ``analyze``'s options (``mode``, ``device``, ``optimizer``, ``dtypes``...). With
         ``mode="generate", new_tokens=N``: the most concurrent sequences (``vary="batch"``) or
         the longest prompt (``vary="seq"``) whose whole ``generate()`` peaks within the budget.
+        With ``gpu=``, the budget is held against what that GPU holds at the peak
+        (``Analysis.footprint_bytes``: the caching allocator's reserve, the CUDA context),
+        without it against the traced peak.
 
     Raises
     ------
@@ -267,9 +271,10 @@ def _check_limit(limit: Any) -> None:
 
 
 def _measure(devices: int | None, strategy: str | None) -> Callable[[Analysis], int]:
-    """The bytes compared with the budget: the peak, or the per-device estimate."""
+    """The bytes compared with the budget: ``Analysis.footprint_bytes`` (with ``gpu=``, what
+    the GPU holds; else the peak), or the per-device estimate."""
     if devices is None and strategy is None:
-        return lambda a: a.peak_bytes
+        return lambda a: a.footprint_bytes
     if devices is None or strategy is None:
         raise OptionError(
             "devices and strategy go together: e.g. devices=8, strategy='zero3' (or neither, "

@@ -114,7 +114,8 @@ class Plan:
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per candidate: ``replicate``, ``fsdp``, ``tp``, ``activation_checkpointing``,
-        ``precision``, ``micro_batches``, ``peak_bytes``, ``fits``, ``step_s``, ``mfu``,
+        ``precision``, ``micro_batches``, ``peak_bytes``, ``device_bytes`` (what the GPU
+        holds, held against the budget), ``fits``, ``step_s``, ``mfu``,
         ``tokens_per_s``, ``samples_per_s``, ``error``."""
         return pd.DataFrame([c.row() for c in self.candidates], columns=list(COLUMNS))
 
@@ -138,7 +139,8 @@ class Plan:
             return head + ">"
         b = self.best
         return (
-            f"{head}; best {_label(b)}: {format_bytes(b.peak_bytes or 0)}, step {b.step_s:.4g} s>"
+            f"{head}; best {_label(b)}: {format_bytes(b.device_bytes or 0)} on the GPU (peak "
+            f"{format_bytes(b.peak_bytes or 0)}), step {b.step_s:.4g} s>"
         )
 
 
@@ -390,7 +392,7 @@ def _trace(
         return
     try:
         if layers is not None and _by_rule(c, run, layers, gpu):
-            c.fits = c.peak_bytes is not None and c.peak_bytes <= budget
+            c.fits = c.device_bytes is not None and c.device_bytes <= budget
             return
         c._analysis = run(c.options())
     except (OptionError, ParallelError) as e:
@@ -402,8 +404,8 @@ def _trace(
     if a.error is not None:
         c.error = f"{a.error.type}: {a.error.message}"
         return
-    c.peak_bytes = int(a.peak_bytes)
-    c.fits = c.peak_bytes <= budget
+    c.peak_bytes, c.device_bytes = int(a.peak_bytes), int(a.footprint_bytes)
+    c.fits = c.device_bytes <= budget
     if a.time is not None:
         _set_time(c, a.time)
 
@@ -426,7 +428,7 @@ def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) 
     full = extend(samples, layers, gpu, c.replicate * c.fsdp)
     if full is None:
         return False
-    c.peak_bytes, c.traced_layers = full.peak_bytes, DEPTHS
+    c.peak_bytes, c.device_bytes, c.traced_layers = full.peak_bytes, full.device_bytes, DEPTHS
     c._trace_full = lambda: run(options)
     _set_time(c, full.time)
     return True
@@ -477,10 +479,12 @@ def _label(c: Candidate) -> str:
 
 
 def _nothing_fits(p: Plan) -> NothingFitsError:
-    peaks = [c.peak_bytes for c in p.candidates if c.peak_bytes is not None]
+    held = [(c.device_bytes, c.peak_bytes) for c in p.candidates if c.device_bytes is not None]
+    least, peak = min(held) if held else (0, 0)
     smallest = (
-        f"the smallest traced peak is {format_bytes(min(peaks))} ({min(peaks):,} bytes)"
-        if peaks
+        f"the least any holds on the GPU is {format_bytes(least)} ({least:,} bytes: a peak of "
+        f"{format_bytes(peak or 0)}, the caching allocator's reserve around it, the CUDA context)"
+        if held
         else "no candidate could be traced (see Plan.to_dataframe()['error'])"
     )
     return NothingFitsError(

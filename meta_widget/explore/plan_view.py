@@ -64,6 +64,7 @@ def _candidate(index: int, c: Candidate) -> dict[str, Any]:
         "precision": c.precision,
         "microBatches": c.micro_batches,
         "peakBytes": c.peak_bytes,
+        "deviceBytes": c.device_bytes,
         "fits": c.fits,
         "stepS": c.step_s,
         "mfu": c.mfu,

@@ -105,6 +105,8 @@ class MemoryReport:
     #: and reuse with its default settings, plus the cuBLAS workspaces it allocates
     #: (``meta_widget.memory.allocator``); never below ``peak_bytes``
     reserved_bytes: int = 0
+    #: the part of ``reserved_bytes`` that is cuBLAS's workspaces (one per thread running GEMMs)
+    workspace_bytes: int = 0
     #: what the process holds on the GPU at that peak, as ``nvidia-smi`` shows it:
     #: ``reserved_bytes`` + the CUDA context + NCCL's buffers in a parallel trace
     #: (``meta_widget.memory.device.OVERHEADS``, each figure with its source)
@@ -352,6 +354,7 @@ def device_memory(
     allocations = trace.allocations if trace is not None else []
     extra = workspaces(trace.events, cublas_workspace_bytes()) if trace is not None else []
     report.reserved_bytes = replay(allocations, initial, extra=extra).peak_bytes
+    report.workspace_bytes = sum(n for _, n in extra)
     report.device_bytes = device_bytes(report.reserved_bytes, communicators(tree, allocations))
     return report
 

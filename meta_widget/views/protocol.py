@@ -61,6 +61,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "memory": {"categories": {name: bytes},   # live at the peak; they add up to peak_bytes
                  "phases": {phase: first timeline index}, "peak_phase": str | null,
                  "peak_step": 1 | 2 | null, "first_step_peak_bytes": int,   # 2: steady
+                 "reserved_bytes", "device_bytes",   # the caching allocator's reserve; what
+                                                     # the GPU holds (nvidia-smi); 0: not traced
                  "gradient_bytes", "optimizer_state_bytes", "optimizer_host_bytes",
                  "what_if": {"fp32" | "bf16" | "fp16" | "int8" | "int4":   # the switch
                              {category: bytes, "total", "activation_scale"}},
@@ -431,6 +433,8 @@ def encode_analysis(a: Analyzed) -> dict[str, Any]:
         "peak_phase": mem.peak_phase,
         "peak_step": mem.peak_step,
         "first_step_peak_bytes": mem.first_step_peak_bytes,
+        "reserved_bytes": mem.reserved_bytes,
+        "device_bytes": mem.device_bytes,
         "gradient_bytes": mem.gradient_bytes,
         "optimizer_state_bytes": mem.optimizer_state_bytes,
         "optimizer_host_bytes": mem.optimizer_host_bytes,

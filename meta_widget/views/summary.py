@@ -271,6 +271,16 @@ def totals_lines(analysis: Analyzed) -> list[str]:
             else (", step 1 of 2" if mem.peak_step == 1 else "")
         )
         out.append(f"Peak ({mem.peak_phase}{step}) = {cats}")
+        time = getattr(analysis, "time", None)
+        if time is not None and mem.device_bytes > mem.reserved_bytes > 0:
+            out.append(
+                f"On the {time.gpu.name}: {format_bytes(mem.device_bytes)} as nvidia-smi would "
+                "show it (what plan and max_fit hold against a budget) = PyTorch's caching "
+                f"allocator reserved {format_bytes(mem.reserved_bytes)} (the peak's tensors in its "
+                f"rounded blocks and segments, cuBLAS workspaces) + "
+                f"{format_bytes(mem.device_bytes - mem.reserved_bytes)} outside it (the CUDA "
+                "context; NCCL's buffers under parallel=)"
+            )
     if analysis.traced and analysis.mode == "training":
         out.append(
             f"After the step: gradients {format_bytes(mem.gradient_bytes)} · optimizer state "
