@@ -63,12 +63,13 @@ class Candidate:
         the candidate could not be traced.
     device_bytes
         What rank 0's GPU holds at that peak, as ``nvidia-smi`` shows it
-        (``MemoryReport.device_bytes``: the caching allocator's reserve, the CUDA context,
-        NCCL's buffers). By the per-layer rule, the peak plus the caching allocator's overhead
-        at the same share of the peak as in the 4-layer trace (an estimate: the rule extends
-        the bytes of events, not the allocator's blocks), plus the context and NCCL's buffers.
+        (``Analysis.footprint_bytes``: the caching allocator's reserve, the CUDA context,
+        NCCL's buffers). By the per-layer rule, which only decides that a candidate cannot fit,
+        the least it holds: the peak, cuBLAS's workspaces, the context and NCCL's buffers (the
+        allocator's cached blocks come on top; ``meta_widget.explore.depth.least_device_bytes``).
     fits
-        ``device_bytes <= budget`` (False when not traced).
+        ``device_bytes <= budget`` (False when not traced). A candidate that may fit is traced
+        at full depth, so that the caching allocator's reserve is replayed exactly.
     step_s, mfu, tokens_per_s, samples_per_s
         ``analysis.time``'s; None when not traced (``tokens_per_s`` also for inputs that are
         not tokens).

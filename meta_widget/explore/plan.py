@@ -384,16 +384,20 @@ def _trace(
     layers: int | None,
     gpu: GPU,
 ) -> None:
-    """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given and the traces
-    follow it, else from a full-depth trace; or record why its layout was refused (a layout
-    ``refused`` already is not traced again, in this process or in a child)."""
+    """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given, the traces
+    follow it and the least the candidate holds on the GPU is over ``budget`` (it cannot fit),
+    else from a full-depth trace (whose caching allocator's reserve decides whether it fits);
+    or record why its layout was refused (a layout ``refused`` already is not traced again, in
+    this process or in a child)."""
     if c.layout in refused:
         c.error = refused[c.layout]
         return
     try:
         if layers is not None and _by_rule(c, run, layers, gpu):
-            c.fits = c.device_bytes is not None and c.device_bytes <= budget
-            return
+            if c.error is not None or (c.device_bytes or 0) > budget:
+                return  # failed, or cannot fit: its least bytes on the GPU are over the budget
+            # it may fit: the caching allocator's reserve decides, replayed at full depth
+            c.traced_layers, c._trace_full = (), None
         c._analysis = run(c.options())
     except (OptionError, ParallelError) as e:
         if not _is_layout(e):
@@ -428,7 +432,8 @@ def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) 
     full = extend(samples, layers, gpu, c.replicate * c.fsdp)
     if full is None:
         return False
-    c.peak_bytes, c.device_bytes, c.traced_layers = full.peak_bytes, full.device_bytes, DEPTHS
+    c.peak_bytes, c.device_bytes = full.peak_bytes, full.least_device_bytes
+    c.traced_layers = DEPTHS
     c._trace_full = lambda: run(options)
     _set_time(c, full.time)
     return True
