@@ -1,0 +1,246 @@
+"""Reproduce every published measurement of ``measurements.toml`` with ``mw.analyze`` on the CPU
+and print predicted / measured (issue 37's calibration set).
+
+    python benchmarks/published/calibrate.py            # every row: ratios, median and worst
+    python benchmarks/published/calibrate.py --kind serving
+
+Each ratio is the predicted *time* over the measured one (a rate's ratio is measured over
+predicted): above 1 the model is too slow, below 1 too fast. A training step or a decode step is
+traced at 2 and 3 decoder layers and taken to the model's depth by the per-layer rule ``plan``
+uses (``meta_widget.explore.depth``): each further layer adds what the third added. A GEMM, an
+attention call and a collective are timed alone (the last with ``collective_seconds``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+import torch
+import transformers
+from torch import nn
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's meta_widget
+
+import meta_widget as mw
+from meta_widget.timing.gpus import resolve_gpu
+from meta_widget.timing.model import collective_seconds
+
+TABLE = Path(__file__).with_name("measurements.toml")
+KINDS = ("training", "kernel", "serving")
+DEPTHS = (2, 3)
+
+
+def rows(path: Path = TABLE) -> list[dict[str, Any]]:
+    """The table's rows, as the TOML file holds them."""
+    with path.open("rb") as f:
+        return list(tomllib.load(f)["row"])
+
+
+@dataclass(frozen=True)
+class Result:
+    id: str
+    kind: str
+    predicted_s: float
+    measured_s: float
+    defines: str = ""
+
+    @property
+    def ratio(self) -> float:
+        """Predicted time over measured time."""
+        return self.predicted_s / self.measured_s
+
+
+def _config(run: dict[str, Any], layers: int) -> Any:
+    transformers.logging.set_verbosity_error()
+    d, heads = run["d"], run["heads"]
+    if run.get("model") == "mpt":  # MPT's widths as a GPT-NeoX (MPT itself runs eager attention)
+        return transformers.GPTNeoXConfig(
+            vocab_size=50368, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=4 * d, hidden_act="gelu", use_parallel_residual=False,
+            max_position_embeddings=run.get("seq", 2048), use_cache=False,
+            tie_word_embeddings=True,
+        )  # fmt: skip
+    return transformers.LlamaConfig(
+        hidden_size=d, intermediate_size=run["ffn"], num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=run.get("kv_heads", heads),
+        vocab_size=run["vocab"], max_position_embeddings=max(run.get("seq", 0), 8192),
+        use_cache=run["type"] != "train", architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+
+
+def _by_depth(run: dict[str, Any], measure: Callable[[int], float]) -> float:
+    """``measure`` at the row's depth from its values at 2 and 3 layers."""
+    two, three = (measure(n) for n in DEPTHS)
+    return two + (run["layers"] - DEPTHS[0]) * (three - two)
+
+
+def _parallel(run: dict[str, Any]) -> dict[str, int] | None:
+    layout = {k: run[k] for k in ("fsdp", "tp") if run.get(k, 1) > 1}
+    return layout or None
+
+
+def _train(run: dict[str, Any]) -> float:
+    checkpointing = run.get("checkpointing", False)
+
+    def step(layers: int) -> float:
+        a = mw.analyze(
+            _config(run, layers), input_size=(run["batch"], run["seq"]), mode="training",
+            autocast=torch.bfloat16, device="cuda", activation_checkpointing=checkpointing,
+            parallel=_parallel(run), gpu=run["gpu"],
+        )  # fmt: skip
+        assert a.error is None and a.time is not None, a.error
+        return a.time.step_s
+
+    return _by_depth(run, step)
+
+
+def _decode(run: dict[str, Any]) -> float:
+    def per_token(layers: int) -> float:
+        a = mw.analyze(
+            _config(run, layers), input_size=(run["batch"], run["prompt"]), dtypes="long",
+            param_dtype="bfloat16", mode="generate", new_tokens=run["new_tokens"],
+            parallel=_parallel(run), device="cuda", gpu=run["gpu"],
+        )  # fmt: skip
+        assert a.error is None and a.time is not None and a.time.per_token_s, a.error
+        return a.time.per_token_s
+
+    return _by_depth(run, per_token)
+
+
+class _Matmul(nn.Module):
+    def __init__(self, k: int, n: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(k, n, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+def _gemm(run: dict[str, Any]) -> float:
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+    m, n, k = run["m"], run["n"], run["k"]
+    if run["dtype"] == "fp8":  # no meta matmul of float8: its cost, at the FP8 peak
+        from meta_widget.timing.model import op_seconds
+
+        cost = ("fp8", 2 * m * n * k, m * k + k * n + 2 * m * n)
+        return op_seconds(cost, resolve_gpu(run["gpu"]))[0]
+    with torch.device("meta"):
+        model = _Matmul(k, n, dtype[run["dtype"]])
+        x = torch.empty(m, k, dtype=dtype[run["dtype"]])
+    a = mw.analyze(model, input_data=x, gpu=run["gpu"])
+    assert a.time is not None
+    return a.time.forward_s
+
+
+class _Attention(nn.Module):
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+def _attention(run: dict[str, Any]) -> float:
+    shape = (run["batch"], run["heads"], run["seq"], run["head_dim"])
+    q, k, v = (torch.empty(shape, dtype=torch.bfloat16, device="meta") for _ in range(3))
+    a = mw.analyze(_Attention(run["causal"]), input_data=(q, k, v), device="cuda", gpu=run["gpu"])
+    assert a.time is not None
+    return a.time.forward_s
+
+
+@dataclass(frozen=True)
+class _Comm:
+    collective: str
+    bytes: int
+    group: str
+    group_size: int
+    module: str = ""
+    phase: str = "backward"
+
+
+#: nccl-tests' bus bandwidth: the bytes a rank moves per byte of the whole tensor
+_BUS = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p}
+
+
+def _collective(run: dict[str, Any]) -> float:
+    comm = _Comm(run["collective"], run["bytes"], "fsdp", run["ranks"])
+    return collective_seconds(comm, resolve_gpu(run["gpu"]))
+
+
+def measured_seconds(row: dict[str, Any]) -> float:
+    """The measured time of the row's work, from its published figure."""
+    run, value = row["run"], float(row["measured"])
+    kind = run["type"]
+    if kind == "train":
+        return run["batch"] * run["seq"] / value  # tokens/s per GPU -> one rank's step
+    if kind == "decode":
+        return run["batch"] / value  # tokens/s at batch b -> one decode step
+    if kind == "gemm":
+        return 2 * run["m"] * run["n"] * run["k"] / (value * 1e12)
+    if kind == "attention":
+        b, h, s, d = run["batch"], run["heads"], run["seq"], run["head_dim"]
+        flops = 4 * b * h * s * s * d // (2 if run["causal"] else 1)  # FA papers' count
+        return flops / (value * 1e12)
+    if kind == "collective":
+        p = run["ranks"]
+        return run["bytes"] * _BUS[run["collective"]](p) / (value * 1e9)
+    raise ValueError(f"{row['id']}: unknown run type {kind!r}")
+
+
+_PREDICT: dict[str, Callable[[dict[str, Any]], float]] = {
+    "train": _train,
+    "decode": _decode,
+    "gemm": _gemm,
+    "attention": _attention,
+    "collective": _collective,
+}
+
+
+def reproduce(row: dict[str, Any]) -> Result:
+    """The row's predicted and measured times."""
+    predicted = _PREDICT[row["run"]["type"]](row["run"])
+    return Result(row["id"], row["kind"], predicted, measured_seconds(row), row.get("defines", ""))
+
+
+def summary(results: Iterable[Result]) -> dict[str, tuple[float, float, int]]:
+    """Per kind: (median |ratio - 1|, worst |ratio - 1|, rows)."""
+    out = {}
+    for kind in KINDS:
+        errors = [abs(r.ratio - 1) for r in results if r.kind == kind]
+        if errors:
+            out[kind] = (statistics.median(errors), max(errors), len(errors))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=KINDS)
+    args = parser.parse_args(argv)
+    results = []
+    print(f"{'row':<36} {'kind':<9} {'predicted':>11} {'measured':>11} {'ratio':>6}")
+    for row in rows():
+        if args.kind and row["kind"] != args.kind:
+            continue
+        r = reproduce(row)
+        results.append(r)
+        mark = "  (defines " + r.defines + ")" if r.defines else ""
+        print(
+            f"{r.id:<36} {r.kind:<9} {r.predicted_s * 1e3:>9.3f}ms {r.measured_s * 1e3:>9.3f}ms "
+            f"{r.ratio:>6.2f}{mark}"
+        )
+    for kind, (median, worst, n) in summary(results).items():
+        print(f"{kind:<9} rows {n:>2}: median |ratio-1| {median:6.1%}, worst {worst:6.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
