@@ -84,7 +84,9 @@ class Analysis:
     seconds: float
     orphan_ops: dict[str, int] = field(default_factory=dict)
     #: the costs of ops outside any module call, by phase (``meta_widget.trace.costs``)
-    orphan_costs: dict[str, dict[tuple[str, int, int], int]] = field(default_factory=dict)
+    orphan_costs: dict[str, dict[tuple[str, int, int, tuple[Any, ...]], int]] = field(
+        default_factory=dict
+    )
     #: where the trace assumed a value it did not have (see ``meta_widget.trace.assume``)
     assumptions: list[Assumption] = field(default_factory=list)
     #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
@@ -433,6 +435,7 @@ def analyze(
     micro_batches: int = 1,
     parallel: Mapping[str, Any] | None = None,
     gpu: str | GPU | None = None,
+    launch: str | None = None,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
     fast: bool = True,
     new_tokens: int | None = None,
@@ -549,6 +552,11 @@ def analyze(
         (without, with the recomputation), ``tokens_per_s``) and per module ``time_s``, ``bound``,
         computed from the trace's records by the model of ``docs/speed-model.md`` (nothing is
         traced again for it). An unknown name is an ``OptionError`` listing the known ones.
+    launch
+        How the timed step launches its kernels: ``"eager"`` (PyTorch's default: no op takes
+        less than the host's ~5 us per op) or ``"graphs"`` (CUDA graphs replayed, as servers
+        and ``torch.compile(mode="reduce-overhead")`` run: no launch cost). Default: ``"graphs"``
+        with ``mode="generate"``, ``"eager"`` otherwise; ``Analysis.time.launch`` says which.
     listeners
         A list of functions, each called with every :class:`CallRecord` as it completes.
     fast

@@ -20,8 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "published"))
 import calibrate  # noqa: E402
 
-#: per kind: (median |ratio - 1|, worst |ratio - 1|) the model stays within today
-BOUNDS = {"training": (0.25, 0.70), "kernel": (0.36, 1.30), "serving": (0.25, 0.30)}
+#: per kind, over the rows no constant of ``meta_widget.timing.efficiency`` comes from: (median
+#: |ratio - 1|, worst |ratio - 1|) the model stays within today. Training on H100 is predicted
+#: 25-33 % too fast (A100 within 5 %); the one kernel past 25 % is a pair of H100 PCIe cards
+#: joined by an NVLink bridge, which mw.gpus() does not describe (docs/speed-model.md).
+BOUNDS = {"training": (0.28, 0.34), "kernel": (0.05, 1.20), "serving": (0.12, 0.12)}
+#: the rows a constant comes from reproduce it (the constant is read as published)
+DEFINING = 0.011
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +58,13 @@ def test_the_table_has_what_issue_37_asks_for() -> None:
 def test_every_row_is_reproduced_and_within_todays_spread(
     results: list[calibrate.Result],
 ) -> None:
-    spread = calibrate.summary(results)
+    spread = calibrate.summary(results, checked=True)
     for kind, (median, worst, n) in spread.items():
         print(f"{kind}: {n} rows, median |ratio-1| {median:.1%}, worst {worst:.1%}")
     assert set(spread) == set(calibrate.KINDS)
+    for r in results:
+        if r.defines:
+            assert abs(r.ratio - 1) <= DEFINING, (r.id, r.defines, r.ratio)
     for kind, (median, worst, _) in spread.items():
         most_median, most_worst = BOUNDS[kind]
         assert median <= most_median, (kind, median)
