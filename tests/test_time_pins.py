@@ -59,9 +59,7 @@ def _matmul_s(m: int, n: int, k: int, gpu: str = "H100", dtype: torch.dtype = to
 def test_a_compute_bound_matmul_runs_at_the_measured_best_gemm_rate() -> None:
     # 2048 x 4096: 512 tiles, 4 waves of 132 SMs (528 slots)
     flops = 2 * 2048 * 4096 * 4096
-    assert _matmul_s(2048, 4096, 4096) == pytest.approx(
-        flops / (BEST_H100 * 512 / 528), rel=1e-9
-    )
+    assert _matmul_s(2048, 4096, 4096) == pytest.approx(flops / (BEST_H100 * 512 / 528), rel=1e-9)
     # the best shape itself runs at the published rate
     assert _matmul_s(2048, 2048, 13312) == pytest.approx(
         2 * 2048 * 2048 * 13312 / MAMF_H100, rel=1e-9
