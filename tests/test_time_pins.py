@@ -47,7 +47,9 @@ def flops_of(model: nn.Module, *inputs: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
-def _matmul_s(m: int, n: int, k: int, gpu: str = "H100", dtype: torch.dtype = torch.bfloat16):
+def _matmul_s(
+    m: int, n: int, k: int, gpu: str | mw.GPU = "H100", dtype: torch.dtype = torch.bfloat16
+) -> float:
     with torch.device("meta"):
         model = nn.Linear(k, n, bias=False, dtype=dtype)
         x = torch.empty(m, k, dtype=dtype)
@@ -80,6 +82,20 @@ def test_a_matmul_pays_for_its_partly_filled_tiles() -> None:
     assert _matmul_s(320, 4096, 16384) == pytest.approx(
         2 * 320 * 4096 * 16384 / (BEST_H100 * 320 / 384), rel=1e-9
     )
+
+
+def test_a_gpu_of_your_own_has_no_waves_unless_given_its_sms() -> None:
+    # no GEMM figure for a GPU of your own: the fallback fraction, and without ``sms`` no tiles
+    # over SMs; a wrong SM count is the user's error, said in one line
+    mine = mw.GPU(name="mine", memory_bytes=2**36, hbm_bytes_per_s=4e12, fp32_flops=60e12,
+                  bf16_flops=900e12)  # fmt: skip
+    assert _matmul_s(128 * 7, 128 * 19, 16384, gpu=mine) == pytest.approx(
+        2 * 128 * 7 * 128 * 19 * 16384 / (900e12 * FALLBACK), rel=1e-9
+    )
+    with pytest.raises(mw.OptionError, match=r"GPU\('bad'\)\.sms must be"):
+        mw.GPU(name="bad", memory_bytes=2**36, hbm_bytes_per_s=4e12, fp32_flops=60e12, sms=0)
+    with pytest.raises(mw.OptionError, match=r"GPU\('bad'\)\.sms must be"):
+        mw.GPU(name="bad", memory_bytes=2**36, hbm_bytes_per_s=4e12, fp32_flops=60e12, sms=1.5)
 
 
 def test_a_float32_matmul_falls_back_where_no_figure_was_read() -> None:

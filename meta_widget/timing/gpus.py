@@ -11,8 +11,9 @@ where PyTorch's own table (``torch/_inductor/analysis/device_info.py``) differs.
 - ``fp32_flops`` (no tensor cores), ``tf32_flops``, ``bf16_flops``, ``fp16_flops`` (with FP32
   accumulation, as PyTorch's matmuls run), ``fp8_flops`` (None: no FP8 units).
 - ``sms``: streaming multiprocessors (132 on H100 SXM and H200, 108 on A100: the SM counts of
-  the caches table of Machine Learning Engineering, compute/accelerator/README.md); None where
-  none was read.
+  the caches table of Machine Learning Engineering, compute/accelerator/README.md; 114 on H100
+  PCIe: the H100 whitepaper's table as HPC Tech reprints it, archive-lib.hpctech.co.jp/
+  gpuproduct/nvidia-h100.html); None where none was read.
 - ``nvlink_bytes_per_s``: GPU-to-GPU bandwidth inside a node as the datasheet gives it (both
   directions together; the PCIe bandwidth for cards without an NVLink switch);
   ``network_bytes_per_s``: one GPU's share of the node's network (a DGX-like server's NICs).
@@ -167,10 +168,10 @@ GPUS: dict[str, GPU] = {
         GPU("H100", 80 * GIB, 3350 * G, 66.9 * T, 494.7 * T, 989.4 * T, 989.4 * T,
             1978.9 * T, 900 * G, 50 * G, sms=132, source=_NV_H100),
         GPU("H100-PCIe", 80 * GIB, 2000 * G, 51.2 * T, 378 * T, 756 * T, 756 * T, 1513 * T,
-            128 * G, 50 * G,
-            source="NVIDIA H100 whitepaper, H100 PCIe column (dense); HBM2e 2 TB/s; between "
-            "GPUs PCIe Gen5 x16 128 GB/s (its 600 GB/s NVLink bridge joins pairs only); network "
-            "assumed 400 Gb/s per GPU"),
+            128 * G, 50 * G, sms=114,
+            source="NVIDIA H100 whitepaper, H100 PCIe column (dense; 114 SMs); HBM2e 2 TB/s; "
+            "between GPUs PCIe Gen5 x16 128 GB/s (its 600 GB/s NVLink bridge joins pairs only); "
+            "network assumed 400 Gb/s per GPU"),
         GPU("H200", 141 * GIB, 4800 * G, 66.9 * T, 494.7 * T, 989.4 * T, 989.4 * T,
             1978.9 * T, 900 * G, 50 * G, sms=132,
             source="NVIDIA H200 datasheet (SXM): 141GB HBM3e at 4.8 TB/s, Tensor Core figures "
