@@ -3,7 +3,8 @@ figures (``mw.gpus()``: the H100 SXM5 whitepaper's dense peaks, 3.35 TB/s HBM3, 
 DGX H100's 8 x 400 Gb/s network, 132 SMs) and the published figures of
 ``meta_widget.timing.efficiency`` (written out here, not imported: a one-line change of the table
 fails): the best H100 BF16 GEMM measured, 794.5 TFLOP/s at 2048 x 2048 x 13312 (MAMF table);
-FlashAttention-2's forward on H100 at 16k, 370 TFLOP/s (335 causal; FlashAttention-3 paper);
+FlashAttention-2 on H100 at 16k (FlashAttention-3 paper): forward 370 TFLOP/s at head dim 128
+(335 causal), 324 at 64; backward 322 at 128;
 decode at 0.77 of HBM (vLLM on A100); NCCL at 370 of NVLink's 450 GB/s, 480 with NVLink SHARP,
 47 of a 50 GB/s NIC; eager PyTorch's 5 us per op; 0.75 of a peak where no figure was read; 10 us
 a collective. FLOPs from ``FlopCounterMode``.
@@ -36,7 +37,8 @@ FALLBACK, MEMORY, COLLECTIVE_S, EAGER_S = 0.75, 0.77, 10e-6, 5e-6
 NVLINK, NVLS, NETWORK = 370 / 450, 480 / 450, 47 / 50
 MAMF_H100 = 794.5e12  # at M, N = 2048, 2048: 256 tiles of 128 x 128 over 132 SMs, 2 waves
 BEST_H100 = MAMF_H100 / (256 / 264)  # the rate a GEMM reaches when it fills every wave
-FA2_H100, FA2_H100_CAUSAL = 370e12, 335e12
+FA2_H100, FA2_H100_CAUSAL = 370e12, 335e12  # forward, head dim 128
+FA2_H100_D64, FA2_H100_BWD = 324e12, 322e12  # forward at head dim 64; backward at 128
 T = transformers
 
 
@@ -146,6 +148,52 @@ def test_flash_attention_runs_at_flashattention2s_rate_for_its_keys(causal: bool
     rate = FA2_H100_CAUSAL * 1024 / 1152 if causal else FA2_H100 * 2048 / 2176
     assert a.time is not None
     assert a.time.forward_s == pytest.approx(executed / rate, rel=1e-9)
+
+
+class ScaledAttention(nn.Module):
+    """Attention after a learned scale (a parameter for the optimizer to step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones((), dtype=torch.bfloat16))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q * self.scale, k, v)
+
+
+def _attention_kernel_s(head_dim: int, direction: str) -> tuple[float, int]:
+    """(time, executed FLOPs) of the flash kernel of ``direction`` in a training step of
+    attention over 2048 keys with 16 heads of ``head_dim``."""
+    from meta_widget.timing.model import op_seconds
+
+    shape = (4, 16, 2048, head_dim)
+    q, k, v = (
+        torch.empty(shape, dtype=torch.bfloat16, device="meta", requires_grad=True)
+        for _ in range(3)
+    )
+    with torch.device("meta"):
+        model = ScaledAttention()
+    a = mw.analyze(model, input_data=(q, k, v), mode="training", device="cuda", gpu="H100")
+    assert a.error is None, a.error
+    (cost,) = [
+        cost
+        for c in a.calls
+        for table in (c.costs, c.backward_costs)
+        for cost in table
+        if cost[3][:3] == ("attn", "flash", direction)
+    ]
+    return op_seconds(cost, H100, floor=0.0)[0], cost[1]
+
+
+def test_flash_backward_runs_at_its_own_rate_writing_two_outputs_a_tile() -> None:
+    seconds, flops = _attention_kernel_s(128, "bwd")
+    assert flops == 5 * 2 * 4 * 16 * 2048 * 2048 * 128  # FlopCounterMode's five matmuls
+    assert seconds == pytest.approx(flops / (FA2_H100_BWD * 2048 / (2048 + 256)), rel=1e-9)
+
+
+def test_flash_attention_takes_the_rate_of_its_head_dim() -> None:
+    seconds, flops = _attention_kernel_s(64, "fwd")
+    assert seconds == pytest.approx(flops / (FA2_H100_D64 * 2048 / 2176), rel=1e-9)
 
 
 def test_eager_ops_take_the_hosts_launch_time_and_graphs_none() -> None:

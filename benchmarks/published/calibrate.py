@@ -36,7 +36,7 @@ from meta_widget.data.records import CallRecord
 from meta_widget.distributed.comms import CommRecord
 from meta_widget.explore import depth
 from meta_widget.timing.gpus import resolve_gpu
-from meta_widget.timing.model import collective_seconds, step_time
+from meta_widget.timing.model import collective_seconds, op_seconds, step_time
 
 TABLE = Path(__file__).with_name("measurements.toml")
 KINDS = ("training", "kernel", "serving")
@@ -167,8 +167,6 @@ def _gemm(run: dict[str, Any]) -> float:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
     m, n, k = run["m"], run["n"], run["k"]
     if run["dtype"] == "fp8":  # no meta matmul of float8: its cost, at the FP8 peak
-        from meta_widget.timing.model import op_seconds
-
         cost = ("fp8", 2 * m * n * k, m * k + k * n + 2 * m * n, ("mm", m, n, k, 1))
         return op_seconds(cost, resolve_gpu(run["gpu"]))[0]
     with torch.device("meta"):
@@ -183,17 +181,35 @@ class _Attention(nn.Module):
     def __init__(self, causal: bool) -> None:
         super().__init__()
         self.causal = causal
+        self.scale = nn.Parameter(torch.ones((), dtype=torch.bfloat16))  # for AdamW to step
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return F.scaled_dot_product_attention(q * self.scale, k, v, is_causal=self.causal)
 
 
 def _attention(run: dict[str, Any]) -> float:
+    """The attention kernel's own time (forward, or backward from a training step)."""
     shape = (run["batch"], run["heads"], run["seq"], run["head_dim"])
-    q, k, v = (torch.empty(shape, dtype=torch.bfloat16, device="meta") for _ in range(3))
-    a = mw.analyze(_Attention(run["causal"]), input_data=(q, k, v), device="cuda", gpu=run["gpu"])
-    assert a.time is not None
-    return a.time.forward_s
+    direction = run.get("direction", "fwd")
+    grad = direction == "bwd"
+    q, k, v = (
+        torch.empty(shape, dtype=torch.bfloat16, device="meta", requires_grad=grad)
+        for _ in range(3)
+    )
+    with torch.device("meta"):
+        model = _Attention(run["causal"])
+    mode = "training" if grad else "inference"
+    a = mw.analyze(model, input_data=(q, k, v), mode=mode, device="cuda", gpu=run["gpu"])
+    assert a.error is None, a.error
+    costs = [
+        cost
+        for c in a.calls
+        for table in (c.costs, c.backward_costs)
+        for cost in table
+        if cost[3][:1] == ("attn",) and cost[3][2] == direction
+    ]
+    assert len(costs) == 1, costs
+    return op_seconds(costs[0], resolve_gpu(run["gpu"]), floor=0.0)[0]
 
 
 @dataclass(frozen=True)
@@ -228,6 +244,8 @@ def measured_seconds(row: dict[str, Any]) -> float:
     if kind == "attention":
         b, h, s, d = run["batch"], run["heads"], run["seq"], run["head_dim"]
         flops = 4 * b * h * s * s * d // (2 if run["causal"] else 1)  # FA papers' count
+        if run.get("direction") == "bwd":
+            flops = flops * 5 // 2  # the backward's 5 matmuls to the forward's 2
         return flops / (value * 1e12)
     if kind == "collective":
         p = run["ranks"]

@@ -8,9 +8,11 @@ table, every number with its source (``docs/speed-model.md``, "The efficiencies"
   partial tiles, and wave quantization when there are more tiles than SMs: a last wave that runs
   part full; fewer tiles than SMs are taken to be split along ``K``, as cuBLAS does).
 - **Fused attention** (``("attn", kernel, direction, heads, Lq, Lk, D, causal)``): the kernel's
-  measured rate at long sequences (``ATTENTION_BEST``), times ``span / (span + 128)`` with
-  ``span`` the keys a query tile visits (``Lk``, half of it when causal): each ``128``-row query
-  tile pays about one key block's time to load its queries and write its output.
+  measured rate at long sequences for its direction and head dim (``ATTENTION_BEST``; the
+  nearest head dim measured), times ``span / (span + 128 w)`` with ``span`` the keys a query
+  tile visits (``Lk``, half of it when causal) and ``w`` the outputs a tile writes (forward:
+  ``O``, 1; backward: ``dK`` and ``dV``, 2): each costs about one key block's time. Checked
+  against the same tables at 512 to 8k keys (``benchmarks/published``).
 - **Memory-bound work**: ``HBM_FRACTION`` of the datasheet bandwidth.
 - **Collectives**: ``NVLINK_FRACTION`` of one direction of NVLink, ``NETWORK_FRACTION`` of a
   GPU's network share, as NCCL's bus bandwidth measures them; an all-reduce inside an H100 or
@@ -84,11 +86,35 @@ _SAME_AS = {
     ("A100-40GB", "bf16"): ("A100-80GB", "bf16"),
 }
 
-#: fused attention at long sequences, by (kernel, GPU name): (TFLOP/s non-causal, causal, source)
-#: (the backward pass and other head dims take the forward's figure: no table was read for them)
-ATTENTION_BEST: dict[tuple[str, str], tuple[float, float, str]] = {
-    ("flash", "H100"): (370.0, 335.0, _FA3 + "; PyTorch's flash SDPA runs FlashAttention-2"),
+#: fused attention at 16k keys (its plateau), by (kernel, GPU name, direction, head dim):
+#: (TFLOP/s non-causal, causal or None, source)
+ATTENTION_BEST: dict[tuple[str, str, str, int], tuple[float, float | None, str]] = {
+    ("flash", "H100", "fwd", 64): (
+        324.0,
+        None,
+        "FlashAttention-3 paper, 'Attention forward speed, head dim 64 (H100 80GB SXM5)', "
+        "FlashAttention-2 bar at 16k, as transcribed at https://subtext.edge.nugit.net/image/"
+        "55f47a106c25f22983b2741a7e8bcdbaec8521b6a583d130c6f92b94e0f65924",
+    ),
+    ("flash", "H100", "fwd", 128): (370.0, 335.0, _FA3),
+    ("flash", "H100", "fwd", 256): (
+        298.0,
+        None,
+        "FlashAttention-3 paper, 'Attention forward speed, head dim 256 (H100 80GB SXM5)', "
+        "FlashAttention-2 bar at 16k, as transcribed at https://subtext.edge.nugit.net/image/"
+        "662fef77d03ef90933e0bf349be79e2e8ba39c73aa1f09020aee8016df309aba",
+    ),
+    ("flash", "H100", "bwd", 128): (
+        322.0,
+        None,
+        "FlashAttention-3 paper, 'Attention backward speed, head dim 128 (H100 80GB SXM5)', "
+        "FlashAttention-2 bar at 16k, as transcribed at https://subtext.edge.nugit.net/image/"
+        "f60142e2221e7ea9f80b7017987fabedaaa04df4adeb1a9e7b0a3defac28a701",
+    ),
 }
+#: a causal kernel where only the non-causal rate was read: FlashAttention-2's forward ratio at
+#: head dim 128 (335 / 370), an assumption
+_CAUSAL_RATIO = 335.0 / 370.0
 
 #: decode reaches this fraction of the datasheet HBM bandwidth
 HBM_FRACTION = 0.77
@@ -169,17 +195,37 @@ def attention_fraction(
     """The fraction of ``gpu``'s dense ``peak`` a fused attention kernel of ``shape`` reaches
     (module docstring). A kernel or part with no figure is taken to reach the share of the
     part's best GEMM that FlashAttention-2 reaches of the H100's (an assumption)."""
-    _, kernel, _, _, _, keys, _, causal = shape
-    entry = ATTENTION_BEST.get((kernel, gpu.name)) or ATTENTION_BEST.get((kernel, _alias(gpu)))
-    if entry is not None:
-        best = (entry[1] if causal else entry[0]) * 1e12 / gpu.peak(peak)
+    _, kernel, direction, _, _, keys, head_dim, causal = shape
+    rate = _attention_rate(kernel, gpu.name, direction, head_dim, bool(causal))
+    if rate is None:
+        rate = _attention_rate(kernel, _alias(gpu), direction, head_dim, bool(causal))
+    if rate is not None:
+        best = rate * 1e12 / gpu.peak(peak)
     else:
-        h100 = ATTENTION_BEST[("flash", "H100")]
-        share = (h100[1] if causal else h100[0]) / GEMM_BEST[("H100", "bf16")][0]
+        h100 = _attention_rate("flash", "H100", direction, head_dim, bool(causal))
+        assert h100 is not None
+        share = h100 / GEMM_BEST[("H100", "bf16")][0]
         gemm = _gemm_best(gpu, peak)
         best = share * (gemm[0] if gemm is not None else fallback)
     span = keys / 2 if causal else keys
-    return best * span / (span + TILE) if span > 0 else best
+    writes = 2 if direction == "bwd" else 1
+    return best * span / (span + TILE * writes) if span > 0 else best
+
+
+def _attention_rate(
+    kernel: str, gpu: str, direction: str, head_dim: int, causal: bool
+) -> float | None:
+    """The plateau TFLOP/s of ``ATTENTION_BEST`` for the nearest head dim measured in that
+    direction (the forward's where the direction has none), or None."""
+    for way in (direction, "fwd"):
+        dims = [d for (k, g, w, d) in ATTENTION_BEST if (k, g, w) == (kernel, gpu, way)]
+        if dims:
+            near = min(dims, key=lambda d: (abs(math.log2(max(head_dim, 1) / d)), d))
+            plain, masked, _ = ATTENTION_BEST[(kernel, gpu, way, near)]
+            if not causal:
+                return plain
+            return masked if masked is not None else plain * _CAUSAL_RATIO
+    return None
 
 
 def _alias(gpu: GPU) -> str:
