@@ -188,7 +188,7 @@ class StepTime:
             return (
                 f"<StepTime on {self.gpu.name}: generate {_ms(self.step_s)} (prefill "
                 f"{_ms(self.prefill_s)}, {per} per output token), "
-                f"{self.tokens_per_s or 0:,.0f} tokens/s>"
+                f"{self.tokens_per_s or 0:,.0f} tokens/s, launch {self.launch}>"
             )
         rate = (
             f"{self.tokens_per_s:,.0f} tokens/s"
