@@ -238,6 +238,8 @@ def measured_seconds(row: dict[str, Any]) -> float:
     if kind == "train":
         return run["batch"] * run["seq"] / value  # tokens/s per GPU -> one rank's step
     if kind == "decode":
+        if row["unit"].startswith("ms per output token"):
+            return value / 1e3
         return run["batch"] / value  # tokens/s at batch b -> one decode step
     if kind == "gemm":
         return 2 * run["m"] * run["n"] * run["k"] / (value * 1e12)
