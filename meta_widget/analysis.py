@@ -34,6 +34,7 @@ from .pipeline import run, time_step
 from .sources.models import MetaModel
 from .timing.gpus import resolve_gpu
 from .trace.assume import Assumption
+from .trace.costs import Cost
 from .trace.explain import Explanation
 from .trace.opcache import CacheStats
 from .units import format_bytes, format_count, format_flops
@@ -84,9 +85,7 @@ class Analysis:
     seconds: float
     orphan_ops: dict[str, int] = field(default_factory=dict)
     #: the costs of ops outside any module call, by phase (``meta_widget.trace.costs``)
-    orphan_costs: dict[str, dict[tuple[str, int, int, tuple[Any, ...]], int]] = field(
-        default_factory=dict
-    )
+    orphan_costs: dict[str, dict[Cost, int]] = field(default_factory=dict)
     #: where the trace assumed a value it did not have (see ``meta_widget.trace.assume``)
     assumptions: list[Assumption] = field(default_factory=list)
     #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
@@ -545,18 +544,12 @@ def analyze(
         ``"blocks"``, ``"tp_plan"`` and ``"mp"`` (FSDP2's ``MixedPrecisionPolicy``). Memory,
         FLOPs and ``comms`` are rank 0's, for the batch given to one rank; the layout is checked
         before any process group is made (``ParallelError``).
-    gpu
-        The accelerator to time the step on: a name of ``mw.gpus()`` (``"H100"``, ``"A100-80GB"``,
-        ...) or an ``mw.GPU(...)`` of your own. ``Analysis.time`` then holds the step's time
-        (``forward_s``, ``backward_s``, ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``hfu``
-        (without, with the recomputation), ``tokens_per_s``) and per module ``time_s``, ``bound``,
-        computed from the trace's records by the model of ``docs/speed-model.md`` (nothing is
-        traced again for it). An unknown name is an ``OptionError`` listing the known ones.
-    launch
-        How the timed step launches its kernels: ``"eager"`` (PyTorch's default: no op takes
-        less than the host's ~5 us per op) or ``"graphs"`` (CUDA graphs replayed, as servers
-        and ``torch.compile(mode="reduce-overhead")`` run: no launch cost). Default: ``"graphs"``
-        with ``mode="generate"``, ``"eager"`` otherwise; ``Analysis.time.launch`` says which.
+    gpu, launch
+        The accelerator to time the step on (a name of ``mw.gpus()``, e.g. ``"H100"``, or an
+        ``mw.GPU(...)``; unknown: ``OptionError``): ``Analysis.time`` holds the step's time and
+        per module ``time_s``, ``bound`` (``docs/speed-model.md``). ``launch``: ``"eager"`` (each
+        op at least the host's ~5 us) or ``"graphs"`` (CUDA graphs: none); default ``"graphs"``
+        with ``mode="generate"``, else ``"eager"`` (``Analysis.time.launch``).
     listeners
         A list of functions, each called with every :class:`CallRecord` as it completes.
     fast
