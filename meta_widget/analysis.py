@@ -31,9 +31,11 @@ from .memory.moe import MoE
 from .memory.report import MemoryReport
 from .options import DEFAULT_OPTIMIZER, OptionError, Options, carried_optimizer, check_graph
 from .pipeline import run, time_step
+from .sources import hub_model
 from .sources.models import MetaModel
 from .timing.gpus import resolve_gpu
 from .trace.assume import Assumption
+from .trace.costs import Cost
 from .trace.explain import Explanation
 from .trace.opcache import CacheStats
 from .units import format_bytes, format_count, format_flops
@@ -84,7 +86,7 @@ class Analysis:
     seconds: float
     orphan_ops: dict[str, int] = field(default_factory=dict)
     #: the costs of ops outside any module call, by phase (``meta_widget.trace.costs``)
-    orphan_costs: dict[str, dict[tuple[str, int, int], int]] = field(default_factory=dict)
+    orphan_costs: dict[str, dict[Cost, int]] = field(default_factory=dict)
     #: where the trace assumed a value it did not have (see ``meta_widget.trace.assume``)
     assumptions: list[Assumption] = field(default_factory=list)
     #: with ``analyze(..., checkpoint=path)``: how the checkpoint and the model disagree
@@ -444,6 +446,7 @@ def analyze(
     micro_batches: int = 1,
     parallel: Mapping[str, Any] | None = None,
     gpu: str | GPU | None = None,
+    launch: str | None = None,
     listeners: Sequence[Callable[[CallRecord], None]] = (),
     fast: bool = True,
     new_tokens: int | None = None,
@@ -553,13 +556,12 @@ def analyze(
         ``"blocks"``, ``"tp_plan"`` and ``"mp"`` (FSDP2's ``MixedPrecisionPolicy``). Memory,
         FLOPs and ``comms`` are rank 0's, for the batch given to one rank; the layout is checked
         before any process group is made (``ParallelError``).
-    gpu
-        The accelerator to time the step on: a name of ``mw.gpus()`` (``"H100"``, ``"A100-80GB"``,
-        ...) or an ``mw.GPU(...)`` of your own. ``Analysis.time`` then holds the step's time
-        (``forward_s``, ``backward_s``, ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``hfu``
-        (without, with the recomputation), ``tokens_per_s``) and per module ``time_s``, ``bound``,
-        computed from the trace's records by the model of ``docs/speed-model.md`` (nothing is
-        traced again for it). An unknown name is an ``OptionError`` listing the known ones.
+    gpu, launch
+        The accelerator to time the step on (a name of ``mw.gpus()``, e.g. ``"H100"``, or an
+        ``mw.GPU(...)``; unknown: ``OptionError``): ``Analysis.time`` holds the step's time and
+        per module ``time_s``, ``bound`` (``docs/speed-model.md``). ``launch``: ``"eager"`` (each
+        op at least the host's ~5 us) or ``"graphs"`` (CUDA graphs: none); default ``"graphs"``
+        with ``mode="generate"``, else ``"eager"`` (``Analysis.time.launch``).
     listeners
         A list of functions, each called with every :class:`CallRecord` as it completes.
     fast
@@ -589,22 +591,9 @@ def analyze(
     options = Options(**{f.name: given[f.name] for f in fields(Options) if f.name in given})
     if isinstance(model, (str, bytes, os.PathLike)):  # a path (bytes too) or a Hub id
         options.checked()  # the same checks, for the same messages
-        hub = _hub_model(model, options)
+        hub = hub_model(model, options.revision, options.trust_remote_code)
         if hub is None:  # a path: the checkpoint's view
             return inspect_checkpoint(model)  # type: ignore[return-value]
         model = hub
     return run(model, options, Analysis, widget, listeners)
 
-
-def _hub_model(model: Any, options: Options) -> Any:
-    """A Hub id that is no file or folder here: its ``HubModel`` (``sources.hub``), else None."""
-    if not isinstance(model, str) or os.path.lexists(model):
-        return None
-    try:
-        from .sources import hub  # huggingface_hub: only for a string that is no path
-    except ImportError:
-        return None  # no huggingface_hub: a missing path, which inspect_checkpoint says
-    repo = hub.hub_id(model)
-    if repo is None:
-        return None
-    return hub.HubModel(repo, options.revision, options.trust_remote_code)

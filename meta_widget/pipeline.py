@@ -265,7 +265,7 @@ def _peak_phase(report: Any) -> str | None:
 
 def time_step(
     calls: Sequence[CallRecord],
-    outside: dict[str, dict[tuple[str, int, int], int]],
+    outside: dict[str, dict[tuple[str, int, int, tuple[Any, ...]], int]],
     comms: Sequence[Any],
     gpu: GPU,
     inputs: list[torch.Tensor],
@@ -279,7 +279,10 @@ def time_step(
     fsdp = (  # the ranks processing other data: FSDP's (a wrapped model's: its groups')
         options.parallel.data_parallel if options.parallel is not None else _data_parallel(comms)
     )
-    step = step_time(calls, outside, comms, gpu, flops, tokens, samples, data_parallel=fsdp)
+    launch = options.launch or ("graphs" if options.generating else "eager")
+    step = step_time(
+        calls, outside, comms, gpu, flops, tokens, samples, data_parallel=fsdp, launch=launch
+    )
     if options.generating and samples:  # prefill, each decode step, tokens made per second
         return generation_time(step, calls, samples, _new_tokens(options, inputs))
     return step

@@ -100,7 +100,7 @@ def _attention_costs(a: Any) -> Counter[tuple[str, int]]:
     for c in a.calls:
         if c.path.endswith("self_attn"):
             for costs in (c.costs, c.backward_costs):
-                for (peak, flops, nbytes), n in costs.items():
+                for (peak, flops, nbytes, _), n in costs.items():
                     if flops:
                         found[peak, nbytes] += n
     return found
@@ -164,8 +164,8 @@ def _attention_by_layer(a: Any) -> list[tuple[dict[str, int], list[int], list[in
     return [
         (
             {op: n for op, n in {**c.ops, **c.backward_ops}.items() if "scaled_dot_product" in op},
-            sorted(flops for _, flops, _ in c.costs if flops),
-            sorted(flops for _, flops, _ in c.backward_costs if flops),
+            sorted(flops for _, flops, _, _ in c.costs if flops),
+            sorted(flops for _, flops, _, _ in c.backward_costs if flops),
         )
         for c in a.calls
         if c.path.endswith("self_attn")

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import meta_widget as mw
+from meta_widget.timing.gpus import resolve_gpu
 
 GIB = 2**30
 
@@ -67,8 +68,10 @@ DATASHEETS: dict[str, dict[str, float]] = {
     },
 }
 
-#: the documented efficiencies (docs/speed-model.md), written here, not read from the code
-COMPUTE, MEMORY, KERNEL_S = 0.75, 0.85, 4e-6
+#: the documented efficiencies (docs/speed-model.md), written here, not read from the code;
+#: the fraction of a peak a GEMM or an attention kernel reaches by its shape is
+#: ``meta_widget.timing.efficiency``'s, pinned to its cited figures in test_time_pins.py
+MEMORY, KERNEL_S = 0.77, 5e-6
 
 
 def close(a: float, b: float, rel: float = 2e-3) -> bool:
@@ -395,12 +398,15 @@ def test_mfu_leaves_out_the_recomputation_and_hfu_counts_it(case: str) -> None:
 # -- per op, per module ---------------------------------------------------------------------------
 
 
-def _op_time(cost: tuple[str, int, int], gpu: str, floor: float = KERNEL_S) -> float:
+def _op_time(cost: tuple[Any, ...], gpu: str, floor: float = KERNEL_S) -> float:
     """The documented formula, from the datasheet figures written above."""
-    kind, flops, nbytes = cost
+    from meta_widget.timing.efficiency import compute_fraction
+
+    kind, flops, nbytes, shape = cost
     peak = DATASHEETS[gpu]["bf16_flops" if kind == "bf16" else "fp32_flops"]
+    fraction = compute_fraction(resolve_gpu(gpu), kind, shape)
     return max(
-        flops / (peak * COMPUTE),
+        flops / (peak * fraction),
         nbytes / (DATASHEETS[gpu]["hbm_bytes_per_s"] * MEMORY),
         floor,
     )
@@ -443,9 +449,10 @@ def test_per_module_time_adds_up_to_the_total() -> None:
 def test_a_linear_costs_its_inputs_and_output_bytes_and_its_flops() -> None:
     a = mw.analyze(nn.Linear(64, 32), input_size=(8, 64), gpu="H100")
     (call,) = a.calls
-    # aten.t is a view (free); addmm(bias, x, w.t()) reads 32 + 8x64 + 64x32 floats, writes 8x32
+    # aten.t is a view (free); addmm(bias, x, w.t()) reads 32 + 8x64 + 64x32 floats, writes 8x32;
+    # its shape: M 8, N 32, K 64, one matrix
     nbytes = 4 * (32 + 8 * 64 + 64 * 32 + 8 * 32)
-    assert call.costs == {("fp32", 2 * 8 * 64 * 32, nbytes): 1}
+    assert call.costs == {("fp32", 2 * 8 * 64 * 32, nbytes, ("mm", 8, 32, 64, 1)): 1}
 
 
 def test_an_embedding_lookup_costs_the_rows_it_reads_not_the_table() -> None:
@@ -454,7 +461,7 @@ def test_an_embedding_lookup_costs_the_rows_it_reads_not_the_table() -> None:
     the table's 400 MB (which a one-token forward would otherwise wait 0.1 ms for on an H100)."""
     a = mw.analyze(nn.Embedding(100_000, 1024), input_data=torch.tensor([[1, 2, 3]]), gpu="H100")
     (call,) = a.calls
-    assert call.costs == {("", 0, 8 * 3 + 2 * 3 * 1024 * 4): 1}
+    assert call.costs == {("", 0, 8 * 3 + 2 * 3 * 1024 * 4, ()): 1}
     assert a.time is not None and a.time.step_s < 100_000 * 1024 * 4 / 3.35e12
 
 
@@ -482,7 +489,10 @@ def test_tokens_per_s_counts_the_batch_times_the_sequence() -> None:
 
 #: one direction of NVLink (900 GB/s both ways) and a DGX H100's 400 Gb/s NIC per GPU, each at
 #: the documented link efficiency; the documented latency of one collective
-NVLINK_ONE_WAY, NETWORK, LINK, COLLECTIVE_S = 900e9 / 2, 400e9 / 8, 0.80, 10e-6
+#: (NCCL: 370 of NVLink's 450 GB/s one way, 480 with NVLink SHARP for an all-reduce; 47 of a
+#: 50 GB/s NIC)
+NVLINK_ONE_WAY, NETWORK, COLLECTIVE_S = 900e9 / 2, 400e9 / 8, 10e-6
+NVLINK, NVLS, NIC = 370 / 450, 480 / 450, 47 / 50
 
 
 @pytest.mark.parametrize(
@@ -505,9 +515,13 @@ def test_collectives_take_ring_time_and_fsdp_overlaps_with_compute(parallel: Any
     for row in a.comms.itertuples():
         p = row.group_size
         ranks_apart = tp if row.group == "fsdp" else 1
-        bandwidth = NVLINK_ONE_WAY if p * ranks_apart <= 8 else NETWORK
+        if p * ranks_apart <= 8:
+            sharp = row.collective == "all_reduce"  # an H100 node reduces in the switch
+            bandwidth = NVLINK_ONE_WAY * (NVLS if sharp else NVLINK)
+        else:
+            bandwidth = NETWORK * NIC
         share = {"all_reduce": 2 * (p - 1) / p}.get(row.collective, (p - 1) / p)
-        t = share * row.bytes / (bandwidth * LINK) + COLLECTIVE_S
+        t = share * row.bytes / bandwidth + COLLECTIVE_S
         total += t
         if row.group == "tp":
             exposed += t

@@ -6,7 +6,7 @@ it pickles, serializes, and keeps no model alive.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .flatten import TensorInfo
 
@@ -69,9 +69,9 @@ class CallRecord:
     recompute_of: int = -1
     #: what the ops of the call's own body cost, for a time model (``meta_widget.trace.costs``):
     #: ``{(peak, executed FLOPs, bytes read and written): how many ops}``; views cost nothing
-    costs: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    costs: dict[tuple[str, int, int, tuple[Any, ...]], int] = field(default_factory=dict)
     #: the same for its backward (own body only, recomputation included, like ``backward_ops``)
-    backward_costs: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    backward_costs: dict[tuple[str, int, int, tuple[Any, ...]], int] = field(default_factory=dict)
     #: the identity of each tensor in ``inputs`` and ``outputs``, in their order (equal for
     #: views of one storage, unique over the trace: ``StorageTracker.ident``): a producer call's
     #: output is a consumer call's input when the ids are equal (``Analysis.graph``)

@@ -60,7 +60,7 @@ class Sample:
     layers: int
     events: tuple[Token, ...]
     baseline: int
-    costs: dict[str, Counter[tuple[str, int, int]]]
+    costs: dict[str, Counter[tuple[str, int, int, tuple[Any, ...]]]]
     comms: Counter[CommKey]
     flops: int
     tokens: int | None
@@ -120,7 +120,7 @@ def sample(a: Analysis, layers: int) -> Sample:
         phase = str(runs[run][1]) if runs else ""
         events.append((now - live, op, phase))
         live = now
-    costs: dict[str, Counter[tuple[str, int, int]]] = {}
+    costs: dict[str, Counter[tuple[str, int, int, tuple[Any, ...]]]] = {}
     for c in a.calls:
         costs.setdefault("forward", Counter()).update(c.costs)
         costs.setdefault("backward", Counter()).update(c.backward_costs)

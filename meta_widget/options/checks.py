@@ -391,6 +391,23 @@ def check_micro_batches(count: Any, mode: str) -> int:
 # -- the accelerator the time is for --------------------------------------------------------
 
 
+#: the launch regimes the time model knows (``meta_widget.timing.efficiency``)
+LAUNCHES = ("eager", "graphs")
+
+
+def check_launch(launch: Any) -> str | None:
+    """``launch``: None, ``"eager"`` or ``"graphs"``."""
+    if launch is None or launch in LAUNCHES:
+        return launch  # type: ignore[no-any-return]
+    if not isinstance(launch, str):
+        raise OptionTypeError(f"launch must be 'eager' or 'graphs', not {show(launch)}.")
+    raise OptionError(
+        f"launch={launch!r} is not a launch regime: 'eager' (each op pays the host's launch "
+        "time, PyTorch's default) or 'graphs' (CUDA graphs replayed, as servers and "
+        "torch.compile(mode='reduce-overhead') run)."
+    )
+
+
 def check_gpu(gpu: Any) -> Any:
     """``gpu``: None, a name of ``mw.gpus()`` or an ``mw.GPU(...)``. Only the type is checked
     here (the table lives with the time model, a layer above): ``meta_widget.timing.gpus.

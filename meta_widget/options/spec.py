@@ -29,6 +29,7 @@ from .checks import (
     check_flag,
     check_gpu,
     check_grad_mode,
+    check_launch,
     check_loss,
     check_micro_batches,
     check_mode,
@@ -269,6 +270,10 @@ class Options(TraceSpec):
     #: the accelerator ``Analysis.time`` is for: a name of ``mw.gpus()`` or an ``mw.GPU``
     #: (timed from the records: no part of the trace)
     gpu: Any = field(default=None, metadata=_checked_by(_alone(check_gpu)))
+    #: how the timed step launches its kernels: ``"eager"`` (each op pays the host's launch
+    #: time), ``"graphs"`` (CUDA graphs replayed: none); None: ``"graphs"`` with
+    #: ``mode="generate"`` (as servers run), else ``"eager"``
+    launch: str | None = field(default=None, metadata=_checked_by(_alone(check_launch)))
     #: a Hugging Face Hub id's branch, tag or commit (``meta_widget.sources.hub``)
     revision: str | None = field(default=None, metadata=_checked_by(_alone(_revision)))
     #: whether a Hub model's own code (its config's ``auto_map``) may run

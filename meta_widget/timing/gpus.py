@@ -10,6 +10,10 @@ where PyTorch's own table (``torch/_inductor/analysis/device_info.py``) differs.
 - ``hbm_bytes_per_s``: memory bandwidth (decimal: "3.35 TB/s" is ``3.35e12``).
 - ``fp32_flops`` (no tensor cores), ``tf32_flops``, ``bf16_flops``, ``fp16_flops`` (with FP32
   accumulation, as PyTorch's matmuls run), ``fp8_flops`` (None: no FP8 units).
+- ``sms``: streaming multiprocessors (132 on H100 SXM and H200, 108 on A100: the SM counts of
+  the caches table of Machine Learning Engineering, compute/accelerator/README.md; 114 on H100
+  PCIe: the H100 whitepaper's table as HPC Tech reprints it, archive-lib.hpctech.co.jp/
+  gpuproduct/nvidia-h100.html); None where none was read.
 - ``nvlink_bytes_per_s``: GPU-to-GPU bandwidth inside a node as the datasheet gives it (both
   directions together; the PCIe bandwidth for cards without an NVLink switch);
   ``network_bytes_per_s``: one GPU's share of the node's network (a DGX-like server's NICs).
@@ -67,6 +71,9 @@ class GPU:
         One GPU's share of the network between nodes, one direction.
     gpus_per_node
         GPUs a node links with ``nvlink_bytes_per_s`` (8 in a DGX / HGX server).
+    sms
+        Streaming multiprocessors (compute units): how many GEMM tiles run at once
+        (``meta_widget.timing.efficiency``); None: not known, no wave quantization.
     source
         Where the figures come from.
     """
@@ -82,6 +89,7 @@ class GPU:
     nvlink_bytes_per_s: float = 64 * G
     network_bytes_per_s: float = 12.5 * G
     gpus_per_node: int = 8
+    sms: int | None = None
     source: str = "given by the user"
 
     def __post_init__(self) -> None:
@@ -108,6 +116,13 @@ class GPU:
                     f"GPU({self.name!r}).{f.name} must be a positive finite number (base units: "
                     f"bytes, bytes/s, FLOPs/s), not {show(value)}."
                 )
+        if self.sms is not None and (
+            not isinstance(self.sms, int) or isinstance(self.sms, bool) or self.sms < 1
+        ):
+            raise OptionError(
+                f"GPU({self.name!r}).sms must be a whole number of SMs (1 or more) or None, not "
+                f"{show(self.sms)}."
+            )
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node > 1_000_000:
             raise OptionError(
                 f"GPU({self.name!r}).gpus_per_node must be a whole number of GPUs (1 to "
@@ -147,18 +162,18 @@ GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
         GPU("A100-40GB", 40 * GIB, 1555 * G, 19.5 * T, 156 * T, 312 * T, 312 * T, None,
-            600 * G, 25 * G, source=_NV_A100 + "; 40GB HBM2 at 1,555 GB/s"),
+            600 * G, 25 * G, sms=108, source=_NV_A100 + "; 40GB HBM2 at 1,555 GB/s"),
         GPU("A100-80GB", 80 * GIB, 2039 * G, 19.5 * T, 156 * T, 312 * T, 312 * T, None,
-            600 * G, 25 * G, source=_NV_A100 + "; 80GB HBM2e at 2,039 GB/s"),
+            600 * G, 25 * G, sms=108, source=_NV_A100 + "; 80GB HBM2e at 2,039 GB/s"),
         GPU("H100", 80 * GIB, 3350 * G, 66.9 * T, 494.7 * T, 989.4 * T, 989.4 * T,
-            1978.9 * T, 900 * G, 50 * G, source=_NV_H100),
+            1978.9 * T, 900 * G, 50 * G, sms=132, source=_NV_H100),
         GPU("H100-PCIe", 80 * GIB, 2000 * G, 51.2 * T, 378 * T, 756 * T, 756 * T, 1513 * T,
-            128 * G, 50 * G,
-            source="NVIDIA H100 whitepaper, H100 PCIe column (dense); HBM2e 2 TB/s; between "
-            "GPUs PCIe Gen5 x16 128 GB/s (its 600 GB/s NVLink bridge joins pairs only); network "
-            "assumed 400 Gb/s per GPU"),
+            128 * G, 50 * G, sms=114,
+            source="NVIDIA H100 whitepaper, H100 PCIe column (dense; 114 SMs); HBM2e 2 TB/s; "
+            "between GPUs PCIe Gen5 x16 128 GB/s (its 600 GB/s NVLink bridge joins pairs only); "
+            "network assumed 400 Gb/s per GPU"),
         GPU("H200", 141 * GIB, 4800 * G, 66.9 * T, 494.7 * T, 989.4 * T, 989.4 * T,
-            1978.9 * T, 900 * G, 50 * G,
+            1978.9 * T, 900 * G, 50 * G, sms=132,
             source="NVIDIA H200 datasheet (SXM): 141GB HBM3e at 4.8 TB/s, Tensor Core figures "
             "those of the H100 SXM5 (the datasheet's are 'with sparsity'); NVLink 900 GB/s; "
             "network: DGX H200, 8x 400 Gb/s per 8 GPUs"),

@@ -1,10 +1,14 @@
 """The time of a traced step on one accelerator, from the trace's records (no re-trace).
 
-Per op (``meta_widget.trace.costs`` records each op's peak class, executed FLOPs and bytes):
+Per op (``meta_widget.trace.costs`` records each op's peak class, executed FLOPs, bytes and
+shape):
 
-    time = max(FLOPs / (peak of its class * EFFICIENCY.compute),
+    time = max(FLOPs / (peak of its class * the fraction its shape reaches),
                bytes / (HBM bandwidth * EFFICIENCY.memory),
-               EFFICIENCY.kernel_s)
+               EFFICIENCY.kernel_s with launch="eager", 0 with launch="graphs")
+
+The fraction a GEMM or a fused attention kernel reaches comes from its shape, its kernel, its
+precision and the GPU (``meta_widget.timing.efficiency``, every figure with its source).
 
 An op is *compute*-bound when the first term is the larger of the first two, else *memory*-bound.
 Views and metadata ops cost nothing. Fused attention with ``is_causal`` counts half its FLOPs in
@@ -19,11 +23,12 @@ recomputation included). Without checkpointing the two are equal.
 Per collective (``a.comm_records``), ring formulas over a group of ``p`` ranks moving ``N``
 bytes (the whole tensor): all-gather, reduce-scatter and all-to-all ``(p-1)/p * N / bw``,
 all-reduce ``2 (p-1)/p * N / bw``, broadcast ``N / bw``; plus ``EFFICIENCY.collective_s``. ``bw``
-is one direction of NVLink (``nvlink_bytes_per_s / 2``) when the group's ranks share a node
-(``p * stride <= gpus_per_node``; the mesh is replicate x fsdp x tp, tensor parallelism
-innermost, so an FSDP group's ranks are ``tp`` apart and an HSDP replica group's ``fsdp * tp``),
-else the network's ``network_bytes_per_s``, each times
-``EFFICIENCY.link``.
+is one direction of NVLink (``nvlink_bytes_per_s / 2``) times ``EFFICIENCY.link`` when the
+group's ranks share a node (``p * stride <= gpus_per_node``; the mesh is replicate x fsdp x tp,
+tensor parallelism innermost, so an FSDP group's ranks are ``tp`` apart and an HSDP replica
+group's ``fsdp * tp``; an all-reduce there on H100 / H200 runs NVLink SHARP, at
+``efficiency.NVLS_FRACTION`` instead), else the network's ``network_bytes_per_s`` times
+``EFFICIENCY.network``.
 
 Overlap, per phase (forward, backward, optimizer): FSDP's collectives (every group but ``"tp"``)
 run beside the phase's compute and only what exceeds it is exposed; tensor parallelism's sit
@@ -43,41 +48,48 @@ import torch
 
 from ..choices import Phase
 from ..data.records import CallRecord
+from .efficiency import (
+    EAGER_OP_S,
+    FALLBACK_COMPUTE,
+    HBM_FRACTION,
+    NETWORK_FRACTION,
+    NVLINK_FRACTION,
+    NVLS_FRACTION,
+    NVLS_PARTS,
+    compute_fraction,
+)
 from .gpus import GPU
 
 __all__ = ["EFFICIENCY", "Efficiency", "StepTime", "generation_time", "step_time", "tokens_of"]
 
-Cost = tuple[str, int, int]
+Cost = tuple[str, int, int, tuple[Any, ...]]
 _FORWARD, _BACKWARD, _OPTIMIZER = Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The fractions of the datasheet figures real kernels reach: the one place they live
-    (``docs/speed-model.md`` gives their sources).
+    """The fractions of the datasheet figures real kernels reach that do not depend on an op's
+    shape, and the fixed costs (``meta_widget.timing.efficiency`` has their sources; the shape-
+    dependent GEMM and attention fractions live there too).
 
-    - ``compute`` 0.75: large cuBLAS / cuDNN GEMMs in BF16 reach 70-80 % of the dense Tensor
-      Core peak on A100 and H100 (about 750 of H100 SXM's 989 TFLOPS); the same for FP32 and
-      TF32, and for fused attention (FlashAttention-2 reaches 50-70 % of peak, FlashAttention-3
-      and cuDNN more).
-    - ``memory`` 0.85: streaming kernels (copies, elementwise ops, norms) reach 80-90 % of the
-      datasheet HBM bandwidth.
-    - ``link`` 0.80: NCCL's bus bandwidth in ``nccl-tests`` reaches about 80 % of a link's
-      one-direction bandwidth for large messages.
-    - ``kernel_s`` 4 us: no kernel takes less; eager PyTorch spends a few microseconds of host
-      time launching each op, which a tiny op cannot hide. Not applied to the optimizer step,
-      which the trace runs one parameter at a time (``foreach=False``) where PyTorch's default
-      ``foreach`` / ``fused`` implementations launch a few kernels for all parameters.
-    - ``collective_s`` 10 us: the fixed cost of one NCCL collective (small-message latency).
-
-    These are assumptions of the order of published figures, not measurements of this project.
+    - ``compute`` 0.75: the fraction of a peak an op reaches where no figure was read for the
+      GPU and precision (float32, TF32, a GPU of your own): an assumption.
+    - ``memory`` 0.77: decode reaches 77 % of the datasheet HBM bandwidth (vLLM on an A100).
+    - ``link`` 370/450: NCCL's bus bandwidth over NVLink (its maintainers' figure on H100).
+    - ``network`` 47/50: NCCL's ring bus bandwidth over a 400 Gb/s NIC (46-48 GB/s).
+    - ``kernel_s`` 5 us: eager PyTorch's host time per op (``launch="eager"``): no op takes less.
+      Not applied to the optimizer step, which the trace runs one parameter at a time
+      (``foreach=False``) where PyTorch's default ``foreach`` / ``fused`` implementations launch
+      a few kernels for all parameters; nor with ``launch="graphs"`` (CUDA graphs replay).
+    - ``collective_s`` 10 us: the fixed cost of one NCCL collective (an assumption).
     """
 
-    compute: float = 0.75
-    memory: float = 0.85
-    link: float = 0.80
-    kernel_s: float = 4e-6
+    compute: float = FALLBACK_COMPUTE
+    memory: float = HBM_FRACTION
+    link: float = NVLINK_FRACTION
+    kernel_s: float = EAGER_OP_S
     collective_s: float = 10e-6
+    network: float = NETWORK_FRACTION
 
 
 EFFICIENCY = Efficiency()
@@ -159,6 +171,9 @@ class StepTime:
     #: ``mode="generate"``: the prefill (time to the first token) and each decode step
     prefill_s: float | None = None
     per_token_s: float | None = None
+    #: how the kernels were launched: ``"eager"`` (each op at least ``efficiency.kernel_s``)
+    #: or ``"graphs"`` (CUDA graphs: no launch cost)
+    launch: str = "eager"
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -173,7 +188,7 @@ class StepTime:
             return (
                 f"<StepTime on {self.gpu.name}: generate {_ms(self.step_s)} (prefill "
                 f"{_ms(self.prefill_s)}, {per} per output token), "
-                f"{self.tokens_per_s or 0:,.0f} tokens/s>"
+                f"{self.tokens_per_s or 0:,.0f} tokens/s, launch {self.launch}>"
             )
         rate = (
             f"{self.tokens_per_s:,.0f} tokens/s"
@@ -229,8 +244,11 @@ def op_seconds(
 ) -> tuple[float, bool]:
     """The time of one op of ``cost`` on ``gpu``, and whether it is compute-bound; ``floor``:
     the least time of an op (default ``efficiency.kernel_s``)."""
-    peak, flops, nbytes = cost
-    compute = flops / (gpu.peak(peak) * efficiency.compute) if flops else 0.0
+    peak, flops, nbytes, shape = cost
+    compute = 0.0
+    if flops:
+        fraction = compute_fraction(gpu, peak, shape, efficiency.compute)
+        compute = flops / (gpu.peak(peak) * fraction)
     memory = nbytes / (gpu.hbm_bytes_per_s * efficiency.memory)
     least = efficiency.kernel_s if floor is None else floor
     return max(compute, memory, least), flops > 0 and compute >= memory
@@ -276,11 +294,12 @@ def collective_seconds(
         return 0.0
     stride = (strides or {}).get(comm.group, 1)
     if p * stride <= gpu.gpus_per_node:
-        bandwidth = gpu.nvlink_bytes_per_s / 2
+        nvls = comm.collective == "all_reduce" and gpu.name in NVLS_PARTS
+        bandwidth = gpu.nvlink_bytes_per_s / 2 * (NVLS_FRACTION if nvls else efficiency.link)
     else:
-        bandwidth = gpu.network_bytes_per_s
+        bandwidth = gpu.network_bytes_per_s * efficiency.network
     share = _RING.get(comm.collective, lambda p: 1.0)(p)
-    return share * comm.bytes / (bandwidth * efficiency.link) + efficiency.collective_s
+    return share * comm.bytes / bandwidth + efficiency.collective_s
 
 
 def step_time(
@@ -293,6 +312,7 @@ def step_time(
     samples: int | None = None,
     data_parallel: int = 1,
     efficiency: Efficiency = EFFICIENCY,
+    launch: str = "eager",
 ) -> StepTime:
     """The :class:`StepTime` of a trace's ``calls`` and ops ``outside`` calls (by phase), with
     its collectives ``comms``, on ``gpu``.
@@ -300,9 +320,12 @@ def step_time(
     ``flops``: the FLOPs ``hfu`` counts (the analysis' ``total_flops``, recomputation
     included; ``mfu`` counts them less the calls' ``recompute_self_flops``); ``tokens`` /
     ``samples``: what one rank's step processes; ``data_parallel``: the ranks processing other
-    data (FSDP's degree).
+    data (FSDP's degree); ``launch``: ``"eager"`` (no op takes less than
+    ``efficiency.kernel_s``) or ``"graphs"`` (no launch cost).
     """
     timer = _Timer(gpu, efficiency)
+    if launch != "eager":
+        timer.floor = 0.0
     n = len(calls)
     call_s, call_compute = [0.0] * n, [0.0] * n
     phases = {_FORWARD: 0.0, _BACKWARD: 0.0, _OPTIMIZER: 0.0}
@@ -351,6 +374,7 @@ def step_time(
         call_compute_s=tuple(call_compute),
         comm_by_module=by_module,
         efficiency=efficiency,
+        launch=launch,
     )
 
 

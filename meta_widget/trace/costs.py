@@ -14,6 +14,12 @@ op cache hit credit the cost the first run recorded):
 - ``flops``: the FLOPs the kernel executes: ``FlopCounterMode``'s count, except fused attention
   (flash, memory-efficient, cuDNN, the CPU flash kernel) with ``is_causal=True``, which skips the
   masked blocks: half of its count. The FLOPs the analysis reports stay ``FlopCounterMode``'s.
+- ``shape``: what the time model needs of the kernel beyond FLOPs and bytes
+  (``meta_widget.timing.efficiency``): ``("mm", M, N, K, batch)`` for a matrix multiply
+  (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``_scaled_mm``), ``("attn", kernel, direction,
+  batch x heads, query length, key length, head dim, causal)`` for a fused attention kernel
+  (``kernel`` ``"flash"``, ``"efficient"``, ``"cudnn"`` or ``"cpu"``; ``direction`` ``"fwd"`` or
+  ``"bwd"``; ``causal`` 0 or 1), ``()`` for any other op.
 - ``bytes``: the bytes the op reads and writes: every tensor argument's and output's
   ``numel * element_size`` (a DTensor's local shard in a parallel trace). A gather
   (``embedding``, ``index_select``, ``gather``, ``index``) reads of its first argument only the
@@ -44,6 +50,7 @@ __all__ = [
     "PEAK_OF_DTYPE",
     "Cost",
     "OpCost",
+    "Shape",
     "causal_index",
     "foreach_costs",
     "is_convolution",
@@ -51,10 +58,13 @@ __all__ = [
     "is_free",
     "is_gather",
     "op_cost",
+    "shape_kind",
 ]
 
-#: (peak class, executed FLOPs, bytes read and written)
-Cost = tuple[str, int, int]
+#: what the time model reads of a kernel's shape (see the module docstring); ``()``: nothing
+Shape = tuple[Any, ...]
+#: (peak class, executed FLOPs, bytes read and written, shape)
+Cost = tuple[str, int, int, Shape]
 #: what one op credits: a cost, or one per tensor of a multi-tensor op's lists
 OpCost = Cost | tuple[Cost, ...]
 
@@ -111,6 +121,26 @@ _CAUSAL_SKIPPING = frozenset(
     }
 )
 
+#: matrix multiplies: (position of the left matrix, of the right one)
+_MATMULS = {
+    aten.mm: (0, 1),
+    aten.bmm: (0, 1),
+    aten.addmm: (1, 2),
+    aten.baddbmm: (1, 2),
+    aten._scaled_mm: (0, 1),
+}
+#: fused attention kernels: (kernel, direction, position of the query)
+_ATTENTIONS = {
+    aten._scaled_dot_product_flash_attention: ("flash", "fwd", 0),
+    aten._scaled_dot_product_flash_attention_backward: ("flash", "bwd", 1),
+    aten._scaled_dot_product_efficient_attention: ("efficient", "fwd", 0),
+    aten._scaled_dot_product_efficient_attention_backward: ("efficient", "bwd", 1),
+    aten._scaled_dot_product_cudnn_attention: ("cudnn", "fwd", 0),
+    aten._scaled_dot_product_cudnn_attention_backward: ("cudnn", "bwd", 1),
+    aten._scaled_dot_product_flash_attention_for_cpu: ("cpu", "fwd", 0),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: ("cpu", "bwd", 1),
+}
+
 #: ops that allocate and write nothing a kernel computes
 _ALLOCATIONS = frozenset(
     {
@@ -150,6 +180,35 @@ def causal_index(func: Any) -> int | None:
         if argument.name == "is_causal":
             return i
     return None
+
+
+def shape_kind(func: Any) -> Any:
+    """What :func:`op_cost` records of ``func``'s shape: its entry of the matrix multiplies or
+    of the fused attention kernels, or None (the shape ``()``)."""
+    packet = func._overloadpacket
+    return _MATMULS.get(packet) or _ATTENTIONS.get(packet)
+
+
+def _shape(kind: Any, args: tuple[Any, ...], kwargs: dict[str, Any], causal: bool) -> Shape:
+    """The shape of an op of ``kind`` (:func:`shape_kind`) called with ``args``."""
+    if kind is None:
+        return ()
+    if len(kind) == 2:  # a matrix multiply: (..., M, K) @ (..., K, N)
+        a, b = (args[i] if len(args) > i else None for i in kind)
+        if not isinstance(a, _Tensor) or not isinstance(b, _Tensor) or a.dim() < 2:
+            return ()
+        a, b = local(a), local(b)
+        batch = a.shape[0] if a.dim() == 3 else 1
+        return ("mm", int(a.shape[-2]), int(b.shape[-1]), int(a.shape[-1]), int(batch))
+    name, direction, at = kind
+    q = args[at] if len(args) > at else None
+    k = args[at + 1] if len(args) > at + 1 else None
+    if not isinstance(q, _Tensor) or not isinstance(k, _Tensor) or q.dim() != 4:
+        return ()
+    q, k = local(q), local(k)
+    heads = int(q.shape[0]) * int(q.shape[1])
+    return ("attn", name, direction, heads, int(q.shape[2]), int(k.shape[2]), int(q.shape[3]),
+            int(causal))  # fmt: skip
 
 
 def is_foreach(func: Any) -> bool:
@@ -200,12 +259,14 @@ def op_cost(
     convolution: bool,
     on_local: bool,
     gather: bool = False,
+    shape: Any = None,
 ) -> Cost | None:
     """The cost of one op that ran (see the module docstring), or None: it returned no tensor.
 
     ``causal``: the position of ``is_causal`` (:func:`causal_index`); ``convolution``: float32
     runs at the TF32 peak; ``on_local``: count a DTensor's local shard (a parallel trace);
-    ``gather``: of its first argument the op reads only as many bytes as it writes.
+    ``gather``: of its first argument the op reads only as many bytes as it writes;
+    ``shape``: :func:`shape_kind` of the op.
     """
     size = _local_bytes if on_local else _bytes
     written = size((out,))
@@ -218,14 +279,15 @@ def op_cost(
     if kwargs:
         read += max(size(tuple(kwargs.values())), 0)
     if not flops:
-        return ("", 0, read + written)
-    if causal is not None and _is_causal(args, kwargs, causal):
+        return ("", 0, read + written, ())
+    is_causal = causal is not None and _is_causal(args, kwargs, causal)
+    if is_causal:
         flops //= 2
     first = _first_tensor(args)
     peak = PEAK_OF_DTYPE.get(first.dtype, "fp32") if first is not None else "fp32"
     if convolution and peak == "fp32":
         peak = "tf32"
-    return (peak, flops, read + written)
+    return (peak, flops, read + written, _shape(shape, args, kwargs, is_causal))
 
 
 def _is_causal(args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> bool:

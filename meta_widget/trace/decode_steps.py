@@ -121,8 +121,8 @@ def _call_atoms(c: CallRecord, c0: int, e0: int) -> list[Atom]:
     ]
     for name, n in c.ops.items():
         atoms += [name, n]
-    for (peak, flops, moved), count in c.costs.items():
-        atoms += [peak, flops, moved, count]
+    for (peak, flops, moved, shape), count in c.costs.items():
+        atoms += [peak, flops, moved, len(shape), *shape, count]
     for name, info in (*c.inputs, *c.outputs):
         atoms += [name, info.dtype, len(info.shape), *info.shape, *info.stride]
     return atoms
@@ -234,20 +234,29 @@ def _on(x: tuple[int, ...], y: tuple[int, ...], t: int) -> tuple[int, ...]:
     return tuple(p + t * (q - p) for p, q in zip(x, y, strict=True))
 
 
+def _shape_at(x: tuple[Any, ...], y: tuple[Any, ...], t: int) -> tuple[Any, ...]:
+    """A cost's shape ``t`` steps after ``x`` by the rule ``y - x`` (its integers move; its
+    names are the same in both)."""
+    return tuple(p if isinstance(p, str) else p + t * (q - p) for p, q in zip(x, y, strict=True))
+
+
 def _summed_costs(
-    x: dict[tuple[str, int, int], int], y: dict[tuple[str, int, int], int], first: int, last: int
-) -> dict[tuple[str, int, int], int]:
+    x: dict[tuple[str, int, int, tuple[Any, ...]], int],
+    y: dict[tuple[str, int, int, tuple[Any, ...]], int],
+    first: int,
+    last: int,
+) -> dict[tuple[str, int, int, tuple[Any, ...]], int]:
     """The costs of the steps ``first`` to ``last`` after ``x`` by the rule ``y - x``, added up:
     a cost that does not change is one entry, one that does an entry per step."""
-    out: dict[tuple[str, int, int], int] = {}
+    out: dict[tuple[str, int, int, tuple[Any, ...]], int] = {}
     n = last - first + 1
     span = (first + last) * n // 2
-    for ((peak, f, m), c), ((_, f2, m2), c2) in zip(x.items(), y.items(), strict=True):
+    for ((peak, f, m, sx), c), ((_, f2, m2, sy), c2) in zip(x.items(), y.items(), strict=True):
         df, dm, dc = f2 - f, m2 - m, c2 - c
-        if not df and not dm:
-            out[peak, f, m] = out.get((peak, f, m), 0) + n * c + dc * span
+        if not df and not dm and sx == sy:
+            out[peak, f, m, sx] = out.get((peak, f, m, sx), 0) + n * c + dc * span
             continue
         for t in range(first, last + 1):
-            key = (peak, f + t * df, m + t * dm)
+            key = (peak, f + t * df, m + t * dm, _shape_at(sx, sy, t))
             out[key] = out.get(key, 0) + c + t * dc
     return out

@@ -95,7 +95,9 @@ class Trace:
     #: what the analysis should tell (tensors made without a device, see ``factories``)
     notes: list[str] = field(default_factory=list)
     #: the costs of ops outside any module call, by phase (``meta_widget.trace.costs``)
-    orphan_costs: dict[str, dict[tuple[str, int, int], int]] = field(default_factory=dict)
+    orphan_costs: dict[str, dict[tuple[str, int, int, tuple[Any, ...]], int]] = field(
+        default_factory=dict
+    )
     #: ``mode="generate"``: the cache ``generate()`` returned (``meta_widget.trace.generate``)
     kv_cache: CacheSummary | None = None
     #: ``mode="generate"``: the stretches of decode steps given by the per-step rule, not

@@ -53,6 +53,7 @@ from .costs import (
     is_free,
     is_gather,
     op_cost,
+    shape_kind,
 )
 from .kernels import EXTRA_FLOPS
 from .opcache import DECOMPOSED, VIEW, OpCache, static_bypass
@@ -97,6 +98,8 @@ class OpPlan:
     foreach: bool = False
     #: a gather (``embedding``...): it reads from its first argument only what it outputs
     gather: bool = False
+    #: a matrix multiply or fused attention: what its cost records of its shape
+    shape: Any = None
 
 
 class _OpMode(TorchDispatchMode):
@@ -456,6 +459,7 @@ class Recorder:
             convolution=is_convolution(func),
             foreach=is_foreach(func),
             gather=is_gather(func),
+            shape=shape_kind(func),
         )
 
     def _count(self, plan: OpPlan, n: int, owner: CallRecord | None, backward: bool) -> None:
@@ -486,7 +490,15 @@ class Recorder:
         if plan.foreach:
             return foreach_costs(args, kwargs, out, self.local_flops)
         return op_cost(
-            args, kwargs, out, n, plan.causal, plan.convolution, self.local_flops, plan.gather
+            args,
+            kwargs,
+            out,
+            n,
+            plan.causal,
+            plan.convolution,
+            self.local_flops,
+            plan.gather,
+            plan.shape,
         )
 
     def _cost(self, cost: OpCost, many: bool, owner: CallRecord | None, backward: bool) -> None:

@@ -76,7 +76,7 @@ class _Tape:
     #: aten ops the call ran
     ops: int
     #: the costs its ops added to the running call: (cost, how many)
-    costs: tuple[tuple[tuple[str, int, int], int], ...] = ()
+    costs: tuple[tuple[tuple[str, int, int, tuple[Any, ...]], int], ...] = ()
     #: the data flow its ops noted in the running call (``CallRecord.flows``), each id as
     #: (``_ARG``, argument position) / (``_NEW``, event offset) / (``_ABS``, the id), or None:
     #: the call ran where no flow is noted (a leaf module's body)
@@ -315,8 +315,8 @@ class Tapes:
 
 def _with_costs(
     tape: _Tape,
-    before: dict[tuple[str, int, int], int],
-    after: dict[tuple[str, int, int], int],
+    before: dict[tuple[str, int, int, tuple[Any, ...]], int],
+    after: dict[tuple[str, int, int, tuple[Any, ...]], int],
 ) -> _Tape:
     """``tape`` with the costs its call added to the running call's (``after`` less
     ``before``)."""

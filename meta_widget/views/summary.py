@@ -202,6 +202,11 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
 
 
+def _launch(time: Any) -> str:
+    """The launch regime a time assumes (``StepTime.launch``), in words."""
+    return "CUDA graphs" if getattr(time, "launch", "eager") == "graphs" else "eager launch"
+
+
 def time_lines(time: Any) -> list[str]:
     """With ``gpu=``: the step's time on it (``Analysis.time``, a ``StepTime``), its parts,
     MFU and throughput; nothing without."""
@@ -212,7 +217,7 @@ def time_lines(time: Any) -> list[str]:
         return [
             f"Time on {time.gpu.name}: generate {_seconds(time.step_s)} = prefill "
             f"{_seconds(time.prefill_s)} + {per} per output token · "
-            f"{time.tokens_per_s or 0:,.0f} tokens/s"
+            f"{time.tokens_per_s or 0:,.0f} tokens/s · {_launch(time)}"
         ]
     parts = [f"forward {_seconds(time.forward_s)}"]
     if time.backward_s or time.optimizer_s:
