@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
@@ -50,7 +50,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_map_only
 
 from ..errors import MetaWidgetError
-from ..options import LayoutError, ParallelPlan, TraceSpec
+from ..options import MESH_DIMS, LayoutError, Parallel, TraceSpec
 from ..trace.callstack import Listener
 from ..trace.opcache import FakeOpCache
 from ..trace.passes import Trace, trace
@@ -75,9 +75,6 @@ __all__ = [
     "trace_rank",
 ]
 
-#: the dimensions of a ``parallel=`` world's device mesh, outermost first: replicas (HSDP),
-#: FSDP shards, tensor parallelism (innermost: its ranks are neighbours, on one node)
-MESH_DIMS = ("replicate", "fsdp", "tp")
 #: transformers' tensor-parallel style names -> the ``torch.distributed`` style they stand for
 TP_STYLES: dict[str, Callable[[], ParallelStyle]] = {
     "colwise": ColwiseParallel,
@@ -108,7 +105,7 @@ class World:
     #: the device the fake tensors stand for (the device of the mesh)
     device = "cpu"
 
-    def __init__(self, plan: ParallelPlan) -> None:
+    def __init__(self, plan: Parallel) -> None:
         self.plan = plan
         self.fake = FakeTensorMode()
         self.mesh: DeviceMesh | None = None
@@ -129,11 +126,9 @@ class World:
         plan = self.plan
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
-            world_started((plan.replicate, plan.fsdp, plan.tp))  # __exit__ ends it, on any path
+            world_started(plan.sizes)  # __exit__ ends it, on any path
             dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
-            self.mesh = init_device_mesh(
-                "cpu", (plan.replicate, plan.fsdp, plan.tp), mesh_dim_names=MESH_DIMS
-            )
+            self.mesh = plan.mesh("cpu")
         except BaseException:
             self.__exit__()  # a group registered before the failure is destroyed too
             raise
@@ -183,10 +178,9 @@ class World:
             for block in fsdp_blocks(copied, self.plan.blocks):
                 fully_shard(block, mesh=mesh, mp_policy=policy)
             fully_shard(copied, mesh=mesh, mp_policy=policy)
-        sizes = (self.plan.replicate, self.plan.fsdp, self.plan.tp)
         groups = {
             str(self.mesh[name].get_group().group_name): (name, size)
-            for name, size in zip(MESH_DIMS, sizes, strict=True)
+            for name, size in zip(MESH_DIMS, self.plan.sizes, strict=True)
             if size > 1
         }
         self.watcher = CommWatcher(groups)
@@ -292,7 +286,7 @@ def trace_rank(
 HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads")
 
 
-def check_world(plan: ParallelPlan, module: nn.Module) -> None:
+def check_world(plan: Parallel, module: nn.Module) -> None:
     """Refuse degrees that ``module`` cannot be split into, before anything is started.
 
     - ``tp`` must divide the model's attention heads and key/value heads, where its
@@ -310,6 +304,13 @@ def check_world(plan: ParallelPlan, module: nn.Module) -> None:
     ``options.check_parallel``).
     """
     name = type(module).__name__
+    untraced = [k for k in ("pp", "cp", "ep") if getattr(plan, k) > 1]
+    if untraced:
+        raise LayoutError(
+            f"parallel {', '.join(f'{k}={getattr(plan, k)}' for k in untraced)}: this version "
+            "of meta_widget describes such layouts (mw.Parallel) but does not trace them yet; "
+            "trace replicate, fsdp and tp alone."
+        )
     if plan.tp > 1:
         tp_plan(module, plan)
         for field, heads in _head_counts(module) if plan.tp_plan is None else ():
@@ -376,7 +377,7 @@ def fsdp_blocks(module: nn.Module, names: tuple[str, ...] | None) -> list[nn.Mod
     return chosen
 
 
-def tp_plan(module: nn.Module, plan: ParallelPlan) -> dict[str, ParallelStyle]:
+def tp_plan(module: nn.Module, plan: Parallel) -> dict[str, ParallelStyle]:
     """The tensor-parallel plan: ``plan.tp_plan`` if given, else transformers' plan of the
     model's config (``base_model_tp_plan``, paths under the base model, and the model class's
     ``_tp_plan``), each style name turned into PyTorch's ``ColwiseParallel``/``RowwiseParallel``."""

@@ -37,7 +37,7 @@ from .errors import (
     OptionTypeError,
     show,
 )
-from .parallel import ParallelPlan, check_parallel
+from .layout import MESH_DIMS, SCHEDULES, Parallel, ParallelPlan, check_parallel
 from .shapes import (
     check_bytes,
     check_shape,
@@ -55,11 +55,14 @@ __all__ = [
     "MAX_BUDGET_BYTES",
     "MAX_MICRO_BATCHES",
     "MAX_RANKS",
+    "MESH_DIMS",
+    "SCHEDULES",
     "InputError",
     "LayoutError",
     "OptionError",
     "OptionTypeError",
     "Options",
+    "Parallel",
     "ParallelPlan",
     "TraceSpec",
     "carried_optimizer",
