@@ -107,6 +107,8 @@ class Analysis:
     #: a mixture of experts: its routed expert groups (``meta_widget.memory.moe``); None for a
     #: dense model
     moe: MoE | None = None
+    #: with ``pp`` > 1: each pipeline rank (``meta_widget.distributed.pipelining.StageReport``)
+    stages: list[Any] = field(default_factory=list)
     #: the views made of this analysis, kept to be shown again (``widget()``'s, or the one the
     #: pipeline streamed into); not part of the result
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

@@ -110,6 +110,12 @@ def _pipeline(
     )
     # a re-run's meta model keeps its notes: each note once
     notes = list(dict.fromkeys([*meta.notes, *inputs.notes, *options.input_notes, *given_notes]))
+    if options.parallel is not None and options.parallel.pp > 1 and not inputs.empty:
+        from .distributed import pipelining  # every pipeline rank traced in turn
+
+        return pipelining.run_stages(  # type: ignore[no-any-return]
+            meta, inputs, options, kept, notes, diff, gpu, make, listeners, start
+        )
     tree = walk(module)  # one walk for the tree and the trace
     nodes = build_tree(module, tree)
     input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]

@@ -253,12 +253,16 @@ def trace_rank(
     *,
     listeners: Sequence[Listener] = (),
     on_phase: Callable[[str], None] | None = None,
+    drive: Callable[[tuple[Any, ...], dict[str, Any]], Callable[[Any, list[Any]], None]]
+    | None = None,
 ) -> RankTrace:
     """``passes.trace`` of one rank of ``world``: ``module`` (meta) copied, wrapped and run on
     fake tensors under a fake process group (a :class:`World`'s is destroyed afterwards), as
     ``spec`` says (its activation checkpointing picks modules of the wrapped copy). Libraries
     that take another path for a fake tensor see the rank's tensors as real ones
-    (``meta_widget.distributed.stand_ins``), as they see a single-device trace's meta tensors."""
+    (``meta_widget.distributed.stand_ins``), as they see a single-device trace's meta tensors.
+    ``drive(args, kwargs)``, given the prepared inputs, returns the forward and backward passes
+    of a training step run another way (``passes.trace``'s ``drive``: a pipeline schedule)."""
     fake_ops = FakeOpCache() if spec.fast else nullcontext()  # the op cache below the recorder
     with world, quiet_meta_failures():
         with fake_ops:
@@ -274,6 +278,7 @@ def trace_rank(
                 on_phase=on_phase,
                 attach=world.attach,
                 default_device=world.device,  # device-less tensors: fake tensors, as the others
+                drive=drive(args, kwargs) if drive is not None else None,
             )
         return RankTrace(result, wrapped, world.comms)
 
@@ -304,13 +309,19 @@ def check_world(plan: Parallel, module: nn.Module) -> None:
     ``options.check_parallel``).
     """
     name = type(module).__name__
-    untraced = [k for k in ("pp", "cp", "ep") if getattr(plan, k) > 1]
+    untraced = [k for k in ("cp", "ep") if getattr(plan, k) > 1] + (
+        ["tp"] if plan.pp > 1 and plan.tp > 1 else []
+    )
     if untraced:
         raise LayoutError(
             f"parallel {', '.join(f'{k}={getattr(plan, k)}' for k in untraced)}: this version "
             "of meta_widget describes such layouts (mw.Parallel) but does not trace them yet; "
             "trace replicate, fsdp and tp alone."
         )
+    if plan.pp > 1:
+        from .stages import layer_ranges
+
+        layer_ranges(plan, module)  # a transformers decoder, with a layer for every stage
     if plan.tp > 1:
         tp_plan(module, plan)
         for field, heads in _head_counts(module) if plan.tp_plan is None else ():

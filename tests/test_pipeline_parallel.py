@@ -1,0 +1,152 @@
+"""Pipeline parallelism traced per stage against real gloo ranks (``pipeline_truth``).
+
+Truth: the same tiny Llama built for real, split by hand, run by PyTorch's own
+``torch.distributed.pipelining`` schedules on one gloo process per rank for three AdamW steps,
+measured by the CPU allocator; its sends and receives counted at the dispatcher. The bubble's
+truth: the closed form of a schedule's idle share when every forward and backward takes one
+slot, (P - 1) / (v m + P - 1) for P ranks, v stages a rank and m micro-batches (1F1B and GPipe:
+v = 1): each rank idles P - 1 slots at the start and at the end, and works 2 v m.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import transformers
+from parallel_truth import DeepMLP, tiny_llama_config
+from pipeline_truth import real_pipeline_ranks
+
+import meta_widget as mw
+
+#: the acceptance bound of the issue
+TOLERANCE = 0.02
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left() -> Any:
+    assert not dist.is_initialized()
+    yield
+    assert not dist.is_initialized()
+
+
+def tokens(batch: int = 4) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randint(0, 32000, (batch, 128))
+
+
+def analyze_pipeline(config: Any, x: torch.Tensor, **layout: Any) -> mw.Analysis:
+    a = mw.analyze(config, input_data=x, mode="training", device="cpu", parallel=layout)
+    for stage in a.stages:
+        assert stage.analysis.error is None, stage.analysis.error
+    return a
+
+
+def agree(a: mw.Analysis, truth: list[dict[str, Any]]) -> None:
+    """Every stage's steady and first-step peaks within 2 % of its real rank's, its sends and
+    receives equal to the real ones, and the analysis the worst stage's."""
+    assert [list(s.stages) for s in a.stages] == [t["stages"] for t in truth]
+    for stage, real in zip(a.stages, truth, strict=True):
+        assert stage.peak_bytes == pytest.approx(real["steady"], rel=TOLERANCE)
+        first = stage.analysis.memory.first_step_peak_bytes
+        assert first == pytest.approx(real["first_step"], rel=TOLERANCE)
+        assert (stage.send_bytes, stage.recv_bytes) == (real["sent"], real["received"])
+    worst = max(a.stages, key=lambda s: s.peak_bytes)
+    assert a.peak_bytes == worst.peak_bytes == max(s.analysis.peak_bytes for s in a.stages)
+    assert f"Pipeline rank {worst.rank}" in a.notes[-1]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "v", "bounds"),
+    [("1F1B", 1, ()), ("interleaved-1F1B", 2, ()), ("1F1B", 1, (1,))],
+)
+def test_each_stage_of_a_two_rank_pipeline_is_its_real_gloo_rank(
+    schedule: str, v: int, bounds: tuple[int, ...], tmp_path: Path
+) -> None:
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, schedule, v, bounds=bounds)
+    layout: dict[str, Any] = {"pp": 2, "schedule": schedule, "virtual_stages": v}
+    if bounds:
+        layout["stage_boundaries"] = bounds
+    a = analyze_pipeline(config, x, **layout)
+    agree(a, truth)
+    # the last stage holds the logits of every micro-batch in flight: it peaks, not the embedding
+    if not bounds and v == 1:
+        assert a.stages[1].peak_bytes > a.stages[0].peak_bytes
+        assert a.stages[0].modules[:2] == ("model.embed_tokens", "model.layers.0")
+        assert a.stages[1].modules[-2:] == ("model.norm", "lm_head")
+
+
+@pytest.mark.slow
+def test_each_stage_of_a_four_rank_1f1b_pipeline_is_its_real_gloo_rank(tmp_path: Path) -> None:
+    config, x = tiny_llama_config(), tokens()
+    agree(analyze_pipeline(config, x, pp=4), real_pipeline_ranks(config, x, 4, tmp_path))
+
+
+def eight_layers() -> Any:
+    config = tiny_llama_config()
+    config.num_hidden_layers = 8
+    return config
+
+
+@pytest.mark.parametrize(
+    ("pp", "v", "m", "schedule"),
+    [
+        (2, 1, 2, "1F1B"),
+        (2, 1, 4, "1F1B"),
+        (4, 1, 4, "1F1B"),
+        (2, 1, 4, "gpipe"),
+        (2, 2, 4, "interleaved-1F1B"),
+        (4, 2, 8, "interleaved-1F1B"),
+    ],
+)
+def test_the_bubble_is_the_schedules_idle_share(pp: int, v: int, m: int, schedule: str) -> None:
+    a = analyze_pipeline(
+        eight_layers(), tokens(m), pp=pp, virtual_stages=v, microbatches=m, schedule=schedule
+    )
+    expected = (pp - 1) / (v * m + pp - 1)
+    assert [s.bubble for s in a.stages] == pytest.approx([expected] * pp)
+
+
+def test_step_time_stretches_each_stage_by_its_bubble_and_prices_the_sends() -> None:
+    a = mw.analyze(
+        tiny_llama_config(), input_data=tokens(), mode="training", parallel={"pp": 2}, gpu="H100"
+    )
+    for stage in a.stages:
+        t = stage.analysis.time
+        assert t is not None and stage.step_s is not None
+        assert stage.step_s > t.forward_s + t.backward_s + t.optimizer_s
+        # sends and receives are priced with the other collectives
+        assert t.comm_s > 0 and set(stage.analysis.comms.collective) == {"send", "recv"}
+
+
+@pytest.mark.parametrize(
+    ("model", "layout", "match"),
+    [
+        (DeepMLP, {"pp": 2}, "not one; trace it without pp"),
+        ("llama", {"pp": 4, "virtual_stages": 2}, "8 stages, more than the 4 layers"),
+        ("llama", {"pp": 2, "stage_boundaries": (4,)}, "go past the 4 layers"),
+        ("llama", {"pp": 2, "microbatches": 3}, "do not divide the batch of 4"),
+        ("llama", {"pp": 2, "cp": 2}, "cp=2"),
+    ],
+)
+def test_a_pipeline_the_model_cannot_take_is_a_layout_error(
+    model: Any, layout: dict[str, Any], match: str
+) -> None:
+    model = tiny_llama_config() if model == "llama" else model
+    x = tokens() if model is not DeepMLP else torch.randn(4, 256)
+    with pytest.raises(mw.LayoutError, match=match) as raised:
+        mw.analyze(model, input_data=x, mode="training", parallel=layout)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_llama_for_causal_lm_module_splits_as_its_config() -> None:
+    config = tiny_llama_config()
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    a = analyze_pipeline(model, tokens(), pp=2)
+    b = analyze_pipeline(config, tokens(), pp=2)
+    assert [s.peak_bytes for s in a.stages] == [s.peak_bytes for s in b.stages]
