@@ -309,14 +309,22 @@ def check_world(plan: Parallel, module: nn.Module) -> None:
     ``options.check_parallel``).
     """
     name = type(module).__name__
-    untraced = [k for k in ("cp", "ep") if getattr(plan, k) > 1] + (
-        ["tp"] if plan.pp > 1 and plan.tp > 1 else []
-    )
+    if plan.cp > 1:
+        raise LayoutError(
+            f"parallel cp={plan.cp} cannot be traced: PyTorch's context_parallel (ring "
+            "attention, torch 2.13) runs only the CUDA attention kernels (flash, efficient, "
+            "cudnn), and on the CPU mesh a parallel trace stands for, attention is "
+            "_scaled_dot_product_flash_attention_for_cpu, which DTensor cannot shard. "
+            "Trace without cp."
+        )
+    untraced = [k for k in ("ep",) if getattr(plan, k) > 1]
+    untraced += ["tp"] if plan.pp > 1 and plan.tp > 1 else []
     if untraced:
         raise LayoutError(
-            f"parallel {', '.join(f'{k}={getattr(plan, k)}' for k in untraced)}: this version "
-            "of meta_widget describes such layouts (mw.Parallel) but does not trace them yet; "
-            "trace replicate, fsdp and tp alone."
+            f"parallel {', '.join(f'{k}={getattr(plan, k)}' for k in untraced)}"
+            f"{' with pp' if plan.pp > 1 and plan.tp > 1 else ''}: this version of meta_widget "
+            "describes such layouts (mw.Parallel) but does not trace them yet; trace "
+            "replicate, fsdp, tp and pp without them."
         )
     if plan.pp > 1:
         from .stages import layer_ranges
