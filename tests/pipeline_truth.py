@@ -80,8 +80,15 @@ def _rank(
     from truth import loop_peaks
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=pp, init_method=f"tcp://127.0.0.1:{port}")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    fsdp = layout["fsdp"]
+    address = f"tcp://127.0.0.1:{port}"
+    dist.init_process_group("gloo", rank=rank, world_size=pp * fsdp, init_method=address)
     try:
+        mesh = init_device_mesh("cpu", (pp, fsdp), mesh_dim_names=("pp", "fsdp"))
+        stage_rank = rank // fsdp  # pp is the outer dimension
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).train()
         v, m = layout["virtual_stages"], layout["microbatches"]
@@ -90,7 +97,7 @@ def _rank(
         bounds = [0, *layout["bounds"], layers] if layout["bounds"] else [
             round(i * layers / n_stages) for i in range(n_stages + 1)
         ]  # fmt: skip
-        mine = [rank + k * pp for k in range(v)]
+        mine = [stage_rank + k * pp for k in range(v)]
         mb = x.shape[0] // m
         hidden, vocab = config["hidden_size"], config["vocab_size"]
         stages, modules = [], []
@@ -107,9 +114,21 @@ def _rank(
                     requires_grad=True,
                 ),
             )  # fmt: skip
+            if fsdp > 1:  # each block, then the stage (torchtitan's order)
+                for block in module.blocks:
+                    fully_shard(block, mesh=mesh["fsdp"])
+                fully_shard(module, mesh=mesh["fsdp"])
             modules.append(module)
             stages.append(
-                pipelining.PipelineStage(module, s, n_stages, torch.device("cpu"), given, made)
+                pipelining.PipelineStage(
+                    module,
+                    s,
+                    n_stages,
+                    torch.device("cpu"),
+                    given,
+                    made,
+                    group=mesh["pp"].get_group(),
+                )
             )
         del model
         cls = getattr(pipelining, SCHEDULE_CLASSES[layout["schedule"]])
@@ -141,7 +160,7 @@ def _rank(
             else:
                 step()
 
-        held = [*params, *((x,) if first else ())]
+        held = [_local(p) for p in params] + ([x] if first else [])
         peaks = loop_peaks(counted_step, 3, held)
         Path(out).write_text(
             json.dumps(
@@ -158,6 +177,11 @@ def _rank(
         dist.destroy_process_group()
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
 def real_pipeline_ranks(
     config: Any,
     x: torch.Tensor,
@@ -167,28 +191,33 @@ def real_pipeline_ranks(
     virtual_stages: int = 1,
     microbatches: int | None = None,
     bounds: tuple[int, ...] = (),
+    fsdp: int = 1,
 ) -> list[dict[str, Any]]:
-    """Each of ``pp`` real gloo ranks' steady and first-step peaks (bytes, CPU allocator) and
-    the bytes it sent and received in a step, one process a rank."""
+    """Each of ``pp * fsdp`` real gloo ranks' steady and first-step peaks (bytes, CPU
+    allocator) and the bytes it sent and received in a step, one process a rank (rank ``r`` is
+    pipeline rank ``r // fsdp``; with ``fsdp`` > 1 each stage's blocks, then the stage, are
+    ``fully_shard``-ed over its ``fsdp`` ranks)."""
     layout = {
         "schedule": schedule,
         "virtual_stages": virtual_stages,
         "microbatches": microbatches or pp * virtual_stages,
         "bounds": list(bounds),
+        "fsdp": fsdp,
     }
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    outs = [str(tmp / f"rank{r}.json") for r in range(pp)]
+    world = pp * fsdp
+    outs = [str(tmp / f"rank{r}.json") for r in range(world)]
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(target=_rank, args=(r, pp, port, config.to_dict(), x, layout, outs[r]))
-        for r in range(pp)
+        for r in range(world)
     ]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=600)
     codes = [p.exitcode for p in procs]
-    assert codes == [0] * pp, f"a real pipeline rank failed: exit codes {codes}"
+    assert codes == [0] * world, f"a real pipeline rank failed: exit codes {codes}"
     return [json.loads(Path(o).read_text()) for o in outs]
