@@ -172,3 +172,27 @@ def test_pp_x_fsdp_stages_send_and_shard_as_their_real_ranks(tmp_path: Path) -> 
     peaks = [(s.peak_bytes, t["steady"]) for s, t in zip(a.stages, truth, strict=True)]
     if any(abs(p / t - 1) > TOLERANCE for p, t in peaks):
         pytest.xfail(f"PP x FSDP steady peaks (trace, real): {peaks}")
+
+
+def test_a_pipeline_trace_leaves_no_process_group_or_patch_behind() -> None:
+    import sys
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meta_widget.distributed.decisions import forget_meshes
+
+    resize, hook = torch.UntypedStorage.resize_, sys.excepthook
+    analyze_pipeline(tiny_llama_config(), tokens(), pp=2, fsdp=2)
+    assert torch.UntypedStorage.resize_ is resize and sys.excepthook is hook
+    assert not dist.is_initialized()
+    # the user's own process group and mesh of the same shape work afterwards
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "fsdp"))
+        model = fully_shard(torch.nn.Linear(8, 8), mesh=mesh["fsdp"])
+        model(torch.randn(2, 8)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
