@@ -25,7 +25,7 @@ from .data.walk import walk
 from .memory.kv_cache import KVCache
 from .memory.moe import BALANCED_NOTE, find_moe
 from .memory.report import memory_report
-from .options import OptionError, Options, check_buildable, check_listeners
+from .options import EP_NOTE, OptionError, Options, check_buildable, check_listeners
 from .sources.inputs import make_inputs
 from .sources.models import MetaModel, check_tree, to_meta
 from .sources.precision import cast_inputs, with_param_dtype
@@ -110,6 +110,8 @@ def _pipeline(
     )
     # a re-run's meta model keeps its notes: each note once
     notes = list(dict.fromkeys([*meta.notes, *inputs.notes, *options.input_notes, *given_notes]))
+    if options.parallel is not None and options.parallel.ep > 1:
+        notes.append(EP_NOTE)
     if options.parallel is not None and options.parallel.pp > 1 and not inputs.empty:
         from .distributed import pipelining  # every pipeline rank traced in turn
 

@@ -170,14 +170,20 @@ class World:
         assert self.mesh is not None
         if self.plan.tp > 1:
             parallelize_module(copied, self.mesh["tp"], tp_plan(copied, self.plan))
+        experts: set[nn.Parameter] = set()
+        if self.plan.ep > 1:  # each rank its experts, reached by all-to-all (not FSDP-sharded)
+            from .experts import shard_experts
+
+            experts = set(shard_experts(copied, self.plan, self.mesh["fsdp"].get_group()))
         if self.plan.fsdp > 1 or self.plan.replicate > 1:
             # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second
             mesh = self.mesh["replicate", "fsdp"] if self.plan.replicate > 1 else self.mesh["fsdp"]
             mp = self.plan.mp  # FSDP2's own mixed precision, as the user's fully_shard takes it
             policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
+            ignored = experts or None
             for block in fsdp_blocks(copied, self.plan.blocks):
-                fully_shard(block, mesh=mesh, mp_policy=policy)
-            fully_shard(copied, mesh=mesh, mp_policy=policy)
+                fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+            fully_shard(copied, mesh=mesh, mp_policy=policy, ignored_params=ignored)
         groups = {
             str(self.mesh[name].get_group().group_name): (name, size)
             for name, size in zip(MESH_DIMS, self.plan.sizes, strict=True)
@@ -317,15 +323,15 @@ def check_world(plan: Parallel, module: nn.Module) -> None:
             "_scaled_dot_product_flash_attention_for_cpu, which DTensor cannot shard. "
             "Trace without cp."
         )
-    untraced = [k for k in ("ep",) if getattr(plan, k) > 1]
-    untraced += ["tp"] if plan.pp > 1 and plan.tp > 1 else []
-    if untraced:
+    if plan.pp > 1 and plan.tp > 1:
         raise LayoutError(
-            f"parallel {', '.join(f'{k}={getattr(plan, k)}' for k in untraced)}"
-            f"{' with pp' if plan.pp > 1 and plan.tp > 1 else ''}: this version of meta_widget "
-            "describes such layouts (mw.Parallel) but does not trace them yet; trace "
-            "replicate, fsdp, tp and pp without them."
+            f"parallel tp={plan.tp} with pp={plan.pp}: this version of meta_widget does not "
+            "trace tensor parallelism inside a pipeline yet; trace pp with fsdp, or tp alone."
         )
+    if plan.ep > 1:
+        from .experts import check_experts
+
+        check_experts(plan, module)
     if plan.pp > 1:
         from .stages import layer_ranges
 

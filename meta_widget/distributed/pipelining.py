@@ -19,8 +19,8 @@ arrives, so the vote is settled as stages with given shapes settle it (static) w
 The result: ``a.stages``, one :class:`StageReport` per pipeline rank (its modules, peak, step
 time with the schedule's bubble, bytes sent and received), and the analysis of the rank with
 the highest peak (``a.peak_bytes`` is that rank's; ``a.stages`` says which). The bubble is
-counted on the schedule's own action list (``pipeline_order``: each rank's forward and backward
-actions, ``None`` where it waits) as PyTorch's ``_simulate_comms_compute`` lays them out.
+counted on the actions each rank's schedule ran (its forwards, backwards and weight gradients,
+in its order), laid out in time slots (:func:`bubble_fractions`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_map_only
 
 from ..choices import Phase
-from ..options import SCHEDULES, LayoutError, Options, Parallel
+from ..options import MESH_DIMS, SCHEDULES, LayoutError, Options, Parallel
 from ..trace.passes import default_loss
 from ..trace.recorder import Recorder
 from ..undo import Undo
@@ -96,6 +96,8 @@ class PipelineWorld:
         #: the actions the rank's schedule ran in its first step, in order
         self.ran: list[Action] = []
         self.first = self.last = False
+        #: the loss of the last stage's output (``analyze``'s ``loss=``, or the sum)
+        self.loss: Callable[[Any], torch.Tensor] = default_loss
         self._hook = sys.excepthook
 
     def __enter__(self) -> PipelineWorld:
@@ -178,14 +180,13 @@ class PipelineWorld:
         )
         self.schedule._warmup_p2p = _settled_vote  # see the module docstring
         self.stages = stages
-        groups = {str(self.mesh[name].get_group().group_name): (name, size)
-                  for name, size in zip(("pp", "replicate", "fsdp", "cp", "tp"), plan.sizes,
-                                        strict=True) if size > 1}  # fmt: skip
+        groups = {
+            str(self.mesh[name].get_group().group_name): (name, size)
+            for name, size in zip(MESH_DIMS, plan.sizes, strict=True)
+            if size > 1
+        }
         self.watcher = CommWatcher(groups)
         return copied, args, kwargs
-
-    #: the loss of the last stage's output (``analyze``'s ``loss=``, or the sum)
-    loss: Callable[[Any], torch.Tensor] = staticmethod(default_loss)  # type: ignore[assignment]
 
     def attach(self, recorder: Recorder, undo: Undo) -> None:
         assert self.watcher is not None
@@ -371,7 +372,7 @@ def run_stages(
         root = rank_stages(plan, module, r)
         world = PipelineWorld(plan, r, shapes)
         if spec.loss is not None:
-            world.loss = spec.loss  # type: ignore[method-assign]
+            world.loss = spec.loss
         args = inputs.args if r == 0 else ()
         rank = trace_rank(world, root, args, {}, spec, listeners=listeners, drive=world.drive)
         ran[r] = world.ran

@@ -37,7 +37,7 @@ from .errors import (
     OptionTypeError,
     show,
 )
-from .layout import MESH_DIMS, SCHEDULES, Parallel, ParallelPlan, check_parallel
+from .layout import EP_NOTE, MESH_DIMS, SCHEDULES, Parallel, ParallelPlan, check_parallel
 from .shapes import (
     check_bytes,
     check_shape,
@@ -51,6 +51,7 @@ from .spec import Options, TraceSpec
 
 __all__ = [
     "DEFAULT_OPTIMIZER",
+    "EP_NOTE",
     "INT64_MAX",
     "MAX_BUDGET_BYTES",
     "MAX_MICRO_BATCHES",

@@ -24,7 +24,13 @@ from .parallel import MixedPrecision, mixed_precision
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["MESH_DIMS", "SCHEDULES", "Parallel", "ParallelPlan", "check_parallel"]
+__all__ = ["EP_NOTE", "MESH_DIMS", "SCHEDULES", "Parallel", "ParallelPlan", "check_parallel"]
+
+#: the assumption of an ``ep`` trace (``meta_widget.distributed.experts``)
+EP_NOTE = (
+    "Expert parallelism assumes balanced routing: every expert receives tokens x top_k / "
+    "experts token copies, and every rank sends each rank an equal share."
+)
 
 _EXAMPLE = (
     'e.g. parallel={"fsdp": 8}, {"tp": 2}, {"fsdp": 4, "tp": 2}, {"replicate": 2, "fsdp": 4} '
