@@ -77,7 +77,6 @@ def _rank(
 ) -> None:  # fmt: skip
     import transformers
     from torch.distributed import pipelining
-    from truth import loop_peaks
 
     torch.set_num_threads(1)
     from torch.distributed.device_mesh import init_device_mesh
@@ -161,7 +160,7 @@ def _rank(
                 step()
 
         held = [_local(p) for p in params] + ([x] if first else [])
-        peaks = loop_peaks(counted_step, 3, held)
+        peaks = _own_peaks(counted_step, 3, held)
         Path(out).write_text(
             json.dumps(
                 {
@@ -175,6 +174,52 @@ def _rank(
         )
     finally:
         dist.destroy_process_group()
+
+
+def _own_peaks(step: Any, steps: int, held: list[torch.Tensor]) -> list[int]:
+    """``truth.loop_peaks`` counting the rank's own allocations only: those of the thread that
+    runs the steps (and their frees, on any thread). Gloo runs collectives on threads of its
+    own, with temporaries of its own (its reduce-scatter is an all-reduce of a full copy): a
+    GPU's NCCL keeps its buffers outside the caching allocator, and the trace models neither."""
+    import gc
+
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    base = sum(
+        {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values()
+    )
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for k in range(steps):
+            with torch.profiler.record_function(f"own step {k}"):
+                step()
+    ranges: dict[int, tuple[int, int]] = {}
+    events: list[tuple[int, int, int, int]] = []
+    main = -1
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    while pending:
+        node = pending.pop()
+        if node.name.startswith("own step "):
+            ranges[int(node.name.rsplit(" ", 1)[1])] = (node.start_time_ns, node.end_time_ns)
+            main = node.start_tid
+        if node.tag == _EventType.Allocation:
+            fields = node.extra_fields
+            events.append((node.start_time_ns, fields.alloc_size, fields.ptr, node.start_tid))
+        pending.extend(node.children)
+    peaks, live, mine = [0] * steps, 0, set()
+    for at, size, ptr, tid in sorted(events):
+        if size > 0 and tid == main:
+            mine.add(ptr)
+        elif size < 0 and ptr in mine:
+            mine.discard(ptr)
+        else:
+            continue
+        live += size
+        for k, (start, end) in ranges.items():
+            if start <= at <= end:
+                peaks[k] = max(peaks[k], live)
+    return [base + p for p in peaks]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
