@@ -83,8 +83,13 @@ def _rank(
     from torch.distributed.fsdp import fully_shard
 
     fsdp = layout["fsdp"]
-    address = f"tcp://127.0.0.1:{port}"
-    dist.init_process_group("gloo", rank=rank, world_size=pp * fsdp, init_method=address)
+    if layout["backend"] == "fake":  # this rank alone: collectives and sends move no data
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=rank, world_size=pp * fsdp, store=FakeStore())
+    else:
+        address = f"tcp://127.0.0.1:{port}"
+        dist.init_process_group("gloo", rank=rank, world_size=pp * fsdp, init_method=address)
     try:
         mesh = init_device_mesh("cpu", (pp, fsdp), mesh_dim_names=("pp", "fsdp"))
         stage_rank = rank // fsdp  # pp is the outer dimension
@@ -136,6 +141,14 @@ def _rank(
             n_microbatches=m,
             loss_fn=lambda output, target: output.sum(),
         )
+        if layout["backend"] == "fake":  # no number arrives: the stages' vote settled (static)
+            from torch.distributed.pipelining.stage import InferenceMode
+
+            def settled(stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
+                for stage in stages:
+                    stage._inference_mode = InferenceMode.STATIC
+
+            schedule._warmup_p2p = settled  # type: ignore[method-assign]
         params = [p for module in modules for p in module.parameters()]
         opt = torch.optim.AdamW(params, foreach=False)
         first, last = 0 in mine, n_stages - 1 in mine
@@ -237,17 +250,22 @@ def real_pipeline_ranks(
     microbatches: int | None = None,
     bounds: tuple[int, ...] = (),
     fsdp: int = 1,
+    backend: str = "gloo",
 ) -> list[dict[str, Any]]:
-    """Each of ``pp * fsdp`` real gloo ranks' steady and first-step peaks (bytes, CPU
-    allocator) and the bytes it sent and received in a step, one process a rank (rank ``r`` is
-    pipeline rank ``r // fsdp``; with ``fsdp`` > 1 each stage's blocks, then the stage, are
-    ``fully_shard``-ed over its ``fsdp`` ranks)."""
+    """Each of ``pp * fsdp`` real ranks' steady and first-step peaks (bytes, CPU allocator) and
+    the bytes it sent and received in a step, one process a rank (rank ``r`` is pipeline rank
+    ``r // fsdp``; with ``fsdp`` > 1 each stage's blocks, then the stage, are
+    ``fully_shard``-ed over its ``fsdp`` ranks). ``backend="gloo"``: the ranks run together;
+    ``"fake"``: each runs alone under PyTorch's fake process group (real tensors, nothing
+    moved, no threads of gloo's), one after another, the schedule's first-step vote settled
+    as static (no number arrives; as in the trace)."""
     layout = {
         "schedule": schedule,
         "virtual_stages": virtual_stages,
         "microbatches": microbatches or pp * virtual_stages,
         "bounds": list(bounds),
         "fsdp": fsdp,
+        "backend": backend,
     }
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -259,8 +277,11 @@ def real_pipeline_ranks(
         ctx.Process(target=_rank, args=(r, pp, port, config.to_dict(), x, layout, outs[r]))
         for r in range(world)
     ]
+    together = backend == "gloo"
     for p in procs:
         p.start()
+        if not together:
+            p.join(timeout=600)
     for p in procs:
         p.join(timeout=600)
     codes = [p.exitcode for p in procs]

@@ -152,19 +152,28 @@ def test_a_llama_for_causal_lm_module_splits_as_its_config() -> None:
     assert [s.peak_bytes for s in a.stages] == [s.peak_bytes for s in b.stages]
 
 
-def test_pp_x_fsdp_stages_send_and_shard_as_their_real_ranks(tmp_path: Path) -> None:
-    """PP 2 x FSDP 2 on four gloo ranks: each stage's layers, then the stage, fully_shard-ed
-    over its two FSDP ranks; the trace of pipeline rank r is real rank 2 r. Its sends and
-    receives and the last stage's first step agree. The steady peaks do not: the real ranks'
-    own allocations vary from run to run by one unsharded root parameter (the embedding or the
-    head, 32.8 MB: stage 0 gave 192, 196, 229 and 233 MB, stage 1 255 and 288 MB; gloo
-    completes FSDP2's collectives on threads of its own, so what is alive at the peak depends
-    on timing), and stage 0's first step holds 16.1 MB more than the trace (not explained
-    yet); that comparison is an expected failure until both are."""
+def test_pp_x_fsdp_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Path) -> None:
+    """PP 2 x FSDP 2: each stage's layers, then the stage, fully_shard-ed over its two FSDP
+    ranks; pipeline rank r's trace against real rank 2 r run alone under the fake process group
+    (real tensors, the vote settled as in the trace)."""
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, fsdp=2, backend="fake")[::2]
+    a = analyze_pipeline(config, x, pp=2, fsdp=2)
+    assert {"all_gather", "reduce_scatter", "send", "recv"} <= set(a.comms.collective)
+    agree(a, truth)
+
+
+@pytest.mark.slow
+def test_pp_x_fsdp_on_gloo_varies_run_to_run(tmp_path: Path) -> None:
+    """The same on four gloo ranks running together: sends, receives and the last stage's first
+    step agree; the steady peaks do not, because the real ranks' own allocations vary from run
+    to run by one unsharded root parameter (the embedding or the head, 32.8 MB: stage 0 gave
+    192, 196, 229, 233 and 258 MB, stage 1 255 and 288 MB, where the fake group's run gives
+    176 and 251 MB, the trace's): gloo completes FSDP2's collectives on threads of its own, so
+    what is alive at the peak depends on timing. An expected failure while that holds."""
     config, x = tiny_llama_config(), tokens()
     truth = real_pipeline_ranks(config, x, 2, tmp_path, fsdp=2)[::2]
     a = analyze_pipeline(config, x, pp=2, fsdp=2)
-    assert {"all_gather", "reduce_scatter", "send", "recv"} <= set(a.comms.collective)
     for stage, real in zip(a.stages, truth, strict=True):
         assert list(stage.stages) == real["stages"]
         assert (stage.send_bytes, stage.recv_bytes) == (real["sent"], real["received"])
@@ -172,7 +181,7 @@ def test_pp_x_fsdp_stages_send_and_shard_as_their_real_ranks(tmp_path: Path) -> 
     assert last == pytest.approx(truth[1]["first_step"], rel=TOLERANCE)
     peaks = [(s.peak_bytes, t["steady"]) for s, t in zip(a.stages, truth, strict=True)]
     if any(abs(p / t - 1) > TOLERANCE for p, t in peaks):
-        pytest.xfail(f"PP x FSDP steady peaks (trace, real): {peaks}")
+        pytest.xfail(f"PP x FSDP steady peaks on gloo (trace, real): {peaks}")
 
 
 def test_a_pipeline_trace_leaves_no_process_group_or_patch_behind() -> None:
