@@ -199,6 +199,13 @@ def _check_against(module: torch.nn.Module, options: Options) -> None:
         check_generates(module)
         if options.parallel is not None:
             raise OptionError("mode='generate' traces one device: parallel= is not supported.")
+    plan = options.parallel
+    if plan is not None and plan.pp > 1 and (not options.training or options.micro_batches > 1):
+        raise OptionError(
+            f"parallel pp={plan.pp} traces a training step run by a pipeline schedule, whose "
+            f"micro-batches are parallel's microbatches={plan.microbatches}: give "
+            "mode='training', and leave micro_batches out."
+        )
     if options.parallel is not None:
         from .distributed import parallel  # FSDP2 and DTensor: ~1 s, only for parallel=
 

@@ -143,6 +143,14 @@ def test_a_pipeline_the_model_cannot_take_is_a_layout_error(
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "options", [{"mode": "inference"}, {"mode": "training", "micro_batches": 2}]
+)
+def test_a_pipeline_traces_a_training_step_of_its_own_micro_batches(options: Any) -> None:
+    with pytest.raises(mw.OptionError, match="traces a training step run by a pipeline"):
+        mw.analyze(tiny_llama_config(), input_data=tokens(), parallel={"pp": 2}, **options)
+
+
 def test_a_llama_for_causal_lm_module_splits_as_its_config() -> None:
     config = tiny_llama_config()
     with torch.device("meta"):
