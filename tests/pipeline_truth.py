@@ -82,17 +82,17 @@ def _rank(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    fsdp = layout["fsdp"]
+    fsdp, tp = layout["fsdp"], layout["tp"]
     if layout["backend"] == "fake":  # this rank alone: collectives and sends move no data
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
-        dist.init_process_group("fake", rank=rank, world_size=pp * fsdp, store=FakeStore())
+        dist.init_process_group("fake", rank=rank, world_size=pp * fsdp * tp, store=FakeStore())
     else:
         address = f"tcp://127.0.0.1:{port}"
-        dist.init_process_group("gloo", rank=rank, world_size=pp * fsdp, init_method=address)
+        dist.init_process_group("gloo", rank=rank, world_size=pp * fsdp * tp, init_method=address)
     try:
-        mesh = init_device_mesh("cpu", (pp, fsdp), mesh_dim_names=("pp", "fsdp"))
-        stage_rank = rank // fsdp  # pp is the outer dimension
+        mesh = init_device_mesh("cpu", (pp, fsdp, tp), mesh_dim_names=("pp", "fsdp", "tp"))
+        stage_rank = rank // (fsdp * tp)  # pp is the outer dimension
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).train()
         v, m = layout["virtual_stages"], layout["microbatches"]
@@ -118,6 +118,21 @@ def _rank(
                     requires_grad=True,
                 ),
             )  # fmt: skip
+            if tp > 1:  # the Llama plan, written out in parallel_truth, on the stage's names
+                from parallel_truth import llama_tp_plan
+                from torch.distributed.tensor.parallel import parallelize_module
+
+                names = {"model.layers.*.": "blocks.*.", "model.embed_tokens": "embed"}
+                styles = {}
+                for path, style in llama_tp_plan().items():
+                    for old, new in names.items():
+                        path = path.replace(old, new)
+                    path = "head" if path == "lm_head" else path
+                    if path.split(".")[0] in {n for n, _ in module.named_children()} and (
+                        getattr(module, path.split(".")[0]) is not None
+                    ):
+                        styles[path] = style
+                parallelize_module(module, mesh["tp"], styles)
             if fsdp > 1:  # each block, then the stage (torchtitan's order)
                 for block in module.blocks:
                     fully_shard(block, mesh=mesh["fsdp"])
@@ -251,14 +266,15 @@ def real_pipeline_ranks(
     bounds: tuple[int, ...] = (),
     fsdp: int = 1,
     backend: str = "gloo",
+    tp: int = 1,
 ) -> list[dict[str, Any]]:
     """Each of ``pp * fsdp`` real ranks' steady and first-step peaks (bytes, CPU allocator) and
     the bytes it sent and received in a step, one process a rank (rank ``r`` is pipeline rank
-    ``r // fsdp``; with ``fsdp`` > 1 each stage's blocks, then the stage, are
-    ``fully_shard``-ed over its ``fsdp`` ranks). ``backend="gloo"``: the ranks run together;
-    ``"fake"``: each runs alone under PyTorch's fake process group (real tensors, nothing
-    moved, no threads of gloo's), one after another, the schedule's first-step vote settled
-    as static (no number arrives; as in the trace)."""
+    ``r // (fsdp * tp)``; with ``tp`` > 1 each stage is ``parallelize_module``-d with the Llama
+    plan; with ``fsdp`` > 1 its blocks, then the stage, are ``fully_shard``-ed).
+    ``backend="gloo"``: the ranks run together; ``"fake"``: each runs alone under PyTorch's
+    fake process group (real tensors, nothing moved, no threads of gloo's), one after another,
+    the schedule's first-step vote settled as static (no number arrives; as in the trace)."""
     layout = {
         "schedule": schedule,
         "virtual_stages": virtual_stages,
@@ -266,11 +282,12 @@ def real_pipeline_ranks(
         "bounds": list(bounds),
         "fsdp": fsdp,
         "backend": backend,
+        "tp": tp,
     }
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    world = pp * fsdp
+    world = pp * fsdp * tp
     outs = [str(tmp / f"rank{r}.json") for r in range(world)]
     ctx = mp.get_context("spawn")
     procs = [

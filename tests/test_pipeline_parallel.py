@@ -171,6 +171,16 @@ def test_pp_x_fsdp_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Pa
     agree(a, truth)
 
 
+def test_pp_x_tp_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Path) -> None:
+    """PP 2 x TP 2: each stage parallelize_module-d with the Llama plan (its part of it); the
+    trace of pipeline rank r against real rank 2 r run alone under the fake process group."""
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, tp=2, backend="fake")[::2]
+    a = analyze_pipeline(config, x, pp=2, tp=2)
+    assert {"all_reduce", "send", "recv"} <= set(a.comms.collective)
+    agree(a, truth)
+
+
 @pytest.mark.slow
 def test_pp_x_fsdp_on_gloo_varies_run_to_run(tmp_path: Path) -> None:
     """The same on four gloo ranks running together: sends, receives and the last stage's first

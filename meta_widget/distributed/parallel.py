@@ -323,11 +323,6 @@ def check_world(plan: Parallel, module: nn.Module) -> None:
             "_scaled_dot_product_flash_attention_for_cpu, which DTensor cannot shard. "
             "Trace without cp."
         )
-    if plan.pp > 1 and plan.tp > 1:
-        raise LayoutError(
-            f"parallel tp={plan.tp} with pp={plan.pp}: this version of meta_widget does not "
-            "trace tensor parallelism inside a pipeline yet; trace pp with fsdp, or tp alone."
-        )
     if plan.ep > 1:
         from .experts import check_experts
 
@@ -406,7 +401,7 @@ def tp_plan(module: nn.Module, plan: Parallel) -> dict[str, ParallelStyle]:
     """The tensor-parallel plan: ``plan.tp_plan`` if given, else transformers' plan of the
     model's config (``base_model_tp_plan``, paths under the base model, and the model class's
     ``_tp_plan``), each style name turned into PyTorch's ``ColwiseParallel``/``RowwiseParallel``."""
-    names = dict(plan.tp_plan) if plan.tp_plan is not None else _transformers_plan(module)
+    names = dict(plan.tp_plan) if plan.tp_plan is not None else transformers_plan(module)
     if not names:
         raise ParallelError(
             f"parallel tp={plan.tp} needs a tensor-parallel plan, and {type(module).__name__} "
@@ -432,7 +427,8 @@ def tp_plan(module: nn.Module, plan: Parallel) -> dict[str, ParallelStyle]:
     return styles
 
 
-def _transformers_plan(module: nn.Module) -> dict[str, str]:
+def transformers_plan(module: nn.Module) -> dict[str, str]:
+    """transformers' tensor-parallel plan of ``module`` (style names by module path)."""
     config = getattr(module, "config", None)
     base = getattr(config, "base_model_tp_plan", None) or {}
     prefix = getattr(module, "base_model_prefix", "")

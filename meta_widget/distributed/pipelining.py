@@ -9,8 +9,9 @@ shapes), and the schedule class of ``Parallel.schedule`` (``Schedule1F1B``,
 ``ScheduleZBVZeroBubble``) runs its own action list for two training steps on fake tensors
 under meta_widget's recorder: every micro-batch's activations held until its backward, the
 receive buffers, the gradients sent back, the optimizer state of the rank's own layers are
-allocated, and recorded, as they happen. With ``fsdp`` > 1 each stage's layers, then the stage,
-are ``fully_shard``-ed over the rank's FSDP group first (torchtitan's order).
+allocated, and recorded, as they happen. With ``tp`` > 1 each stage takes its part of the
+model's tensor-parallel plan (:func:`stage_tp_plan`), and with ``fsdp`` > 1 its layers, then the
+stage, are ``fully_shard``-ed over the rank's FSDP group (torchtitan's order).
 
 One departure from a real run: before its first step a schedule's stages vote by sending a
 number along the pipeline whether their shapes are static. Under a fake process group no number
@@ -26,6 +27,7 @@ in its order), laid out in time slots (:func:`bubble_fractions`).
 from __future__ import annotations
 
 import copy
+import fnmatch
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +42,7 @@ from torch.distributed import pipelining as pp
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import schedules as pp_schedules
 from torch.distributed.pipelining.stage import InferenceMode
+from torch.distributed.tensor.parallel import parallelize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_map_only
 
@@ -50,7 +53,15 @@ from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
 from .decisions import world_ended, world_started
-from .parallel import ParallelError, RankTrace, fake_like, on_fake, trace_rank
+from .parallel import (
+    TP_STYLES,
+    ParallelError,
+    RankTrace,
+    fake_like,
+    on_fake,
+    trace_rank,
+    transformers_plan,
+)
 from .stages import DecoderStage, RankStages, layer_ranges, rank_stages, stage_indices
 
 __all__ = ["PipelineWorld", "StageReport", "bubble_fractions", "rank_of", "run_stages"]
@@ -87,8 +98,16 @@ class PipelineWorld:
 
     device = "cpu"
 
-    def __init__(self, plan: Parallel, pp_rank: int, shapes: list[tuple[Any, Any]]) -> None:
+    def __init__(
+        self,
+        plan: Parallel,
+        pp_rank: int,
+        shapes: list[tuple[Any, Any]],
+        tp_styles: dict[str, str] | None = None,
+    ) -> None:
         self.plan, self.pp_rank, self.shapes = plan, pp_rank, shapes
+        #: the model's tensor-parallel plan (style names by module path), for ``tp`` > 1
+        self.tp_styles = tp_styles or {}
         self.batch = int(shapes[0][0][0].shape[0]) * int(plan.microbatches or 1)
         self.fake = FakeTensorMode()
         self.watcher: CommWatcher | None = None
@@ -143,6 +162,11 @@ class PipelineWorld:
             on_fake(copied)
             memo: dict[int, torch.Tensor] = {}
             args, kwargs = tree_map_only(torch.Tensor, lambda t: fake_like(t, memo), (args, kwargs))
+        if plan.tp > 1:  # each stage's part of the model's plan (paths under the stage)
+            for stage in copied.children():
+                styles = stage_tp_plan(stage, self.tp_styles)
+                if styles:
+                    parallelize_module(stage, self.mesh["tp"], styles)
         if plan.fsdp > 1 or plan.replicate > 1:
             mesh = self.mesh["replicate", "fsdp"] if plan.replicate > 1 else self.mesh["fsdp"]
             mp = plan.mp
@@ -218,6 +242,19 @@ class PipelineWorld:
             run.mark_grads(params)
 
         return step
+
+
+def stage_tp_plan(stage: nn.Module, styles: dict[str, str]) -> dict[str, Any]:
+    """The model's tensor-parallel plan for one stage: each path made relative to the stage
+    (``model.layers.*.mlp.up_proj`` -> ``layers.*.mlp.up_proj``, ``model.embed_tokens`` ->
+    ``embed_tokens``), kept where it names a module of the stage."""
+    paths = [p for p, _ in stage.named_modules()]
+    found: dict[str, Any] = {}
+    for pattern, style in styles.items():
+        local = pattern.removeprefix("model.")
+        if any(fnmatch.fnmatchcase(p, local) for p in paths):
+            found[local] = TP_STYLES[style]()
+    return found
 
 
 def _settled_vote(stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
@@ -365,12 +402,15 @@ def run_stages(
     assert plan is not None
     module = meta.module
     shapes = stage_shapes(plan, module, inputs.args)
+    tp_styles = (
+        dict(plan.tp_plan) if plan.tp_plan is not None else transformers_plan(module)
+    ) if plan.tp > 1 else {}  # fmt: skip
     spec = options.trace_spec()
     ranks: list[tuple[Any, RankTrace, Any]] = []
     ran: dict[int, list[Action]] = {}
     for r in range(plan.pp):
         root = rank_stages(plan, module, r)
-        world = PipelineWorld(plan, r, shapes)
+        world = PipelineWorld(plan, r, shapes, tp_styles)
         if spec.loss is not None:
             world.loss = spec.loss
         args = inputs.args if r == 0 else ()
