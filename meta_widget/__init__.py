@@ -46,6 +46,7 @@ __all__ = [
     "OptionError",
     "OptionTypeError",
     "Options",
+    "Parallel",
     "ParallelError",
     "PipelineAnalysis",
     "PipelineError",
@@ -103,6 +104,7 @@ _WHERE = {
     "OptionTypeError": "options",
     "InputError": "options",
     "LayoutError": "options",
+    "Parallel": "options",
     "SourceError": "sources.models",
     "HubError": "sources.hub",
     "RemoteCodeError": "sources.hub",
@@ -167,7 +169,15 @@ if TYPE_CHECKING:
     from .materialize import InsufficientMemoryError, MaterializeError, materialize
     from .memory.kv_cache import KVCache
     from .memory.snapshot import SnapshotError
-    from .options import InputError, LayoutError, OptionError, Options, OptionTypeError, TraceSpec
+    from .options import (
+        InputError,
+        LayoutError,
+        OptionError,
+        Options,
+        OptionTypeError,
+        Parallel,
+        TraceSpec,
+    )
     from .sources.hub import HubError, RemoteCodeError
     from .sources.models import SourceError, register_source
     from .timing.gpus import GPU, gpus

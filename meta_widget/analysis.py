@@ -99,16 +99,16 @@ class Analysis:
     options: Options = field(default_factory=Options, repr=False)
     #: with ``parallel=``: the collectives rank 0 ran, in order (``comms`` is their DataFrame)
     comm_records: list[CommRecord] = field(default_factory=list)
-    #: with ``gpu=``: the step's time on that accelerator (``forward_s``, ``backward_s``,
-    #: ``optimizer_s``, ``comm_s``, ``step_s``, ``mfu``, ``hfu``, ``tokens_per_s``; see
-    #: ``meta_widget.timing.model``); None without ``gpu=`` or without a trace
+    #: with ``gpu=``: the step's time on that accelerator (``forward_s``, ``step_s``, ``mfu``...;
+    #: see ``meta_widget.timing.model``); None without ``gpu=`` or without a trace
     time: StepTime | None = None
     #: with ``mode="generate"``: the KV cache ``generate()`` returned (``bytes``,
     #: ``bytes_per_token``, ``by_layer``, ``paged(budget)``); None in other modes
     kv_cache: KVCache | None = None
-    #: a mixture of experts: its routed expert groups (``meta_widget.memory.moe``); None for a
-    #: dense model
+    #: a mixture of experts: its routed expert groups (``meta_widget.memory.moe``); None if dense
     moe: MoE | None = None
+    #: with ``pp`` > 1: each pipeline rank (``meta_widget.distributed.pipelining.StageReport``)
+    stages: list[Any] = field(default_factory=list)
     #: the views made of this analysis, kept to be shown again (``widget()``'s, or the one the
     #: pipeline streamed into); not part of the result
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

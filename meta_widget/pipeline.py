@@ -25,7 +25,7 @@ from .data.walk import walk
 from .memory.kv_cache import KVCache
 from .memory.moe import BALANCED_NOTE, find_moe
 from .memory.report import memory_report
-from .options import OptionError, Options, check_buildable, check_listeners
+from .options import EP_NOTE, OptionError, Options, check_buildable, check_listeners
 from .sources.inputs import make_inputs
 from .sources.models import MetaModel, check_tree, to_meta
 from .sources.precision import cast_inputs, with_param_dtype
@@ -110,6 +110,14 @@ def _pipeline(
     )
     # a re-run's meta model keeps its notes: each note once
     notes = list(dict.fromkeys([*meta.notes, *inputs.notes, *options.input_notes, *given_notes]))
+    if options.parallel is not None and options.parallel.ep > 1:
+        notes.append(EP_NOTE)
+    if options.parallel is not None and options.parallel.pp > 1 and not inputs.empty:
+        from .distributed import pipelining  # every pipeline rank traced in turn
+
+        return pipelining.run_stages(  # type: ignore[no-any-return]
+            meta, inputs, options, kept, notes, diff, gpu, make, listeners, start
+        )
     tree = walk(module)  # one walk for the tree and the trace
     nodes = build_tree(module, tree)
     input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
@@ -191,6 +199,13 @@ def _check_against(module: torch.nn.Module, options: Options) -> None:
         check_generates(module)
         if options.parallel is not None:
             raise OptionError("mode='generate' traces one device: parallel= is not supported.")
+    plan = options.parallel
+    if plan is not None and plan.pp > 1 and (not options.training or options.micro_batches > 1):
+        raise OptionError(
+            f"parallel pp={plan.pp} traces a training step run by a pipeline schedule, whose "
+            f"micro-batches are parallel's microbatches={plan.microbatches}: give "
+            "mode='training', and leave micro_batches out."
+        )
     if options.parallel is not None:
         from .distributed import parallel  # FSDP2 and DTensor: ~1 s, only for parallel=
 

@@ -149,6 +149,12 @@ def _first_argument(args: tuple[Any, ...], out: Any) -> int:
     return _nbytes(args[0])
 
 
+@collective("send", "c10d.send")
+@collective("recv", "c10d.recv_")
+def _point_to_point(args: tuple[Any, ...], out: Any) -> int:
+    return _nbytes(args[0])
+
+
 @collective("all_to_all", "c10d.alltoall_base_")
 def _c10d_all_to_all(args: tuple[Any, ...], out: Any) -> int:
     return _nbytes(args[1])

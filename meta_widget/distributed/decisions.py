@@ -55,7 +55,7 @@ class _Kept:
     the mesh shape of the world whose decisions DTensor holds."""
 
     blocks: list[object] = dataclasses.field(default_factory=list)
-    shape: tuple[int, int, int] | None = None
+    shape: tuple[int, ...] | None = None
 
 
 _kept = _Kept()
@@ -81,8 +81,8 @@ def keeping_decisions() -> Iterator[None]:
             forget_meshes()
 
 
-def world_started(shape: tuple[int, int, int]) -> None:
-    """A world of mesh ``shape`` (replicate, fsdp, tp) starts: the decisions of another shape
+def world_started(shape: tuple[int, ...]) -> None:
+    """A world of mesh ``shape`` (``options.MESH_DIMS``) starts: the decisions of another shape
     are forgotten, and element decisions are shared until :func:`world_ended`."""
     if _kept.blocks and _kept.shape != shape:  # decisions of another shape's groups
         forget_meshes()

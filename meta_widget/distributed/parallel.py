@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
@@ -50,7 +50,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_map_only
 
 from ..errors import MetaWidgetError
-from ..options import LayoutError, ParallelPlan, TraceSpec
+from ..options import MESH_DIMS, LayoutError, Parallel, TraceSpec
 from ..trace.callstack import Listener
 from ..trace.opcache import FakeOpCache
 from ..trace.passes import Trace, trace
@@ -75,9 +75,6 @@ __all__ = [
     "trace_rank",
 ]
 
-#: the dimensions of a ``parallel=`` world's device mesh, outermost first: replicas (HSDP),
-#: FSDP shards, tensor parallelism (innermost: its ranks are neighbours, on one node)
-MESH_DIMS = ("replicate", "fsdp", "tp")
 #: transformers' tensor-parallel style names -> the ``torch.distributed`` style they stand for
 TP_STYLES: dict[str, Callable[[], ParallelStyle]] = {
     "colwise": ColwiseParallel,
@@ -108,7 +105,7 @@ class World:
     #: the device the fake tensors stand for (the device of the mesh)
     device = "cpu"
 
-    def __init__(self, plan: ParallelPlan) -> None:
+    def __init__(self, plan: Parallel) -> None:
         self.plan = plan
         self.fake = FakeTensorMode()
         self.mesh: DeviceMesh | None = None
@@ -129,11 +126,9 @@ class World:
         plan = self.plan
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
-            world_started((plan.replicate, plan.fsdp, plan.tp))  # __exit__ ends it, on any path
+            world_started(plan.sizes)  # __exit__ ends it, on any path
             dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
-            self.mesh = init_device_mesh(
-                "cpu", (plan.replicate, plan.fsdp, plan.tp), mesh_dim_names=MESH_DIMS
-            )
+            self.mesh = plan.mesh("cpu")
         except BaseException:
             self.__exit__()  # a group registered before the failure is destroyed too
             raise
@@ -175,18 +170,23 @@ class World:
         assert self.mesh is not None
         if self.plan.tp > 1:
             parallelize_module(copied, self.mesh["tp"], tp_plan(copied, self.plan))
+        experts: set[nn.Parameter] = set()
+        if self.plan.ep > 1:  # each rank its experts, reached by all-to-all (not FSDP-sharded)
+            from .experts import shard_experts
+
+            experts = set(shard_experts(copied, self.plan, self.mesh["fsdp"].get_group()))
         if self.plan.fsdp > 1 or self.plan.replicate > 1:
             # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second
             mesh = self.mesh["replicate", "fsdp"] if self.plan.replicate > 1 else self.mesh["fsdp"]
             mp = self.plan.mp  # FSDP2's own mixed precision, as the user's fully_shard takes it
             policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
+            ignored = experts or None
             for block in fsdp_blocks(copied, self.plan.blocks):
-                fully_shard(block, mesh=mesh, mp_policy=policy)
-            fully_shard(copied, mesh=mesh, mp_policy=policy)
-        sizes = (self.plan.replicate, self.plan.fsdp, self.plan.tp)
+                fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+            fully_shard(copied, mesh=mesh, mp_policy=policy, ignored_params=ignored)
         groups = {
             str(self.mesh[name].get_group().group_name): (name, size)
-            for name, size in zip(MESH_DIMS, sizes, strict=True)
+            for name, size in zip(MESH_DIMS, self.plan.sizes, strict=True)
             if size > 1
         }
         self.watcher = CommWatcher(groups)
@@ -259,12 +259,16 @@ def trace_rank(
     *,
     listeners: Sequence[Listener] = (),
     on_phase: Callable[[str], None] | None = None,
+    drive: Callable[[tuple[Any, ...], dict[str, Any]], Callable[[Any, list[Any]], None]]
+    | None = None,
 ) -> RankTrace:
     """``passes.trace`` of one rank of ``world``: ``module`` (meta) copied, wrapped and run on
     fake tensors under a fake process group (a :class:`World`'s is destroyed afterwards), as
     ``spec`` says (its activation checkpointing picks modules of the wrapped copy). Libraries
     that take another path for a fake tensor see the rank's tensors as real ones
-    (``meta_widget.distributed.stand_ins``), as they see a single-device trace's meta tensors."""
+    (``meta_widget.distributed.stand_ins``), as they see a single-device trace's meta tensors.
+    ``drive(args, kwargs)``, given the prepared inputs, returns the forward and backward passes
+    of a training step run another way (``passes.trace``'s ``drive``: a pipeline schedule)."""
     fake_ops = FakeOpCache() if spec.fast else nullcontext()  # the op cache below the recorder
     with world, quiet_meta_failures():
         with fake_ops:
@@ -280,6 +284,7 @@ def trace_rank(
                 on_phase=on_phase,
                 attach=world.attach,
                 default_device=world.device,  # device-less tensors: fake tensors, as the others
+                drive=drive(args, kwargs) if drive is not None else None,
             )
         return RankTrace(result, wrapped, world.comms)
 
@@ -292,7 +297,7 @@ def trace_rank(
 HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads")
 
 
-def check_world(plan: ParallelPlan, module: nn.Module) -> None:
+def check_world(plan: Parallel, module: nn.Module) -> None:
     """Refuse degrees that ``module`` cannot be split into, before anything is started.
 
     - ``tp`` must divide the model's attention heads and key/value heads, where its
@@ -310,6 +315,22 @@ def check_world(plan: ParallelPlan, module: nn.Module) -> None:
     ``options.check_parallel``).
     """
     name = type(module).__name__
+    if plan.cp > 1:
+        raise LayoutError(
+            f"parallel cp={plan.cp} cannot be traced: PyTorch's context_parallel (ring "
+            "attention, torch 2.13) runs only the CUDA attention kernels (flash, efficient, "
+            "cudnn), and on the CPU mesh a parallel trace stands for, attention is "
+            "_scaled_dot_product_flash_attention_for_cpu, which DTensor cannot shard. "
+            "Trace without cp."
+        )
+    if plan.ep > 1:
+        from .experts import check_experts
+
+        check_experts(plan, module)
+    if plan.pp > 1:
+        from .stages import layer_ranges
+
+        layer_ranges(plan, module)  # a transformers decoder, with a layer for every stage
     if plan.tp > 1:
         tp_plan(module, plan)
         for field, heads in _head_counts(module) if plan.tp_plan is None else ():
@@ -376,11 +397,11 @@ def fsdp_blocks(module: nn.Module, names: tuple[str, ...] | None) -> list[nn.Mod
     return chosen
 
 
-def tp_plan(module: nn.Module, plan: ParallelPlan) -> dict[str, ParallelStyle]:
+def tp_plan(module: nn.Module, plan: Parallel) -> dict[str, ParallelStyle]:
     """The tensor-parallel plan: ``plan.tp_plan`` if given, else transformers' plan of the
     model's config (``base_model_tp_plan``, paths under the base model, and the model class's
     ``_tp_plan``), each style name turned into PyTorch's ``ColwiseParallel``/``RowwiseParallel``."""
-    names = dict(plan.tp_plan) if plan.tp_plan is not None else _transformers_plan(module)
+    names = dict(plan.tp_plan) if plan.tp_plan is not None else transformers_plan(module)
     if not names:
         raise ParallelError(
             f"parallel tp={plan.tp} needs a tensor-parallel plan, and {type(module).__name__} "
@@ -406,7 +427,8 @@ def tp_plan(module: nn.Module, plan: ParallelPlan) -> dict[str, ParallelStyle]:
     return styles
 
 
-def _transformers_plan(module: nn.Module) -> dict[str, str]:
+def transformers_plan(module: nn.Module) -> dict[str, str]:
+    """transformers' tensor-parallel plan of ``module`` (style names by module path)."""
     config = getattr(module, "config", None)
     base = getattr(config, "base_model_tp_plan", None) or {}
     prefix = getattr(module, "base_model_prefix", "")

@@ -31,7 +31,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
-from ..options import ParallelPlan
+from ..options import Parallel
 from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
@@ -184,7 +184,7 @@ def _param(root: nn.Module, path: str) -> torch.Tensor:
     return p
 
 
-def world_for(plan: ParallelPlan | None, wrapping: Wrapping | None) -> World | AsWrapped:
+def world_for(plan: Parallel | None, wrapping: Wrapping | None) -> World | AsWrapped:
     """The world of a parallel trace: the user's own wrapping, or ``plan``'s fake world."""
     if wrapping is None:
         assert plan is not None, "a parallel trace needs parallel= or a wrapped model"

@@ -37,7 +37,7 @@ from .errors import (
     OptionTypeError,
     show,
 )
-from .parallel import ParallelPlan, check_parallel
+from .layout import EP_NOTE, MESH_DIMS, SCHEDULES, Parallel, ParallelPlan, check_parallel
 from .shapes import (
     check_bytes,
     check_shape,
@@ -51,15 +51,19 @@ from .spec import Options, TraceSpec
 
 __all__ = [
     "DEFAULT_OPTIMIZER",
+    "EP_NOTE",
     "INT64_MAX",
     "MAX_BUDGET_BYTES",
     "MAX_MICRO_BATCHES",
     "MAX_RANKS",
+    "MESH_DIMS",
+    "SCHEDULES",
     "InputError",
     "LayoutError",
     "OptionError",
     "OptionTypeError",
     "Options",
+    "Parallel",
     "ParallelPlan",
     "TraceSpec",
     "carried_optimizer",

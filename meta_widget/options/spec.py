@@ -39,7 +39,7 @@ from .checks import (
     checkpoint_selection,
 )
 from .errors import OptionError, OptionTypeError, show
-from .parallel import check_parallel
+from .layout import check_parallel
 from .selective import SELECTIVE, SavePolicy, check_checkpoint_policy, save_policy
 from .shapes import input_dtypes, input_shapes
 

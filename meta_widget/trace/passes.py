@@ -16,8 +16,8 @@ mode, ``training`` flags, patched forwards, gradients and the garbage collector 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +142,7 @@ def trace(
     default_device: str = "meta",
     tree: ModuleWalk | None = None,
     every_step: bool = False,
+    drive: Callable[[Any, list[torch.nn.Parameter]], None] | None = None,
 ) -> Trace:
     """Run the pass once under a :class:`Recorder` and return what it saw.
 
@@ -158,6 +159,10 @@ def trace(
     walk (``meta_widget.data.walk``), if the caller made it already. ``every_step``: trace
     every decode step of ``mode="generate"`` (so does ``fast=False``), none given by the rule
     of ``meta_widget.trace.decode_skip`` (where it did not hold, the trace is made again so).
+    ``drive(run, params)``: a training step's forward and backward passes run by the caller
+    instead (a pipeline schedule, ``meta_widget.distributed.pipelining``), marking its phases
+    with ``run.phase``, its forward passes inside ``run.saving()``, and its gradients with
+    ``run.mark_grads(params)``; the optimizer step follows as usual.
 
     Every change made to global or user state is undone before returning, on every path, and
     an interrupt (``KeyboardInterrupt``, raised to the caller) arriving at any point, cleanup
@@ -196,6 +201,7 @@ def trace(
         default_device,
     )
     run.micro_batches = spec.micro_batches
+    run.drive = drive
     run.set_to_none = spec.set_to_none
     run.foreach = foreach_for(device, spec.foreach)
     run.save_policy = spec.save_policy  # selective checkpointing: what it saves
@@ -336,6 +342,9 @@ class _Run:
         self.set_to_none = True  # how ``zero_grad`` clears the gradients between steps
         self.step_starts: list[int] = [0]
         self.undo: Undo | None = None  # the trace's, for what the second step sets up again
+        #: forward and backward passes run by the caller (see :func:`trace`'s ``drive``)
+        self.drive: Callable[[Any, list[torch.nn.Parameter]], None] | None = None
+        self._saved: _SavedTensorsHooks | None = None
 
     def step(
         self,
@@ -387,14 +396,54 @@ class _Run:
         on_phase: Callable[[str], None] | None,
         saved: _SavedTensorsHooks,
     ) -> None:
+        if self.drive is not None:  # a pipeline schedule: its own forwards and backwards
+            self._saved = saved
+            self.drive(self, params)
+            self._saved = None
+            self.recorder.callstack.sum_backward()
+            return self._after_backward(optimizer, params, on_phase)
         for i in range(self.micro_batches):  # gradient accumulation: forward, backward, again
             if i:
                 self._phase(Phase.FORWARD, None)  # listeners hear of backward and optimizer
             # the loss goes straight into backward: no frame here keeps it alive after backward
             self._backward(self._forward(module, args, kwargs, loss, saved), params, on_phase)
+        self._after_backward(optimizer, params, on_phase)
+
+    def _after_backward(
+        self,
+        optimizer: str | None,
+        params: list[torch.nn.Parameter],
+        on_phase: Callable[[str], None] | None,
+    ) -> None:
         if optimizer is not None:
             self.factories.leave()  # the optimizer's device-less state stays on the host
             self._optimizer_step(optimizer, params, on_phase)
+
+    # -- what a ``drive`` calls ----------------------------------------------------------------
+
+    def phase(self, name: str) -> None:
+        """Begin a run of phase ``name`` (``Phase.FORWARD``, ``Phase.BACKWARD``)."""
+        self._phase(name, None)
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """Autograd's saved tensors marked (a forward pass), until the block ends."""
+        assert self._saved is not None, "saving() is for a drive"
+        self._saved.push(_pack(self.recorder), _unpack)
+        try:
+            yield
+        finally:
+            self._saved.restore()
+
+    def mark_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """The gradients of ``params`` known for what they are (after the backward passes)."""
+        storage = self.recorder.storage
+        self.grad_keys = {}
+        for p in params:
+            if p.grad is not None:
+                grad = local(p.grad)
+                self.grad_keys[storage_key(grad)] = self.param_names.get(id(p), "")
+                storage.set_category(grad, MemoryCategory.GRADIENTS)  # also once freed
 
     def _forward(
         self,
@@ -424,13 +473,7 @@ class _Run:
         value.backward()
         del value
         self.recorder.callstack.sum_backward()
-        storage = self.recorder.storage
-        self.grad_keys = {}
-        for p in params:
-            if p.grad is not None:
-                grad = local(p.grad)
-                self.grad_keys[storage_key(grad)] = self.param_names.get(id(p), "")
-                storage.set_category(grad, MemoryCategory.GRADIENTS)  # also once freed
+        self.mark_grads(params)
 
     def _optimizer_step(
         self,

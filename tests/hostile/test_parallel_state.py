@@ -191,8 +191,8 @@ def test_a_failure_inside_a_parallel_analysis_destroys_its_group(
             raise MemoryError(f"injected {where}")
 
         monkeypatch.setattr(dist, "init_process_group", init)
-    elif where == "in init_device_mesh":
-        monkeypatch.setattr(parallel, "init_device_mesh", broken)
+    elif where == "in init_device_mesh":  # the layout builds the mesh (mw.Parallel.mesh)
+        monkeypatch.setattr(mw.Parallel, "mesh", broken)
     else:
         monkeypatch.setattr(parallel, "fully_shard", broken)
     with pytest.raises(MemoryError, match="injected"):

@@ -1,0 +1,107 @@
+"""Expert parallelism: each rank holds ``experts / ep`` of every MoE layer's experts, and tokens
+go to them and back by all-to-all, torchtitan's way, under balanced routing.
+
+A transformers experts module (``MixtralExperts``, ``Qwen2MoeExperts``...: every expert's
+weights stacked in 3-D parameters ``gate_up_proj`` and ``down_proj``, called with the tokens,
+the chosen experts and their weights) is changed on meta_widget's copy of one rank: its
+parameters become the rank's slice of experts (``[r * E / ep, (r + 1) * E / ep)``), and its
+``forward`` becomes expert parallelism's:
+
+1. **dispatch**: each token copied once per expert it chose (``top_k`` copies), and sent by
+   ``all_to_all_single`` over the ``ep`` ranks;
+2. each local expert runs on its tokens (``act(x gate^T) * (x up^T)``, then ``down``);
+3. **combine**: the outputs sent back by ``all_to_all_single``, weighted by the router's weights
+   and summed per token.
+
+Routing depends on values a trace does not have; the assumption is **balanced routing**: every
+expert receives the same number of token copies (``tokens * top_k / E``), every rank sends each
+rank the same share (``tokens * top_k / ep``). Its all-to-all bytes are then exact: the dispatch
+and the combine each move ``tokens * top_k * hidden`` elements per rank. Experts are not
+sharded by FSDP2 as well (``ep`` equal to ``fsdp``: every FSDP rank holds other experts; the
+other parameters are sharded as usual, the experts left out as ``ignored_params``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+from ..options import LayoutError, Parallel
+
+__all__ = ["check_experts", "expert_modules", "shard_experts"]
+
+
+def expert_modules(module: nn.Module) -> list[tuple[str, Any]]:
+    """The experts modules of ``module``: 3-D ``gate_up_proj`` and ``down_proj`` parameters, one
+    row per expert (transformers' stacked experts)."""
+    found = []
+    for path, m in module.named_modules():
+        up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+        if isinstance(up, nn.Parameter) and isinstance(down, nn.Parameter) and up.ndim == 3:
+            found.append((path, m))
+    return found
+
+
+def check_experts(plan: Parallel, module: nn.Module) -> None:
+    """``ep`` against the model: a mixture of experts, whose experts ``ep`` divides, with
+    ``ep`` equal to ``fsdp`` (the ranks it borrows), no tensor or pipeline parallelism."""
+    name = type(module).__name__
+    experts = expert_modules(module)
+    if not experts:
+        raise LayoutError(
+            f"parallel ep={plan.ep}: {name} has no stacked experts (gate_up_proj, down_proj "
+            "of one row per expert, as transformers' MoE layers): trace it without ep."
+        )
+    count = int(experts[0][1].gate_up_proj.shape[0])
+    if count % plan.ep:
+        raise LayoutError(
+            f"parallel ep={plan.ep} does not divide the {count} experts of {name}: give an ep "
+            f"that divides {count}."
+        )
+    if plan.fsdp != plan.ep or plan.tp > 1 or plan.pp > 1 or plan.replicate > 1:
+        raise LayoutError(
+            f"parallel ep={plan.ep} is traced with fsdp={plan.ep} alone (every FSDP rank "
+            "holding other experts); give {'fsdp': %d, 'ep': %d}." % (plan.ep, plan.ep)
+        )
+
+
+def shard_experts(module: nn.Module, plan: Parallel, group: Any) -> list[nn.Parameter]:
+    """Each experts module of ``module`` (this rank's copy) made this rank's: its slice of the
+    experts, and the all-to-all ``forward`` (see the module docstring); returns the new
+    parameters (which FSDP2 leaves alone)."""
+    rank, ep = dist.get_rank(group), plan.ep
+    kept: list[nn.Parameter] = []
+    for _, experts in expert_modules(module):
+        count = int(experts.gate_up_proj.shape[0])
+        local = slice(rank * count // ep, (rank + 1) * count // ep)
+        for name in ("gate_up_proj", "down_proj"):
+            full = getattr(experts, name)
+            part = nn.Parameter(full.detach()[local].clone(), requires_grad=full.requires_grad)
+            setattr(experts, name, part)
+            kept.append(part)
+        experts.forward = _expert_parallel_forward(experts, ep, group)  # type: ignore[method-assign]
+    return kept
+
+
+def _expert_parallel_forward(experts: Any, ep: int, group: Any) -> Any:
+    def forward(
+        hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        tokens, hidden = hidden_states.shape
+        top_k = top_k_index.shape[-1]
+        routed = hidden_states.repeat_interleave(top_k, dim=0)  # dispatch: a copy per choice
+        arrived = all_to_all_single_autograd(routed, None, None, group)
+        up, down = experts.gate_up_proj, experts.down_proj
+        outs = []
+        for e, chunk in enumerate(arrived.chunk(up.shape[0])):  # balanced: equal shares
+            gate, lin = nn.functional.linear(chunk, up[e]).chunk(2, dim=-1)
+            outs.append(nn.functional.linear(experts.act_fn(gate) * lin, down[e]))
+        back = all_to_all_single_autograd(torch.cat(outs), None, None, group)  # combine
+        weighted = back.view(tokens, top_k, hidden) * top_k_weights.unsqueeze(-1)
+        return weighted.sum(dim=1).to(hidden_states.dtype)
+
+    return forward

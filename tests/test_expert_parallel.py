@@ -1,0 +1,114 @@
+"""Expert parallelism traced per rank against a real CPU rank (``parallel_truth.real_rank_peak``).
+
+Truth: a tiny Mixtral built for real, each MoE layer's experts cut by hand to the rank's half and
+its forward written here, torchtitan's way (each token copied per chosen expert, sent by
+``all_to_all_single``, the local experts run on equal shares, the outputs sent back and summed
+with the router's weights: balanced routing, the trace's assumption), the other parameters
+``fully_shard``-ed with the experts left out; three AdamW steps of rank 0 under the fake process
+group, measured by the CPU allocator; its all-to-alls counted at the dispatcher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import transformers
+from parallel_truth import real_rank_peak, tiny_llama_config
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+import meta_widget as mw
+
+TOLERANCE = 0.02
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left() -> Any:
+    assert not dist.is_initialized()
+    yield
+    assert not dist.is_initialized()
+
+
+def tiny_mixtral() -> Any:
+    return transformers.MixtralConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=4, vocab_size=32000, num_local_experts=4, num_experts_per_tok=2,
+        architectures=["MixtralForCausalLM"],
+    )  # fmt: skip
+
+
+def _ep_forward(experts: Any, group: Any) -> Any:
+    def forward(x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        k = index.shape[1]
+        sent = x.repeat_interleave(k, dim=0)
+        got = all_to_all_single_autograd(sent, None, None, group)
+        pieces = []
+        for e, rows in enumerate(got.chunk(experts.gate_up_proj.shape[0])):
+            gate, up = (rows @ experts.gate_up_proj[e].T).chunk(2, dim=-1)
+            pieces.append((experts.act_fn(gate) * up) @ experts.down_proj[e].T)
+        back = all_to_all_single_autograd(torch.cat(pieces), None, None, group)
+        return (back.view(x.shape[0], k, -1) * weights[..., None]).sum(1).to(x.dtype)
+
+    return forward
+
+
+def ep_wrap(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Rank 0's half of every MoE layer's experts, then FSDP2 on the rest."""
+    dp = mesh["dp"]
+    rank, size = dp.get_local_rank(), dp.size()
+    ignored = set()
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        experts = layer.mlp.experts
+        n = experts.gate_up_proj.shape[0] // size
+        for name in ("gate_up_proj", "down_proj"):
+            mine = nn.Parameter(getattr(experts, name).detach()[rank * n : (rank + 1) * n].clone())
+            setattr(experts, name, mine)
+            ignored.add(mine)
+        experts.forward = _ep_forward(experts, dp.get_group())
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        fully_shard(layer, mesh=dp, ignored_params=ignored)
+    fully_shard(model, mesh=dp, ignored_params=ignored)
+
+
+def test_an_ep2_rank_is_a_real_ranks_peak_and_all_to_alls() -> None:
+    config = tiny_mixtral()
+    torch.manual_seed(0)
+    x = torch.randint(0, 32000, (2, 128))
+    truth = real_rank_peak(
+        lambda: transformers.MixtralForCausalLM(config), x, fsdp=2, wrap=ep_wrap, steps=3
+    )
+    a = mw.analyze(
+        config, input_data=x, mode="training", device="cpu", parallel={"fsdp": 2, "ep": 2}
+    )
+    assert a.error is None, a.error
+    assert "balanced routing" in " ".join(a.notes)
+    assert a.peak_bytes == pytest.approx(truth["Steady"], rel=TOLERANCE)
+    assert a.memory.first_step_peak_bytes == pytest.approx(truth["Total"], rel=TOLERANCE)
+    # dispatch and combine: tokens x top_k x hidden floats each, per MoE layer, forward and back
+    moved = 2 * 128 * 2 * 256 * 4
+    all_to_all = a.comms[a.comms.collective == "all_to_all"]
+    assert list(all_to_all.bytes) == [moved] * 8
+    # the rank stores half the experts; FSDP2 shards the rest in half too
+    full = sum(p.numel() for p in transformers.MixtralForCausalLM(config).parameters()) * 4
+    assert a.param_bytes == pytest.approx(full / 2, rel=0.001)
+
+
+@pytest.mark.parametrize(
+    ("model", "layout", "match"),
+    [
+        ("llama", {"fsdp": 2, "ep": 2}, "has no stacked experts"),
+        ("mixtral", {"fsdp": 8, "ep": 8}, "does not divide the 4 experts"),
+        ("mixtral", {"fsdp": 4, "ep": 2}, "traced with fsdp=2 alone"),
+    ],
+)
+def test_an_ep_the_model_cannot_take_is_a_layout_error(
+    model: str, layout: dict[str, Any], match: str
+) -> None:
+    config = tiny_llama_config() if model == "llama" else tiny_mixtral()
+    with pytest.raises(mw.LayoutError, match=match):
+        mw.analyze(config, input_size=(2, 128), mode="training", parallel=layout)

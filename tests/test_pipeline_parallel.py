@@ -1,0 +1,226 @@
+"""Pipeline parallelism traced per stage against real gloo ranks (``pipeline_truth``).
+
+Truth: the same tiny Llama built for real, split by hand, run by PyTorch's own
+``torch.distributed.pipelining`` schedules on one gloo process per rank for three AdamW steps,
+measured by the CPU allocator; its sends and receives counted at the dispatcher. The bubble's
+truth: the closed form of a schedule's idle share when every forward and backward takes one
+slot, (P - 1) / (v m + P - 1) for P ranks, v stages a rank and m micro-batches (1F1B and GPipe:
+v = 1): each rank idles P - 1 slots at the start and at the end, and works 2 v m.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import transformers
+from parallel_truth import DeepMLP, tiny_llama_config
+from pipeline_truth import real_pipeline_ranks
+
+import meta_widget as mw
+
+#: the acceptance bound of the issue
+TOLERANCE = 0.02
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left() -> Any:
+    assert not dist.is_initialized()
+    yield
+    assert not dist.is_initialized()
+
+
+def tokens(batch: int = 4) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randint(0, 32000, (batch, 128))
+
+
+def analyze_pipeline(config: Any, x: torch.Tensor, **layout: Any) -> mw.Analysis:
+    a = mw.analyze(config, input_data=x, mode="training", device="cpu", parallel=layout)
+    for stage in a.stages:
+        assert stage.analysis.error is None, stage.analysis.error
+    return a
+
+
+def agree(a: mw.Analysis, truth: list[dict[str, Any]]) -> None:
+    """Every stage's steady and first-step peaks within 2 % of its real rank's, its sends and
+    receives equal to the real ones, and the analysis the worst stage's."""
+    assert [list(s.stages) for s in a.stages] == [t["stages"] for t in truth]
+    for stage, real in zip(a.stages, truth, strict=True):
+        assert stage.peak_bytes == pytest.approx(real["steady"], rel=TOLERANCE)
+        first = stage.analysis.memory.first_step_peak_bytes
+        assert first == pytest.approx(real["first_step"], rel=TOLERANCE)
+        assert (stage.send_bytes, stage.recv_bytes) == (real["sent"], real["received"])
+    worst = max(a.stages, key=lambda s: s.peak_bytes)
+    assert a.peak_bytes == worst.peak_bytes == max(s.analysis.peak_bytes for s in a.stages)
+    assert f"Pipeline rank {worst.rank}" in a.notes[-1]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "v", "bounds"),
+    [("1F1B", 1, ()), ("interleaved-1F1B", 2, ()), ("1F1B", 1, (1,))],
+)
+def test_each_stage_of_a_two_rank_pipeline_is_its_real_gloo_rank(
+    schedule: str, v: int, bounds: tuple[int, ...], tmp_path: Path
+) -> None:
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, schedule, v, bounds=bounds)
+    layout: dict[str, Any] = {"pp": 2, "schedule": schedule, "virtual_stages": v}
+    if bounds:
+        layout["stage_boundaries"] = bounds
+    a = analyze_pipeline(config, x, **layout)
+    agree(a, truth)
+    # the last stage holds the logits of every micro-batch in flight: it peaks, not the embedding
+    if not bounds and v == 1:
+        assert a.stages[1].peak_bytes > a.stages[0].peak_bytes
+        assert a.stages[0].modules[:2] == ("model.embed_tokens", "model.layers.0")
+        assert a.stages[1].modules[-2:] == ("model.norm", "lm_head")
+
+
+@pytest.mark.slow
+def test_each_stage_of_a_four_rank_1f1b_pipeline_is_its_real_gloo_rank(tmp_path: Path) -> None:
+    config, x = tiny_llama_config(), tokens()
+    agree(analyze_pipeline(config, x, pp=4), real_pipeline_ranks(config, x, 4, tmp_path))
+
+
+def eight_layers() -> Any:
+    config = tiny_llama_config()
+    config.num_hidden_layers = 8
+    return config
+
+
+@pytest.mark.parametrize(
+    ("pp", "v", "m", "schedule"),
+    [
+        (2, 1, 2, "1F1B"),
+        (2, 1, 4, "1F1B"),
+        (4, 1, 4, "1F1B"),
+        (2, 1, 4, "gpipe"),
+        (2, 2, 4, "interleaved-1F1B"),
+        (4, 2, 8, "interleaved-1F1B"),
+    ],
+)
+def test_the_bubble_is_the_schedules_idle_share(pp: int, v: int, m: int, schedule: str) -> None:
+    a = analyze_pipeline(
+        eight_layers(), tokens(m), pp=pp, virtual_stages=v, microbatches=m, schedule=schedule
+    )
+    expected = (pp - 1) / (v * m + pp - 1)
+    assert [s.bubble for s in a.stages] == pytest.approx([expected] * pp)
+
+
+def test_step_time_stretches_each_stage_by_its_bubble_and_prices_the_sends() -> None:
+    a = mw.analyze(
+        tiny_llama_config(), input_data=tokens(), mode="training", parallel={"pp": 2}, gpu="H100"
+    )
+    for stage in a.stages:
+        t = stage.analysis.time
+        assert t is not None and stage.step_s is not None
+        assert stage.step_s > t.forward_s + t.backward_s + t.optimizer_s
+        # sends and receives are priced with the other collectives
+        assert t.comm_s > 0 and set(stage.analysis.comms.collective) == {"send", "recv"}
+
+
+@pytest.mark.parametrize(
+    ("model", "layout", "match"),
+    [
+        (DeepMLP, {"pp": 2}, "not one; trace it without pp"),
+        ("llama", {"pp": 4, "virtual_stages": 2}, "8 stages, more than the 4 layers"),
+        ("llama", {"pp": 2, "stage_boundaries": (4,)}, "go past the 4 layers"),
+        ("llama", {"pp": 2, "microbatches": 3}, "do not divide the batch of 4"),
+        ("llama", {"pp": 2, "cp": 2}, "cp=2"),
+    ],
+)
+def test_a_pipeline_the_model_cannot_take_is_a_layout_error(
+    model: Any, layout: dict[str, Any], match: str
+) -> None:
+    model = tiny_llama_config() if model == "llama" else model
+    x = tokens() if model is not DeepMLP else torch.randn(4, 256)
+    with pytest.raises(mw.LayoutError, match=match) as raised:
+        mw.analyze(model, input_data=x, mode="training", parallel=layout)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "options", [{"mode": "inference"}, {"mode": "training", "micro_batches": 2}]
+)
+def test_a_pipeline_traces_a_training_step_of_its_own_micro_batches(options: Any) -> None:
+    with pytest.raises(mw.OptionError, match="traces a training step run by a pipeline"):
+        mw.analyze(tiny_llama_config(), input_data=tokens(), parallel={"pp": 2}, **options)
+
+
+def test_a_llama_for_causal_lm_module_splits_as_its_config() -> None:
+    config = tiny_llama_config()
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    a = analyze_pipeline(model, tokens(), pp=2)
+    b = analyze_pipeline(config, tokens(), pp=2)
+    assert [s.peak_bytes for s in a.stages] == [s.peak_bytes for s in b.stages]
+
+
+def test_pp_x_fsdp_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Path) -> None:
+    """PP 2 x FSDP 2: each stage's layers, then the stage, fully_shard-ed over its two FSDP
+    ranks; pipeline rank r's trace against real rank 2 r run alone under the fake process group
+    (real tensors, the vote settled as in the trace)."""
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, fsdp=2, backend="fake")[::2]
+    a = analyze_pipeline(config, x, pp=2, fsdp=2)
+    assert {"all_gather", "reduce_scatter", "send", "recv"} <= set(a.comms.collective)
+    agree(a, truth)
+
+
+def test_pp_x_tp_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Path) -> None:
+    """PP 2 x TP 2: each stage parallelize_module-d with the Llama plan (its part of it); the
+    trace of pipeline rank r against real rank 2 r run alone under the fake process group."""
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, tp=2, backend="fake")[::2]
+    a = analyze_pipeline(config, x, pp=2, tp=2)
+    assert {"all_reduce", "send", "recv"} <= set(a.comms.collective)
+    agree(a, truth)
+
+
+@pytest.mark.slow
+def test_pp_x_fsdp_on_gloo_varies_run_to_run(tmp_path: Path) -> None:
+    """The same on four gloo ranks running together: sends, receives and the last stage's first
+    step agree; the steady peaks do not, because the real ranks' own allocations vary from run
+    to run by one unsharded root parameter (the embedding or the head, 32.8 MB: stage 0 gave
+    192, 196, 229, 233 and 258 MB, stage 1 255 and 288 MB, where the fake group's run gives
+    176 and 251 MB, the trace's): gloo completes FSDP2's collectives on threads of its own, so
+    what is alive at the peak depends on timing. An expected failure while that holds."""
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, fsdp=2)[::2]
+    a = analyze_pipeline(config, x, pp=2, fsdp=2)
+    for stage, real in zip(a.stages, truth, strict=True):
+        assert list(stage.stages) == real["stages"]
+        assert (stage.send_bytes, stage.recv_bytes) == (real["sent"], real["received"])
+    last = a.stages[1].analysis.memory.first_step_peak_bytes
+    assert last == pytest.approx(truth[1]["first_step"], rel=TOLERANCE)
+    peaks = [(s.peak_bytes, t["steady"]) for s, t in zip(a.stages, truth, strict=True)]
+    if any(abs(p / t - 1) > TOLERANCE for p, t in peaks):
+        pytest.xfail(f"PP x FSDP steady peaks on gloo (trace, real): {peaks}")
+
+
+def test_a_pipeline_trace_leaves_no_process_group_or_patch_behind() -> None:
+    import sys
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meta_widget.distributed.decisions import forget_meshes
+
+    resize, hook = torch.UntypedStorage.resize_, sys.excepthook
+    analyze_pipeline(tiny_llama_config(), tokens(), pp=2, fsdp=2)
+    assert torch.UntypedStorage.resize_ is resize and sys.excepthook is hook
+    assert not dist.is_initialized()
+    # the user's own process group and mesh of the same shape work afterwards
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "fsdp"))
+        model = fully_shard(torch.nn.Linear(8, 8), mesh=mesh["fsdp"])
+        model(torch.randn(2, 8)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
