@@ -596,4 +596,3 @@ def analyze(
             return inspect_checkpoint(model)  # type: ignore[return-value]
         model = hub
     return run(model, options, Analysis, widget, listeners)
-

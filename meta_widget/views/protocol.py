@@ -61,8 +61,7 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "memory": {"categories": {name: bytes},   # live at the peak; they add up to peak_bytes
                  "phases": {phase: first timeline index}, "peak_phase": str | null,
                  "peak_step": 1 | 2 | null, "first_step_peak_bytes": int,   # 2: steady
-                 "reserved_bytes", "device_bytes",   # the caching allocator's reserve; what
-                                                     # the GPU holds (nvidia-smi); 0: not traced
+                 "reserved_bytes", "device_bytes",   # allocator's reserve; GPU's (nvidia-smi)
                  "gradient_bytes", "optimizer_state_bytes", "optimizer_host_bytes",
                  "what_if": {"fp32" | "bf16" | "fp16" | "int8" | "int4":   # the switch
                              {category: bytes, "total", "activation_scale"}},
@@ -145,6 +144,7 @@ from ..choices import KernelMessage, Precision, ViewMessage
 from ..units import DTYPE_BYTES
 from .estimates import recorded_element_size, what_if
 from .graph_frame import encode_graph
+from .settings import encode_settings
 
 if TYPE_CHECKING:
     from ..data.flatten import TensorInfo
@@ -322,78 +322,6 @@ def encode_comms(records: Sequence[Any], kept: list[int]) -> dict[str, list[Any]
         "module": [r.module for r in records],
         "phase": [r.phase for r in records],
     }
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def encode_settings(options: Any) -> list[list[str]]:
-    """The settings that change the numbers, as the header's badges: ``[label, tooltip]`` each.
-
-    The mode and the source are the header's chips already; these are the rest: autocast, the
-    parameters' dtype, the parallel layout, micro-batches, the optimizer's implementation when
-    given (``foreach``), activation checkpointing. Defaults
-    (none of them given) send an empty list.
-    """
-    out: list[list[str]] = []
-    if options.autocast is not None:
-        name = _dtype_name(options.autocast)
-        out.append(
-            [
-                f"autocast {name}",
-                f"analyze(..., autocast={name}): ops ran under "
-                "torch.autocast, activations in that dtype where autocast casts",
-            ]
-        )
-    if options.param_dtype is not None:
-        name = _dtype_name(options.param_dtype)
-        out.append(
-            [
-                f"params {name}",
-                f"analyze(..., param_dtype={name}): floating parameters and buffers in that dtype",
-            ]
-        )
-    plan = options.parallel
-    if plan is not None:
-        mp = plan.mp  # FSDP2's MixedPrecisionPolicy
-        policy = f"; MixedPrecisionPolicy({mp.arguments()})" if mp is not None else ""
-        out.append(
-            [
-                plan.label(),
-                f"analyze(..., parallel=...): this trace is "
-                f"rank 0 of {plan.world}; its numbers are one GPU's{policy}",
-            ]
-        )
-    if getattr(options, "micro_batches", 1) > 1:
-        n = options.micro_batches
-        out.append(
-            [
-                f"{n} micro-batches",
-                f"analyze(..., micro_batches={n}): gradient "
-                "accumulation over that many forward/backward passes per step",
-            ]
-        )
-    foreach = getattr(options, "foreach", None)
-    if foreach is not None and getattr(options, "training", False):
-        out.append(
-            [
-                f"foreach {'on' if foreach else 'off'}",
-                f"analyze(..., foreach={foreach}): the optimizer step "
-                + ("as one multi-tensor op per list" if foreach else "one parameter at a time"),
-            ]
-        )
-    if getattr(options, "activation_checkpointing", False):
-        saves = getattr(options, "save_policy", None)  # selective: what its policy saves
-        kept = f"outputs of {saves.label} kept, other " if saves is not None else ""
-        out.append(
-            [
-                "selective checkpointing" if saves is not None else "checkpointing",
-                f"analyze(..., activation_checkpointing=...): {kept}activations "
-                "recomputed in the backward pass",
-            ]
-        )
-    return out
 
 
 def encode_analysis(a: Analyzed) -> dict[str, Any]:
