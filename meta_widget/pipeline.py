@@ -116,7 +116,18 @@ def _pipeline(
         from .distributed import pipelining  # every pipeline rank traced in turn
 
         return pipelining.run_stages(  # type: ignore[no-any-return]
-            meta, inputs, options, kept, notes, diff, gpu, make, listeners, start
+            meta,
+            inputs,
+            options,
+            kept,
+            notes,
+            diff,
+            gpu,
+            make,
+            listeners,
+            start,
+            _assemble,
+            time_step,
         )
     tree = walk(module)  # one walk for the tree and the trace
     nodes = build_tree(module, tree)

@@ -391,12 +391,14 @@ def run_stages(
     make: Callable[..., Any],
     listeners: Sequence[Any],
     start: float,
+    assemble: Callable[..., dict[str, Any]],
+    time_step: Callable[..., Any],
 ) -> Any:
     """Every pipeline rank of ``options.parallel`` traced (see the module docstring): the
-    analysis of the rank with the highest peak, with ``stages`` for all."""
+    analysis of the rank with the highest peak, with ``stages`` for all. ``assemble`` and
+    ``time_step`` are the pipeline's own (``meta_widget.pipeline``, a layer above)."""
     from ..data.tree import build_tree
     from ..data.walk import walk
-    from ..pipeline import _assemble, time_step
 
     plan = options.parallel
     assert plan is not None
@@ -423,7 +425,7 @@ def run_stages(
         rank_meta = replace(meta, module=root)
         nodes = build_tree(root, walk(root))
         tensors = [t for t in (inputs.args if r == 0 else ()) if isinstance(t, torch.Tensor)]
-        fields = _assemble(rank_meta, nodes, tensors, kept, notes, diff, rank.trace, rank.module)
+        fields = assemble(rank_meta, nodes, tensors, kept, notes, diff, rank.trace, rank.module)
         timed = None
         if gpu is not None and rank.trace is not None:
             timed = time_step(

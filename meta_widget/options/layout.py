@@ -16,13 +16,12 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .errors import MAX_MICRO_BATCHES, MAX_RANKS, OptionError, OptionTypeError, show
 from .parallel import MixedPrecision, mixed_precision
-
-if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["EP_NOTE", "MESH_DIMS", "SCHEDULES", "Parallel", "ParallelPlan", "check_parallel"]
 
@@ -245,8 +244,6 @@ class Parallel:
     def mesh(self, device: str = "cpu") -> DeviceMesh:
         """The device mesh of the layout (``MESH_DIMS``, every dimension, of size 1 where not
         used), on the default process group, which must be ``world`` ranks."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         return init_device_mesh(device, self.sizes, mesh_dim_names=MESH_DIMS)
 
     def _given(self) -> str:
