@@ -114,6 +114,9 @@ class World:
 
     # -- the process group --------------------------------------------------------------------
 
+    #: this process's rank in the fake group (a pipeline rank's world says another)
+    rank = 0
+
     def __enter__(self) -> World:
         if dist.is_available() and dist.is_initialized():
             raise ParallelError(
@@ -127,7 +130,9 @@ class World:
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
             world_started(plan.sizes)  # __exit__ ends it, on any path
-            dist.init_process_group("fake", rank=0, world_size=plan.world, store=FakeStore())
+            dist.init_process_group(
+                "fake", rank=self.rank, world_size=plan.world, store=FakeStore()
+            )
             self.mesh = plan.mesh("cpu")
         except BaseException:
             self.__exit__()  # a group registered before the failure is destroyed too

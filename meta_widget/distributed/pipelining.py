@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed import pipelining as pp
@@ -43,7 +42,6 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import schedules as pp_schedules
 from torch.distributed.pipelining.stage import InferenceMode
 from torch.distributed.tensor.parallel import parallelize_module
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_map_only
 
 from ..choices import Phase
@@ -52,11 +50,11 @@ from ..trace.passes import default_loss
 from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
-from .decisions import world_ended, world_started
 from .parallel import (
     TP_STYLES,
     ParallelError,
     RankTrace,
+    World,
     fake_like,
     on_fake,
     trace_rank,
@@ -92,9 +90,10 @@ def rank_of(plan: Parallel, pp_rank: int) -> int:
     return pp_rank * (plan.world // plan.pp)
 
 
-class PipelineWorld:
+class PipelineWorld(World):
     """A fake process group of ``plan.world`` ranks, this process rank :func:`rank_of`
-    ``pp_rank``, for one pipeline rank's trace (a ``RankWorld``; see ``parallel.World``)."""
+    ``pp_rank``, for one pipeline rank's trace (``parallel.World``'s group, made and undone
+    as it makes and undoes its own)."""
 
     device = "cpu"
 
@@ -106,6 +105,8 @@ class PipelineWorld:
         tp_styles: dict[str, str] | None = None,
     ) -> None:
         self.plan, self.pp_rank, self.shapes = plan, pp_rank, shapes
+        self.rank = rank_of(plan, pp_rank)
+        self.mesh = None
         #: the model's tensor-parallel plan (style names by module path), for ``tp`` > 1
         self.tp_styles = tp_styles or {}
         self.batch = int(shapes[0][0][0].shape[0]) * int(plan.microbatches or 1)
@@ -119,43 +120,14 @@ class PipelineWorld:
         self.loss: Callable[[Any], torch.Tensor] = default_loss
         self._hook = sys.excepthook
 
-    def __enter__(self) -> PipelineWorld:
-        if dist.is_available() and dist.is_initialized():
-            raise ParallelError(
-                "parallel=... needs its own fake process group, but this process already has a "
-                f"default process group ({dist.get_backend()}), which meta_widget will not "
-                "replace. Analyze in a process without one."
-            )
-        self._hook = sys.excepthook
-        try:
-            world_started(self.plan.sizes)
-            rank = rank_of(self.plan, self.pp_rank)
-            dist.init_process_group(
-                "fake", rank=rank, world_size=self.plan.world, store=FakeStore()
-            )
-            self.mesh = self.plan.mesh("cpu")
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        finally:
-            sys.excepthook = self._hook
-            world_ended()
-
-    def tracing(self) -> FakeTensorMode:
-        return self.fake
-
     def prepare(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
         """A copy of the rank's stages (``module``, a :class:`RankStages` on meta) on fake CPU
         tensors, FSDP2-wrapped where ``fsdp`` > 1, and its schedule; the inputs (the first
         rank's token ids) on fake tensors."""
+        assert self.mesh is not None, "prepare() runs inside `with PipelineWorld(...)`"
+        full = self.mesh
         plan = self.plan
         copied = copy.deepcopy(module)
         with self.fake:
@@ -166,9 +138,9 @@ class PipelineWorld:
             for stage in copied.children():
                 styles = stage_tp_plan(stage, self.tp_styles)
                 if styles:
-                    parallelize_module(stage, self.mesh["tp"], styles)
+                    parallelize_module(stage, full["tp"], styles)
         if plan.fsdp > 1 or plan.replicate > 1:
-            mesh = self.mesh["replicate", "fsdp"] if plan.replicate > 1 else self.mesh["fsdp"]
+            mesh = full["replicate", "fsdp"] if plan.replicate > 1 else full["fsdp"]
             mp = plan.mp
             policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
             for stage in copied.children():
@@ -176,7 +148,7 @@ class PipelineWorld:
                 for layer in stage.layers.values():
                     fully_shard(layer, mesh=mesh, mp_policy=policy)
                 fully_shard(stage, mesh=mesh, mp_policy=policy)
-        group = self.mesh["pp"].get_group()
+        group = full["pp"].get_group()
         stages = []
         for index, stage in zip(stage_indices(plan, self.pp_rank), copied.children(), strict=True):
             with self.fake:
@@ -205,7 +177,7 @@ class PipelineWorld:
         self.schedule._warmup_p2p = _settled_vote  # see the module docstring
         self.stages = stages
         groups = {
-            str(self.mesh[name].get_group().group_name): (name, size)
+            str(full[name].get_group().group_name): (name, size)
             for name, size in zip(MESH_DIMS, plan.sizes, strict=True)
             if size > 1
         }
