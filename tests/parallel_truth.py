@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -280,3 +281,12 @@ def _floating_sum(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out.sum()
     return out.logits.sum()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left() -> Any:
+    """A test module that imports this runs each test with no default process group before
+    or after it: an analysis leaves none behind, and a test that made one destroyed it."""
+    assert not dist.is_initialized()
+    yield
+    assert not dist.is_initialized()

@@ -16,20 +16,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from parallel_truth import tiny_llama_config
+from parallel_truth import (
+    no_process_group_left,  # noqa: F401  (an autouse fixture)
+    tiny_llama_config,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
 from meta_widget.distributed.decisions import forget_meshes
-
-
-@pytest.fixture(autouse=True)
-def _no_process_group_left() -> Any:
-    assert not dist.is_initialized()
-    yield
-    assert not dist.is_initialized()
 
 
 def test_pytorchs_context_parallel_cannot_shard_cpu_attention() -> None:

@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import transformers
-from parallel_truth import real_rank_peak, tiny_llama_config
+from parallel_truth import (
+    no_process_group_left,  # noqa: F401  (an autouse fixture)
+    real_rank_peak,
+    tiny_llama_config,
+)
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
@@ -25,13 +28,6 @@ from torch.distributed.fsdp import fully_shard
 import meta_widget as mw
 
 TOLERANCE = 0.02
-
-
-@pytest.fixture(autouse=True)
-def _no_process_group_left() -> Any:
-    assert not dist.is_initialized()
-    yield
-    assert not dist.is_initialized()
 
 
 def tiny_mixtral() -> Any:

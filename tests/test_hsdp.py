@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-from parallel_truth import real_rank_peak, tiny_llama_config
+from parallel_truth import (
+    no_process_group_left,  # noqa: F401  (an autouse fixture)
+    real_rank_peak,
+    tiny_llama_config,
+)
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -21,13 +24,6 @@ import meta_widget as mw
 from meta_widget.options import OptionError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-@pytest.fixture(autouse=True)
-def _no_process_group_left() -> Any:
-    assert not dist.is_initialized()
-    yield
-    assert not dist.is_initialized()
 
 
 def hsdp_wrap(replicate: int, shard: int) -> Any:

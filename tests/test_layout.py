@@ -13,18 +13,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from parallel_truth import DeepMLP
+from parallel_truth import (
+    DeepMLP,
+    no_process_group_left,  # noqa: F401  (an autouse fixture)
+)
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import meta_widget as mw
 from meta_widget.distributed.decisions import forget_meshes
-
-
-@pytest.fixture(autouse=True)
-def _no_process_group_left() -> Any:
-    assert not dist.is_initialized()
-    yield
-    assert not dist.is_initialized()
 
 
 @pytest.mark.parametrize(

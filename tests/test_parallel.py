@@ -18,6 +18,7 @@ from parallel_truth import (
     DeepMLP,
     allocator_rank_peak,
     llama_tp_plan,
+    no_process_group_left,  # noqa: F401  (an autouse fixture)
     real_output_bytes,
     real_rank_peak,
     tiny_llama_config,
@@ -34,13 +35,6 @@ from meta_widget.distributed.decisions import keeping_decisions
 #: the acceptance bounds of the issue (the traces below land on the byte)
 FSDP_TOLERANCE = 0.02
 TP_TOLERANCE = 0.05
-
-
-@pytest.fixture(autouse=True)
-def _no_process_group_left() -> Any:
-    assert not dist.is_initialized()
-    yield
-    assert not dist.is_initialized()
 
 
 def llama_input() -> torch.Tensor:

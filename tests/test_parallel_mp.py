@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from parallel_truth import DeepMLP, default_wrap, real_rank_peak, tiny_llama_config
+from parallel_truth import (
+    DeepMLP,
+    default_wrap,
+    no_process_group_left,  # noqa: F401  (an autouse fixture)
+    real_rank_peak,
+    tiny_llama_config,
+)
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -24,13 +30,6 @@ import meta_widget as mw
 
 TOLERANCE = 0.02
 BF16 = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
-
-
-@pytest.fixture(autouse=True)
-def _no_process_group_left() -> Any:
-    assert not dist.is_initialized()
-    yield
-    assert not dist.is_initialized()
 
 
 def wrapped_with(**policy: Any) -> Any:
