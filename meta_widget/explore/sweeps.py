@@ -6,6 +6,7 @@ The model is built on meta once; every point re-traces it at other input sizes
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import itertools
 import sys
@@ -69,10 +70,12 @@ def check_analyze_options(options: Mapping[str, Any], who: str) -> None:
     known = inspect.signature(analyze).parameters
     unknown = sorted(name for name in options if name not in known)
     if unknown:
-        names = ", ".join(n for n in known if n not in ("model", "input_size"))
+        names = [n for n in known if n not in ("model", "input_size")]
+        close = [m for u in unknown for m in difflib.get_close_matches(u, names, n=1)]
+        hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
         raise OptionTypeError(
-            f"{who}: {', '.join(map(repr, unknown))} is not an option of {who} or of analyze; "
-            f"analyze's options are {names}."
+            f"{who}: {', '.join(map(repr, unknown))} is an option of neither {who} nor analyze; "
+            f"{hint}analyze's options: {', '.join(names)}."
         )
 
 
