@@ -211,7 +211,7 @@ class Analysis:
                     "module": n.path,
                     "type": n.type,
                     "depth": n.depth,
-                    "calls": len(n.calls),
+                    "calls": sum(c.repeats for c in n.calls),
                     "input_shapes": [shapes(c.inputs) for c in n.calls],
                     "output_shapes": [shapes(c.outputs) for c in n.calls],
                     "params": n.params,

@@ -76,6 +76,19 @@ def format_flops(n: float) -> str:
     return _scaled(n, 1000, _FLOPS)
 
 
+def format_seconds(s: float) -> str:
+    """Seconds in the unit that reads best, three figures: ``15.1 s``, ``918 ms``, ``927 µs``,
+    ``4.2 ns``; never an exponent (``1.51e+04 ms``)."""
+    value = float(s)
+    if not math.isfinite(value):
+        return NONE
+    size = abs(value)
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if size >= scale * 0.9995:
+            return f"{'-' if value < 0 else ''}{_three_figures(size / scale)} {unit}"
+    return f"{'-' if value < 0 else ''}{_three_figures(size / 1e-9)} ns" if size else "0 s"
+
+
 def format_shape(shape: Sequence[int]) -> str:
     """``[1, 4096, 8192]``."""
     return "[" + ", ".join(str(d) for d in shape) + "]"

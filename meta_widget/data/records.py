@@ -81,6 +81,9 @@ class CallRecord:
     #: a module with sub-modules; None for a leaf): ``(calls started before the op, op name,
     #: the ids of its tensor arguments, the ids of its outputs)``
     flows: list[Flow] | None = None
+    #: how many calls the model ran that this record stands for: 1, or a stretch of decode
+    #: steps' summed record in ``mode="generate"`` (``meta_widget.trace.decode_steps``)
+    repeats: int = 1
 
 
 class Event(NamedTuple):

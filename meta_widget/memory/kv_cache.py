@@ -12,7 +12,8 @@ Definitions (``docs/serving.md`` repeats them):
 - ``paged(budget)``: how many sequences of a length fit in what the weights leave of
   ``budget``, in blocks of ``block`` positions per layer as vLLM's paged attention allocates
   them: per sequence, each layer holds ``ceil(min(length, window) / block)`` blocks of
-  ``block`` positions; full layers have no window.
+  ``block`` positions; full layers have no window. The answer is a :class:`PagedFit`: an
+  ``int`` (the sequences), with ``reason`` saying what bounds it (why 0, when nothing fits).
 """
 
 from __future__ import annotations
@@ -29,7 +30,91 @@ if TYPE_CHECKING:
 
     from ..trace.generate import CacheSummary, LayerCache
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "PagedFit"]
+
+
+class PagedFit(int):
+    """:meth:`KVCache.paged`'s answer: the number of sequences that fit (an ``int``, usable as
+    one), with what bounds it.
+
+    Attributes
+    ----------
+    reason
+        One line: why nothing fits (the weights exceed the budget, or one sequence's cache is
+        larger than what they leave), or what the count divides.
+    budget_bytes, weight_bytes, sequence_bytes, length, block
+        The budget, the weights held first, one sequence's cache in blocks, its positions and
+        the block size.
+    """
+
+    reason: str
+    budget_bytes: int
+    weight_bytes: int
+    sequence_bytes: int
+    length: int
+    block: int
+
+    def __new__(
+        cls, sequences: int, *, budget: int, weights: int, sequence: int, length: int, block: int
+    ) -> PagedFit:
+        fit = super().__new__(cls, sequences)
+        fit.budget_bytes, fit.weight_bytes, fit.sequence_bytes = budget, weights, sequence
+        fit.length, fit.block = length, block
+        fit.reason = _paged_reason(int(fit), budget, weights, sequence, length, block)
+        return fit
+
+    def __str__(self) -> str:
+        return int.__repr__(self)
+
+    def __repr__(self) -> str:
+        return int.__repr__(self) if self else f"0 ({self.reason})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _paged_fit,
+            (
+                int(self),
+                self.budget_bytes,
+                self.weight_bytes,
+                self.sequence_bytes,
+                self.length,
+                self.block,
+            ),
+        )
+
+
+def _paged_fit(
+    n: int, budget: int, weights: int, sequence: int, length: int, block: int
+) -> PagedFit:
+    return PagedFit(
+        n, budget=budget, weights=weights, sequence=sequence, length=length, block=block
+    )
+
+
+def _paged_reason(n: int, budget: int, weights: int, sequence: int, length: int, block: int) -> str:
+    """What bounds ``paged()``'s count, in one line."""
+    if sequence <= 0:
+        return "no layer of this model holds a KV cache"
+    free = budget - weights
+    each = (
+        f"one sequence of {length:,} positions takes {format_bytes(sequence)} of cache "
+        f"(blocks of {block})"
+    )
+    if free <= 0:
+        return (
+            f"the weights alone ({format_bytes(weights)}) exceed the {format_bytes(budget)} "
+            "budget, leaving nothing for the cache: give a larger budget, or split or quantize "
+            "the weights (parallel=, param_dtype=)"
+        )
+    if n == 0:
+        return (
+            f"{each}, more than the {format_bytes(free)} the weights "
+            f"({format_bytes(weights)}) leave of the {format_bytes(budget)} budget"
+        )
+    return (
+        f"{each}; the weights ({format_bytes(weights)}) leave {format_bytes(free)} of "
+        f"{format_bytes(budget)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -110,11 +195,12 @@ class KVCache:
             total += math.ceil(held / block) * block * _per_token(layer)
         return math.ceil(total)
 
-    def paged(self, budget: int | str, length: int | None = None, block: int = 16) -> int:
+    def paged(self, budget: int | str, length: int | None = None, block: int = 16) -> PagedFit:
         """How many sequences of ``length`` positions (default: the prompt and the new tokens
         traced) fit in ``budget`` (bytes, or ``"80GiB"``) once the weights are held, their
         cache allocated in blocks of ``block`` positions per layer, as vLLM does (see
-        :meth:`sequence_bytes`). Activations are not set aside."""
+        :meth:`sequence_bytes`). Activations are not set aside. A :class:`PagedFit`: an
+        ``int``, whose ``reason`` says why it is 0 when nothing fits."""
         limit = check_budget(budget)
         length = self.prompt_tokens + self.new_tokens if length is None else length
         for name, value in (("length", length), ("block", block)):
@@ -122,9 +208,15 @@ class KVCache:
                 raise OptionError(f"paged(): {name} must be an int of 1 or more, not {value!r}")
         per_sequence = self.sequence_bytes(length, block)
         free = limit - self.weight_bytes
-        if per_sequence <= 0 or free <= 0:
-            return 0
-        return free // per_sequence
+        n = 0 if per_sequence <= 0 or free <= 0 else free // per_sequence
+        return PagedFit(
+            n,
+            budget=limit,
+            weights=self.weight_bytes,
+            sequence=per_sequence,
+            length=length,
+            block=block,
+        )
 
     def __repr__(self) -> str:
         kinds: dict[str, int] = {}

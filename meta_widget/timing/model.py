@@ -48,6 +48,7 @@ import torch
 
 from ..choices import Phase
 from ..data.records import CallRecord
+from ..units import format_seconds
 from .efficiency import (
     EAGER_OP_S,
     FALLBACK_COMPUTE,
@@ -236,7 +237,8 @@ def _hfu(t: StepTime) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
+    """A time in the unit that reads best (``15.1 s``, ``918 ms``): no exponents."""
+    return format_seconds(seconds)
 
 
 def op_seconds(

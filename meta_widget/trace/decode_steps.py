@@ -215,6 +215,7 @@ def summed_steps(
                 phase=x.phase,
                 assumed=x.assumed or y.assumed,
                 costs=_summed_costs(x.costs, y.costs, first, last),
+                repeats=n * x.repeats,
             )
         )
     return out

@@ -21,6 +21,11 @@ The timeline is marked: the run of ``prefill`` from the start, a ``decode`` run 
 each decode step's forward (``Trace.phase_runs``); the recorder's own phase stays ``forward``
 (every step is a forward pass: its records are those of one).
 
+The cache's storages are a memory category of their own (:data:`KV_CACHE`, or
+:data:`KV_CACHE_SLIDING` for sliding-window layers): at the start of each forward pass the
+cache it is handed is marked, and at the end the cache returned, so that each storage a cache
+ever held is the cache's on the timeline from its allocation to its free.
+
 At the end the cache ``generate()`` returns is summarized (:class:`LayerCache`, plain data, no
 tensors): each layer's kind (``"full"``, ``"sliding"``, or ``"none"`` for a layer holding no
 tensor), bytes (distinct storages), tokens held and window.
@@ -45,6 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DECODE",
+    "KV_CACHE",
+    "KV_CACHE_SLIDING",
     "PREFILL",
     "CacheSummary",
     "Generation",
@@ -54,6 +61,9 @@ __all__ = [
 ]
 
 PREFILL, DECODE = "prefill", "decode"
+
+#: the memory categories of the cache's storages: full-attention layers, sliding-window layers
+KV_CACHE, KV_CACHE_SLIDING = "KV cache", "KV cache (sliding window)"
 
 #: the folder of transformers' generation code (where the stopping check is asked)
 _GENERATION = f"{os.sep}transformers{os.sep}generation{os.sep}"
@@ -229,6 +239,8 @@ class Generation:
         )
 
         def began(_module: torch.nn.Module, _args: Any, step_kwargs: dict[str, Any]) -> None:
+            # transformers 5 hands the cache as ``cache``, 4 as ``past_key_values``
+            mark_cache(recorder, step_kwargs.get("cache", step_kwargs.get("past_key_values")))
             self.steps += 1
             traced = skipper.before_step(self.steps, step_kwargs)
             if self.steps > 1 and traced:
@@ -254,6 +266,7 @@ class Generation:
             handle.remove()
             remove()
         skipper.finish()
+        mark_cache(recorder, _returned_cache(output))
         self.cache = summarize_cache(
             _returned_cache(output),
             self.prompt_tokens,
@@ -261,6 +274,21 @@ class Generation:
             int(ids.shape[0]),
         )
         return output
+
+
+def mark_cache(recorder: Recorder, cache: Any) -> None:
+    """Give each storage ``cache`` holds the memory category of the cache (:data:`KV_CACHE`,
+    :data:`KV_CACHE_SLIDING` for a sliding layer's), kept once freed."""
+    if cache is None:
+        return
+    inner = getattr(cache, "self_attention_cache", cache)
+    layers = getattr(inner, "layers", None)
+    sliding: set[int] = set()
+    for layer in layers if layers is not None else ():
+        if getattr(layer, "is_sliding", False):
+            sliding.update(id(t) for t in _tensors(layer))
+    for t in _tensors(cache):
+        recorder.storage.set_category(t, KV_CACHE_SLIDING if id(t) in sliding else KV_CACHE)
 
 
 def summarize_cache(cache: Any, prompt: int, new: int, batch: int) -> CacheSummary | None:

@@ -232,6 +232,9 @@ def what_if(
         "activations": round(cats["activations"] * c / r),
         "temporaries": round(cats["temporaries"] * temp_size / r),
     }
+    for name, n in report.categories.items():  # mode="generate": the KV cache, as activations
+        if name.startswith("KV cache"):
+            out[name] = round(n * c / r)
     out["total"] = sum(out.values())
     return out
 

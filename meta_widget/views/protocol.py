@@ -42,6 +42,9 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
         "error": [0 | 1],                 # 1 where the call raised
         "assumed": [0 | 1],               # 1 where the call took an assumption or holds results
                                           # computed from one (meta_widget.trace.assume)
+        "more_calls": [int],              # generate: the calls of the model this record also
+                                          # stands for (a stretch of decode steps summed, as
+                                          # CallRecord.repeats - 1); 0 elsewhere
         "backward_ops": [[[op_sid, flops], ...]],  # training: FLOPs by op of the backward of
                                           # what the call's own body computed (a call's whole
                                           # backward, sub-calls included, is their sum over
@@ -87,6 +90,7 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                "modules": {"time_s": [float], "bound": ["compute" | "memory" | "comm" | ""]}}
               (only with analyze(..., gpu=...): meta_widget.timing.model.StepTime; per module
               row, its calls' time forward and backward and what bounds it),
+      "serving": {...} (only in mode="generate": meta_widget.views.serving),
       "settings": [[label, tooltip]],     # what changes the numbers besides mode: autocast,
                                           # param dtype, parallel layout, micro-batches,
                                           # checkpointing (encode_settings); [] by default
@@ -103,8 +107,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
     }
 
 The columns named in ``OPTIONAL_COLUMNS`` (``buffer_bytes``, ``error``, ``assumed``,
-``backward_ops``) are left out of a payload, and of a streamed batch, when all their values are
-0 (or empty): a missing column reads as zeros (empty lists).
+``backward_ops``, ``more_calls``) are left out of a payload, and of a streamed batch, when all
+their values are 0 (or empty): a missing column reads as zeros (empty lists).
 
 Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"args[0]"``,
 ``"attention_mask"``, ``"[0]"``, ``"logits"``, ``"past_key_values.layers[0].keys"``.
@@ -144,6 +148,7 @@ from ..choices import KernelMessage, Precision, ViewMessage
 from ..units import DTYPE_BYTES
 from .estimates import recorded_element_size, what_if
 from .graph_frame import encode_graph
+from .serving import encode_serving
 from .settings import encode_settings
 
 if TYPE_CHECKING:
@@ -181,6 +186,7 @@ CALL_COLUMNS = (
     "error",
     "assumed",
     "backward_ops",
+    "more_calls",
 )
 #: the message types of each direction (``choices.KernelMessage``, ``choices.ViewMessage``);
 #: ``widget.MESSAGE_HANDLERS`` is built from ``MESSAGE_TYPES_FROM_JS``: one handler per type
@@ -278,6 +284,7 @@ def encode_calls(records: Sequence[CallRecord], d: Dictionary) -> dict[str, list
         "error": [int(r.error) for r in records],
         "assumed": [int(r.assumed) for r in records],
         "backward_ops": [[[d.string(k), v] for k, v in r.backward_ops.items()] for r in records],
+        "more_calls": [r.repeats - 1 for r in records],
     }
 
 
@@ -398,6 +405,9 @@ def encode_analysis(a: Analyzed) -> dict[str, Any]:
         payload["checkpoint"] = a.checkpoint_diff.to_dict()
     if a.time is not None:
         payload["time"] = encode_time(a)
+    serving = encode_serving(a)
+    if serving is not None:  # mode="generate": meta_widget.views.serving
+        payload["serving"] = serving
     if a.traced and a.calls:  # the Graph tab's (see meta_widget.views.graph_frame)
         payload["graph"] = encode_graph(a, lambda info: _tensor(d, info), d.string)
     return payload
@@ -482,7 +492,7 @@ def encode_what_if(report: MemoryReport) -> dict[str, dict[str, float]]:
 
 
 #: integer columns left out of a payload when every value is 0 (they read as zeros)
-OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed", "backward_ops")
+OPTIONAL_COLUMNS = ("buffer_bytes", "error", "assumed", "backward_ops", "more_calls")
 
 
 def drop_zero_columns(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from ..units import NONE, format_bytes, format_count, format_flops, format_shapes
+from ..units import NONE, format_bytes, format_count, format_flops, format_seconds, format_shapes
 
 if TYPE_CHECKING:
     from ..data.tree import ModuleNode
@@ -199,7 +199,7 @@ def summary_header(analysis: Analyzed) -> str:
 
 
 def _seconds(s: float) -> str:
-    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+    return format_seconds(s)
 
 
 def _launch(time: Any) -> str:
