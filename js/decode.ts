@@ -9,6 +9,7 @@
  */
 import { decodeComms } from "./comms";
 import { decodeGraph } from "./graph";
+import { decodeServing } from "./serving";
 import { decodeTime } from "./timing";
 import {
   STATUSES,
@@ -85,6 +86,7 @@ export function decodeCallColumns(raw: unknown): CallColumns {
     error: nums(c.error),
     assumed: nums(c.assumed),
     backward_ops: pairLists(c.backward_ops, 0),
+    more_calls: nums(c.more_calls),
   };
 }
 
@@ -251,6 +253,7 @@ function decodeCallRow(d: Dictionaries, c: CallColumns, i: number, index: number
     assumed: c.assumed[i] === 1,
     backwardFlops: 0, // summed over the tree once every call is in (sumBackward)
     backwardOps: decodeOps(d, c.backward_ops[i]),
+    repeats: 1 + (c.more_calls[i] ?? 0),
   };
 }
 
@@ -380,6 +383,8 @@ export function decodePayload(raw: unknown): Analysis | null {
   };
   const time = decodeTime(raw.time);
   if (time) a.time = time;
+  const serving = decodeServing(raw.serving);
+  if (serving) a.serving = serving;
   const c = decodeCallColumns(raw.calls);
   for (let j = 0; j < c.module.length; j++) placeCall(a, decodeCallRow(dict, c, j, j));
   sumBackward(a.calls);

@@ -115,7 +115,10 @@ export class GraphView {
       button("PNG", "Download the graph as PNG", () => this.download("png")),
     );
     this.svgEl.append(this.root);
-    this.el.append(this.bar, this.note, this.svgEl);
+    const hint = h("div", "mw-graph-zoomhint", "Ctrl (⌘) + wheel to zoom, or click the graph first");
+    const stage = h("div", "mw-graph-stage");
+    stage.append(this.svgEl, hint);
+    this.el.append(this.bar, this.note, stage);
     this.enableZoom();
   }
 
@@ -215,7 +218,7 @@ export class GraphView {
     }
     const folded = this.model.nodes.filter((n) => n.repeats > 1 && n.more === null).length;
     const hidden = this.model.nodes.reduce((s, n) => s + (n.more === null ? 0 : n.rows.length), 0);
-    this.note.textContent = `Modules at depth ${level.depth} (and shallower leaves) and the tensors between them: an edge runs from the module call that made a tensor to each one that read it, through the ops listed on it (a residual add, a cat). ${folded ? `${folded} folded node${folded > 1 ? "s stand" : " stands"} for repeated layers (“+” opens one in place). ` : ""}${hidden ? `${formatCount(hidden)} module${hidden > 1 ? "s" : ""} not drawn stand in “… more” nodes (click one to draw more). ` : ""}Shaded by ${this.metric === "flops" ? "FLOPs" : "memory (parameters + output mem)"}; ▲ marks the peak's module. Hover an edge for its tensor; click a node to select it; wheel to zoom, drag to pan.`;
+    this.note.textContent = `Modules at depth ${level.depth} (and shallower leaves) and the tensors between them: an edge runs from the module call that made a tensor to each one that read it, through the ops listed on it (a residual add, a cat). ${folded ? `${folded} folded node${folded > 1 ? "s stand" : " stands"} for repeated layers (“+” opens one in place). ` : ""}${hidden ? `${formatCount(hidden)} module${hidden > 1 ? "s" : ""} not drawn stand in “… more” nodes (click one to draw more). ` : ""}Shaded by ${this.metric === "flops" ? "FLOPs" : "memory (parameters + output mem)"}; ▲ marks the peak's module. Hover an edge for its tensor; click a node to select it; drag to pan. ${ZOOM_HINT}`;
   }
 
   private layoutAndDraw(t0: number): void {
@@ -382,6 +385,16 @@ export class GraphView {
     this.root.setAttribute("transform", `translate(${x.toFixed(1)},${y.toFixed(1)}) scale(${k.toFixed(4)})`);
   }
 
+  /** Whether a click has engaged the graph: the wheel zooms it without a modifier key. */
+  private engaged = false;
+  private hintTimer: ReturnType<typeof setTimeout> | null = null;
+
+  private engage(on: boolean): void {
+    this.engaged = on;
+    this.el.classList.toggle("mw-graph-engaged", on);
+    if (on) this.el.classList.remove("mw-graph-hinting");
+  }
+
   private enableZoom(): void {
     const defs = svg("defs");
     for (const [id, cls] of [["arrow", "mw-graph-arrow"], ["grad", "mw-graph-arrow-grad"]] as const) {
@@ -390,7 +403,17 @@ export class GraphView {
       defs.append(marker);
     }
     this.svgEl.append(defs);
+    // the wheel scrolls the page unless the user zooms on purpose, as map widgets do: with
+    // Ctrl or ⌘ held, or once a click has engaged the graph (until the pointer leaves it)
+    this.svgEl.addEventListener("pointerdown", () => this.engage(true));
+    this.svgEl.addEventListener("pointerleave", () => this.engage(false));
     this.svgEl.addEventListener("wheel", (ev) => {
+      if (!this.engaged && !ev.ctrlKey && !ev.metaKey) {
+        this.el.classList.add("mw-graph-hinting");
+        if (this.hintTimer !== null) clearTimeout(this.hintTimer);
+        this.hintTimer = setTimeout(() => this.el.classList.remove("mw-graph-hinting"), 1500);
+        return; // the page scrolls
+      }
       ev.preventDefault();
       const r = this.svgEl.getBoundingClientRect();
       const px = ev.clientX - r.left;
@@ -466,6 +489,9 @@ export class GraphView {
     img.src = url;
   }
 }
+
+/** How to zoom: the wheel scrolls the page until the graph is clicked (or with Ctrl / ⌘). */
+export const ZOOM_HINT = "To zoom: Ctrl (⌘) + wheel, or click the graph first, then wheel; the wheel scrolls the page otherwise.";
 
 /** The second line of a "… N more" node. */
 const moreLine = (n: GNode): string => `${n.type} · click for more`;

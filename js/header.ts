@@ -7,6 +7,7 @@ import { errorBlock, h } from "./details";
 import { formatBytes, formatCount, formatExact, formatFlops } from "./format";
 import { PeakLine } from "./peakline";
 import type { Analysis } from "./protocol";
+import { servingNote, servingTotals } from "./serving";
 import { RERUN_WAIT_MS, rerunUnanswered, type Session } from "./session";
 import { stepText, stepTitle } from "./timing";
 import type { Aggregate } from "./tree";
@@ -57,6 +58,8 @@ export class Header {
       this.totalsEl.append(item);
     }
     const notes = a.notes.slice();
+    const paged = a.serving && a.status !== "running" ? servingNote(a.serving) : null;
+    if (paged) notes.unshift(paged);
     if (a.assumptions.length) {
       const n = a.assumptions.length;
       notes.push(
@@ -89,7 +92,9 @@ function totals(a: Analysis, rootAgg: Aggregate | undefined, params: ParamMemory
       : [
           "peak",
           running ? "…" : formatBytes(t.peak_bytes),
-          a.mode === "training"
+          a.mode === "generate"
+            ? `maximum of live bytes over the whole generate() (the prefill and every decode step, the KV cache included)${a.memory.peakPhase ? ` (reached in the ${a.memory.peakPhase})` : ""}, at the recorded dtypes`
+            : a.mode === "training"
             ? `maximum of live bytes over a steady training step (forward, backward, optimizer step; the optimizer state live from its start)${a.memory.peakPhase ? ` (reached in ${a.memory.peakPhase}${a.memory.peakStep ? ` of step ${a.memory.peakStep}` : ""})` : ""}, at the recorded dtypes; the first step peaks at ${formatBytes(a.memory.firstStepPeakBytes)}`
             : "maximum of live bytes over the forward pass, at the recorded dtypes",
         ],
@@ -119,7 +124,9 @@ function totals(a: Analysis, rootAgg: Aggregate | undefined, params: ParamMemory
       `what the GPU would hold at the peak, as nvidia-smi shows it, and what plan and max_fit hold against a budget: PyTorch's caching allocator reserved ${formatBytes(m.reservedBytes)} (the peak's tensors in its rounded blocks and segments, cuBLAS workspaces) + ${formatBytes(m.deviceBytes - m.reservedBytes)} outside it (the CUDA context; NCCL's buffers under parallel=)`,
     ]);
   }
-  if (a.time) items.push(["step", stepText(a.time), stepTitle(a.time)]);
+  if (a.serving) {
+    if (!running) items.push(...servingTotals(a.serving));
+  } else if (a.time) items.push(["step", stepText(a.time), stepTitle(a.time)]);
   return items;
 }
 

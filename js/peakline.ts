@@ -19,6 +19,7 @@ const SHORT: Record<string, string> = {
   "optimizer state": "optimizer",
   activations: "activations",
   temporaries: "temporaries",
+  "KV cache (sliding window)": "KV cache (sliding)",
 };
 
 /** FSDP sizes tried, smallest first: the first that fits the budget is shown. */
@@ -38,7 +39,10 @@ export interface Lever {
 /** The peak's categories as `[short name, bytes]`, in the stacking order, zeros left out. */
 export function peakSplit(a: Analysis): [string, number][] {
   const cats = a.memory.categories;
-  return MEMORY_CATEGORIES.filter((c) => (cats[c] ?? 0) > 0).map((c) => [SHORT[c] ?? c, cats[c] ?? 0]);
+  const known = MEMORY_CATEGORIES as readonly string[];
+  // then the kernel's own categories (the KV cache; a parallel trace's buffers)
+  const extra = Object.keys(cats).filter((c) => !known.includes(c));
+  return [...known, ...extra].filter((c) => (cats[c] ?? 0) > 0).map((c) => [SHORT[c] ?? c, cats[c] ?? 0]);
 }
 
 const ELEMENT_BYTES: Record<string, number> = {

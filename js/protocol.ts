@@ -6,6 +6,7 @@
  * messages are in `decode.ts` (decode at the boundary: views only ever see the types here).
  */
 
+import type { Serving } from "./serving";
 import type { Comm } from "./comms";
 import type { StepTime } from "./timing";
 
@@ -45,6 +46,8 @@ export interface CallColumns {
    * call's whole backward (sub-calls included) is summed from these (`sumBackward`).
    */
   backward_ops: [number, number][][];
+  /** Generate: the model's calls this record also stands for (decode steps summed); 0 elsewhere. */
+  more_calls: number[];
 }
 
 /** The `modules` columns of a payload, decoded like `CallColumns`. */
@@ -126,6 +129,9 @@ export interface CallInfo {
   backwardFlops: number;
   /** Training: the backward's FLOPs by op, own body only. */
   backwardOps: OpFlops[];
+  /** How many calls of the model this record stands for: 1, or a stretch of decode steps'
+   * summed record (`mode="generate"`, `CallRecord.repeats`). */
+  repeats: number;
 }
 
 /** Where the trace assumed a value it could not know (e.g. `if mask.all():` taken as True). */
@@ -309,6 +315,8 @@ export interface Analysis {
   time?: StepTime;
   /** The graph of module rows at depth 1, 2, ... unfolded (graph.ts); absent untraced. */
   graph?: GraphLevel[];
+  /** `mode="generate"`: the serving view's numbers (serving.ts); absent in other modes. */
+  serving?: Serving;
 }
 
 /** One edge of `payload.graph`: a tensor module `src` made and module `dst` read (graph.ts). */

@@ -137,7 +137,7 @@ export function describeRow(ctx: RowContext, row: Row): RowCells {
       text: shown && out ? formatBytes(out) : NONE,
       title: container
         ? CONTAINER_HINT
-        : `${formatExact(out)} bytes (outputs' new storage, summed over calls${ctx.dtype === "recorded" ? "" : `, at ${ctx.dtype}`})`,
+        : `${formatExact(out)} bytes (outputs' new storage, ${a.mode === "generate" ? "its largest call: generate() runs the model once per token" : "summed over calls"}${ctx.dtype === "recorded" ? "" : `, at ${ctx.dtype}`})`,
       fraction: v.activationBytes / s.acts,
     },
     flops: {

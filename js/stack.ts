@@ -2,7 +2,7 @@
  * The memory timeline stacked by category (pure, unit tested; drawn by charts.ts).
  *
  * Bands from the bottom: "parameters, buffers, inputs" (constant; left out on request), then
- * gradients, optimizer state, activations, temporaries, then any category the kernel adds (a
+ * the KV cache (mode="generate"), gradients, optimizer state, activations, temporaries, then any category the kernel adds (a
  * parallel trace's unsharded parameters, communication buffers). Each band's top is the running
  * sum of the categories up to it, so the last band's top is the live-bytes line.
  */
@@ -12,7 +12,13 @@ import { MEMORY_CATEGORIES } from "./protocol";
  * The colors (`--mw-cat-N`) of the categories a parallel trace adds, each its own: they are
  * not any of the seven (an unsharded parameter is not the rank's shard).
  */
-const EXTRA_COLORS: Record<string, number> = { "unsharded parameters": 7, "communication buffers": 8 };
+const EXTRA_COLORS: Record<string, number> = {
+  "unsharded parameters": 7,
+  "communication buffers": 8,
+  // mode="generate" (meta_widget.trace.generate.KV_CACHE): the cache, growing step by step
+  "KV cache": 10,
+  "KV cache (sliding window)": 11,
+};
 
 /** The color index of category `name`: its place in MEMORY_CATEGORIES, else its own (7, 8, 9). */
 export function categoryColor(name: string): number {
@@ -61,10 +67,12 @@ export function stackTimeline(
   };
   const order: { name: string; color: number; parts: string[] }[] = [];
   if (!leaveOutStatic) order.push({ name: STATIC_BAND, color: 0, parts: [...STATIC_CATEGORIES] });
+  // the KV cache lies on the weights: it lives from its step to the end, and grows each step
+  const extra = Object.keys(categories).filter((c) => !known.includes(c));
+  const cache = extra.filter((c) => c.startsWith("KV cache"));
+  for (const c of cache) order.push({ name: c, color: categoryColor(c), parts: [c] });
   for (const c of known) if (!isStatic(c)) order.push({ name: c, color: known.indexOf(c), parts: [c] });
-  Object.keys(categories)
-    .filter((c) => !known.includes(c))
-    .forEach((c) => order.push({ name: c, color: categoryColor(c), parts: [c] }));
+  for (const c of extra) if (!cache.includes(c)) order.push({ name: c, color: categoryColor(c), parts: [c] });
   const bands: StackBand[] = [];
   let below = new Array<number>(n).fill(0);
   for (const b of order) {

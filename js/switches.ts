@@ -31,6 +31,9 @@ export const DEVICE_LABELS: Record<Device, string> = {
   math: "math path",
 };
 const NO_KERNEL = "No kernel: this page cannot re-run the analysis (run the cell in a notebook)";
+/** The generate button's tooltip: what it is, and how to leave it. */
+const GENERATE_TITLE =
+  "This analysis traced generate() (mode='generate'): the prefill and every decode step. Inference or training re-runs one forward pass or a training step of the same model.";
 const NO_ANSWER =
   "No answer from the kernel: this widget was restored from a saved notebook, and no model in " +
   "the kernel is behind it. Run its cell again to use these switches.";
@@ -38,6 +41,7 @@ const NO_ANSWER =
 export class Switches {
   readonly el = h("div", "mw-switches");
   private modeBox = h("div", "mw-seg mw-mode");
+  private generateBtn = h("button", "mw-seg-btn mw-active", "generate");
   private optimizerSel = h("select", "mw-select mw-optimizer");
   private deviceSel = h("select", "mw-select mw-device");
   private session: Session = initialSession;
@@ -52,6 +56,13 @@ export class Switches {
       b.addEventListener("click", this.onModeClick);
       this.modeBox.append(b);
     }
+    // mode="generate" is not a switch position: shown lit, alone, while it is the analysis'
+    this.generateBtn.type = "button";
+    this.generateBtn.dataset.mode = "generate";
+    this.generateBtn.disabled = true;
+    this.generateBtn.title = GENERATE_TITLE;
+    this.generateBtn.style.display = "none";
+    this.modeBox.append(this.generateBtn);
     modeLabel.append(this.modeBox);
     for (const v of [...OPTIMIZERS, "none" as const]) {
       const o = h("option", "", OPTIMIZER_LABELS[v]);
@@ -91,9 +102,14 @@ export class Switches {
     this.session = s;
     const kernel = this.onRerun !== undefined;
     const off = !canRerun(s, kernel);
+    const generating = s.analysis?.mode === "generate" && !s.rerunning;
+    this.generateBtn.style.display = generating ? "" : "none";
+    this.generateBtn.setAttribute("aria-pressed", String(generating));
     for (const b of this.modeBox.querySelectorAll<HTMLButtonElement>("button")) {
-      b.classList.toggle("mw-active", b.dataset.mode === s.mode);
-      b.setAttribute("aria-pressed", String(b.dataset.mode === s.mode));
+      if (b === this.generateBtn) continue;
+      const on = !generating && b.dataset.mode === s.mode;
+      b.classList.toggle("mw-active", on);
+      b.setAttribute("aria-pressed", String(on));
       b.disabled = off;
     }
     this.optimizerSel.disabled = off || s.mode !== "training";

@@ -43,14 +43,18 @@ export function aggregate(a: Analysis): Aggregate[] {
     error: false,
     assumed: false,
   }));
+  // generate() runs the model once per token: a module's output memory is one call's (the
+  // largest), not the sum over hundreds of steps that no moment holds at once
+  const perStep = a.mode === "generate";
   for (const c of a.calls) {
     if (!c) continue;
     const g = out[c.module];
     if (!g) continue;
-    g.calls += 1;
+    g.calls += c.repeats;
     g.flops += c.flops + c.backwardFlops;
     g.backwardFlops += c.backwardFlops;
-    g.activationBytes += c.activationBytes;
+    if (perStep) g.activationBytes = Math.max(g.activationBytes, c.activationBytes / c.repeats);
+    else g.activationBytes += c.activationBytes;
     if (c.error) g.error = true;
     if (c.assumed) g.assumed = true;
   }
