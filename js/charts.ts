@@ -13,6 +13,7 @@ import { formatBytes } from "./format";
 import { MEMORY_CATEGORIES, PRECISIONS, type Analysis, type Memory, type ModuleInfo, type PrecisionName } from "./protocol";
 import { drawBands, fitText } from "./chartdraw";
 import { peakOwner } from "./decode";
+import { overlaps, type LabelBox } from "./labels";
 import { moduleRuns, type ModuleRun } from "./modulebands";
 import { categoryColor, STATIC_BAND, type StackBand } from "./stack";
 
@@ -374,6 +375,7 @@ export class TimelineChart {
       this.legend.append(item);
     }
     const spans = phaseSpans(a);
+    const labels: LabelBox[] = [];
     const phaseAt = (i: number): string => spans.find((s) => i >= s.start && i < s.end)?.phase ?? "";
     const peakPhase = a.memory.peakPhase || phaseAt(peakI);
     const moduleOfEvent = (i: number): string => {
@@ -455,6 +457,7 @@ export class TimelineChart {
             const ctx = u.ctx;
             const dpr = uPlot.pxRatio;
             drawBands(u, bands, (k) => cssVar(self.el, `--mw-cat-${k}`, p.acts), xOf);
+            const dprA = uPlot.pxRatio;
             if (base && !base.leftOut && base.bytes > 0) {
               // the constant part as a band of its own, named with its size
               const y = u.valToPos(base.bytes, "y", true);
@@ -466,9 +469,14 @@ export class TimelineChart {
               ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
               ctx.textBaseline = "top";
               ctx.textAlign = "left"; // the y axis leaves it "right"
-              // inside the plot: above the module strip even where the band is thin
-              const ty = Math.min(y + 3 * dpr, bottom - 15 * dpr);
-              ctx.fillText(`parameters, buffers, inputs: ${formatBytes(base.bytes)}`, u.bbox.left + 6 * dpr, ty);
+              // inside the plot, above the phases' names where the band is thin (never over them)
+              const text = `parameters, buffers, inputs: ${formatBytes(base.bytes)}`;
+              const tw = ctx.measureText(text).width;
+              let ty = Math.min(y + 3 * dprA, bottom - 15 * dpr);
+              const box = (t: number): LabelBox => ({ name: "band", x: u.bbox.left + 6 * dpr, y: t, w: tw, h: 12 * dpr });
+              for (const other of labels) if (overlaps(box(ty), other)) ty = Math.min(ty, other.y - 13 * dpr);
+              ctx.fillText(text, u.bbox.left + 6 * dpr, ty);
+              labels.push(box(ty));
               ctx.restore();
             }
           },
@@ -477,6 +485,7 @@ export class TimelineChart {
           (u) => {
             const ctx = u.ctx;
             const dpr = uPlot.pxRatio;
+            labels.length = 0; // every label drawn this frame, so that none is drawn over another
             // phases as alternating bands with their names, behind the line
             if (spans.length < 2) return;
             ctx.save();
@@ -500,7 +509,11 @@ export class TimelineChart {
               ctx.stroke();
               ctx.fillStyle = p.fg2;
               const w = ctx.measureText(s.phase).width;
-              if (w + 8 * dpr < right - left) ctx.fillText(s.phase, left + 4 * dpr, u.bbox.top + u.bbox.height - 3 * dpr);
+              if (w + 8 * dpr < right - left) {
+                const by = u.bbox.top + u.bbox.height - 3 * dpr;
+                ctx.fillText(s.phase, left + 4 * dpr, by);
+                labels.push({ name: `phase ${s.phase}`, x: left + 4 * dpr, y: by - 12 * dpr, w, h: 12 * dpr });
+              }
             });
             ctx.restore();
           },
@@ -528,8 +541,20 @@ export class TimelineChart {
             let tx = x + 8 * dpr;
             if (tx + tw > right) tx = Math.max(u.bbox.left + 2 * dpr, x - 8 * dpr - tw);
             ctx.textBaseline = "bottom";
-            ctx.fillText(text, tx, Math.max(u.bbox.top + 14 * dpr, y - 6 * dpr));
+            // above the dot, inside the plot (the y axis' title is outside it), clear of the
+            // band's and the phases' names: below the dot where above is taken
+            let ty = Math.max(u.bbox.top + 14 * dpr, y - 6 * dpr);
+            const box = (t: number): LabelBox => ({ name: "peak", x: tx, y: t - 12 * dpr, w: tw, h: 12 * dpr });
+            for (const other of labels) {
+              if (overlaps(box(ty), other)) ty = Math.max(u.bbox.top + 14 * dpr, other.y - 1 * dpr);
+            }
+            if (labels.some((o) => overlaps(box(ty), o))) ty = Math.max(...labels.map((o) => o.y + o.h)) + 13 * dpr;
+            ctx.fillText(text, tx, ty);
+            labels.push(box(ty));
             ctx.restore();
+            // for the browser tests (and anyone checking): each label's box, CSS pixels in the canvas
+            self.el.dataset.labels = JSON.stringify(labels.map((l) => ({ name: l.name, x: l.x / dpr, y: l.y / dpr, w: l.w / dpr, h: l.h / dpr })));
+            self.el.dataset.plot = JSON.stringify({ x: u.bbox.left / dpr, y: u.bbox.top / dpr, w: u.bbox.width / dpr, h: u.bbox.height / dpr });
           },
         ],
         setCursor: [
