@@ -492,6 +492,7 @@ export class TimelineChart {
             ctx.font = `${11 * dpr}px ${cssVar(self.el, "--mw-font", "sans-serif")}`;
             // names at the bottom of each band: the peak label sits near the top
             ctx.textBaseline = "bottom";
+            ctx.textAlign = "left";
             spans.forEach((s, k) => {
               const x0 = u.valToPos(xOf(s.start) - 0.5, "x", true);
               const x1 = u.valToPos(xOf(s.end) - 0.5, "x", true);
@@ -541,6 +542,9 @@ export class TimelineChart {
             let tx = x + 8 * dpr;
             if (tx + tw > right) tx = Math.max(u.bbox.left + 2 * dpr, x - 8 * dpr - tw);
             ctx.textBaseline = "bottom";
+            // from its left end, whatever the axes left set: a label aligned "right" ran from
+            // tx leftwards, under the y axis' title
+            ctx.textAlign = "left";
             // above the dot, inside the plot (the y axis' title is outside it), clear of the
             // band's and the phases' names: below the dot where above is taken
             let ty = Math.max(u.bbox.top + 14 * dpr, y - 6 * dpr);

@@ -5,6 +5,8 @@
 - ``js/fixtures/failing.json``: the payload of an analysis whose trace failed in a submodule.
 - ``js/fixtures/gpt2-tiny.training.json``: the payload of a training step of the tiny GPT-2,
   timed on an H100 (its ``time``).
+- ``js/fixtures/llama-generate.json``: the payload of a tiny Llama's ``generate()`` timed on an
+  H100 (its ``serving``; decode steps summed by the rule: ``more_calls``).
 - ``js/fixtures/choices.json``: the fixed name sets (``meta_widget.choices``) the front end's
   constants must equal.
 """
@@ -56,7 +58,7 @@ def choices() -> dict[str, list[str]]:
 
 
 def samples() -> dict[str, Any]:
-    from models import Failing, gpt2_config
+    from models import Failing, gpt2_config, llama_config
 
     import meta_widget as mw
     from meta_widget.views.widget import CallStream
@@ -80,7 +82,11 @@ def samples() -> dict[str, Any]:
     training = mw.analyze(
         gpt2_config(), input_size=(1, 8), mode="training", optimizer="adamw", gpu="H100"
     )
+    generate = mw.analyze(
+        llama_config(), input_size=(1, 8), mode="generate", new_tokens=40, gpu="H100"
+    )
     return {
+        "llama-generate.json": generate.to_payload(),
         "gpt2-tiny.json": a.to_payload(),
         "gpt2-tiny.messages.json": capture.sent,
         "failing.json": failing.to_payload(),

@@ -175,7 +175,7 @@ class _Walk:
         """A call of a node: it reads its inputs, and its outputs come from it."""
         row = c.module
         self.out.nodes.setdefault(row, [row])
-        self.out.calls[row] = self.out.calls.get(row, 0) + 1
+        self.out.calls[row] = self.out.calls.get(row, 0) + c.repeats
         for tid, (_, info) in zip(c.input_ids, c.inputs, strict=False):
             for src, ops in self.origin.get(tid, {}).items():
                 self.hand(src, row, info, ops)

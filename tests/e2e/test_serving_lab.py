@@ -106,15 +106,6 @@ def check_labels(page: Any) -> None:
             assert apart, (a, b)
 
 
-def scroll_top(page: Any) -> float:
-    return float(
-        page.evaluate(
-            "() => document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)"
-            " .jp-WindowedPanel-outer')?.scrollTop ?? 0"
-        )
-    )
-
-
 def check_graph_wheel(page: Any) -> None:
     """Over the graph the wheel scrolls the notebook; Ctrl + wheel zooms the graph."""
     page.locator(".mw-root .mw-tab[data-tab='graph']").click()
@@ -125,18 +116,19 @@ def check_graph_wheel(page: Any) -> None:
     svg.scroll_into_view_if_needed()
     box = svg.bounding_box()
     assert box
-    transform = page.locator(".mw-root .mw-graph-svg > g").first.get_attribute("transform")
-    before = scroll_top(page)
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + min(box["height"] / 2, 200))
-    for _ in range(5):
-        page.mouse.wheel(0, 200)
+    group = ".mw-root .mw-graph-svg > g"
+    transform = page.locator(group).first.get_attribute("transform")
+    # the notebook scrolls: the graph moves down the screen as the wheel turns upwards
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 40)
+    for _ in range(3):
+        page.mouse.wheel(0, -150)
     page.wait_for_function(
-        f"() => {before} !== (document.querySelector("
-        "'.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')"
-        "?.scrollTop ?? 0)",
+        "y => document.querySelector('.mw-root .mw-graph-svg').getBoundingClientRect().y > y + 50",
+        arg=box["y"],
         timeout=10_000,
     )
-    assert page.locator(".mw-root .mw-graph-svg > g").first.get_attribute("transform") == transform
+    assert page.locator(group).first.get_attribute("transform") == transform
+    svg.scroll_into_view_if_needed()
     box = svg.bounding_box()
     assert box
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + min(box["height"] / 2, 100))
