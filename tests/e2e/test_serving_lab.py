@@ -110,8 +110,6 @@ def check_graph_wheel(page: Any) -> None:
     """Over the graph the wheel scrolls the notebook; Ctrl + wheel zooms the graph."""
     page.locator(".mw-root .mw-tab[data-tab='graph']").click()
     page.wait_for_selector(".mw-root .mw-graph-node", timeout=SLOW_MS)
-    note = page.locator(".mw-root .mw-graph .mw-chart-note").all_inner_texts()
-    assert any("Ctrl" in n and "click the graph" in n for n in note), note
     svg = page.locator(".mw-root .mw-graph-svg")
     svg.scroll_into_view_if_needed()
     box = svg.bounding_box()
@@ -140,6 +138,9 @@ def check_graph_wheel(page: Any) -> None:
         arg=transform,
         timeout=10_000,
     )
+    # and the hint says how
+    note = page.locator(".mw-root .mw-graph .mw-chart-note").all_inner_texts()
+    assert any("Ctrl" in n and "click the graph" in n for n in note), note
 
 
 def run_serving(page: Any, lab: dict[str, Any], name: str, width: int = 1400) -> dict[str, Any]:
@@ -218,6 +219,7 @@ def test_timeline_labels_never_overlap(
     page.set_viewport_size({"width": 900, "height": 1400})
     page.wait_for_timeout(300)  # the chart redraws on resize (a frame)
     check_labels(page)
+    page.locator(".mw-root .mw-chart-timeline").scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "lab-serving-timeline-900-light.png"), full_page=True)
     command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
     wait_theme(page, dark=True)
