@@ -5,6 +5,9 @@
 - ``js/fixtures/failing.json``: the payload of an analysis whose trace failed in a submodule.
 - ``js/fixtures/gpt2-tiny.training.json``: the payload of a training step of the tiny GPT-2,
   timed on an H100 (its ``time``).
+- ``js/fixtures/pipeline-llama.json``: the payload of a pipeline-parallel training step of a
+  tiny Llama (two pipeline ranks, 1F1B over four micro-batches, timed on an H100): its
+  ``stages``.
 - ``js/fixtures/choices.json``: the fixed name sets (``meta_widget.choices``) the front end's
   constants must equal.
 """
@@ -56,7 +59,7 @@ def choices() -> dict[str, list[str]]:
 
 
 def samples() -> dict[str, Any]:
-    from models import Failing, gpt2_config
+    from models import Failing, gpt2_config, llama_config
 
     import meta_widget as mw
     from meta_widget.views.widget import CallStream
@@ -80,11 +83,21 @@ def samples() -> dict[str, Any]:
     training = mw.analyze(
         gpt2_config(), input_size=(1, 8), mode="training", optimizer="adamw", gpu="H100"
     )
+    config = llama_config()
+    config.num_hidden_layers = 4
+    pipeline = mw.analyze(
+        config,
+        input_size=(4, 16),
+        mode="training",
+        gpu="H100",
+        parallel=mw.Parallel(pp=2, microbatches=4),
+    )
     return {
         "gpt2-tiny.json": a.to_payload(),
         "gpt2-tiny.messages.json": capture.sent,
         "failing.json": failing.to_payload(),
         "gpt2-tiny.training.json": training.to_payload(),
+        "pipeline-llama.json": pipeline.to_payload(),
         "choices.json": choices(),
     }
 
