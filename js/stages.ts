@@ -356,8 +356,13 @@ export class StagesView {
     }
     box.append(table);
     if (timed) {
+      const slowest = s.ranks.reduce((w, r) => ((r.stepS ?? 0) > (w.stepS ?? 0) ? r : w), s.ranks[0] as StageRank);
       box.append(
-        h("div", "mw-muted mw-chart-note", "step: the rank's forward and backward time stretched by its bubble, plus its optimizer step and exposed communication."),
+        h(
+          "div",
+          "mw-muted mw-chart-note",
+          `step: the rank's forward and backward time stretched by its bubble, plus its optimizer step and exposed communication. The ranks step together: the pipeline's step is the longest, ${formatSeconds(slowest.stepS ?? 0)} (rank ${slowest.rank}); the header's step is rank ${s.shown}'s without its bubble.`,
+        ),
       );
     }
     return box;
