@@ -8,7 +8,7 @@
  * - the schedule each rank ran: its forward (F), backward (B) and weight-gradient (W) actions in
  *   the time slots the kernel laid them out in (every action one slot), the idle slots hatched:
  *   the bubble, its share written for each rank;
- * - each rank's numbers (layers, peak, bubble, step time, bytes sent and received) and the
+ * - each rank's numbers (stages and layers, peak, step time, bytes sent and received) and the
  *   collectives of the selected rank per mesh dimension.
  *
  * Plain DOM, every name as text; the numbers are the kernel's (`views/stages.py`), formatted.
@@ -320,19 +320,20 @@ export class StagesView {
       h(
         "div",
         "mw-muted mw-chart-note",
-        `The actions each rank's schedule ran in its first step, in its order, each one time slot (a send none): a forward waits for the previous stage's forward of its micro-batch, a backward for the next stage's backward. The step takes ${slots} slots; a rank's bubble is its idle slots over all of them. Numbers in the boxes are micro-batches.`,
+        `The actions each rank's schedule ran in its first step, in its order, each one time slot (a send none): a forward waits for the previous stage's forward of its micro-batch, a backward for the next stage's backward. The step takes ${slots} slots; a rank's bubble is its idle slots over all of them.${slotPx >= NUMBER_LABEL_PX ? " Numbers in the boxes are micro-batches." : " Hover a box for its micro-batch."}`,
       ),
     );
     return box;
   }
 
-  /** One row per rank: its layers, peak, bubble, step time, bytes sent and received. */
+  /** One row per rank: its stages and layers, peak, step time, bytes sent and received. */
   private table(s: Stages): HTMLElement {
     const box = h("div", "mw-stage-section");
     const table = h("table", "mw-stage-table");
     const head = table.insertRow();
     const timed = s.ranks.some((r) => r.stepS !== null);
-    const names = ["rank", "holds", "peak", "bubble", ...(timed ? ["step"] : []), "sends", "receives"];
+    // the bubble is written beside each rank's schedule: not again here (narrow panels)
+    const names = ["rank", "holds", "peak", ...(timed ? ["step"] : []), "sent", "received"];
     names.forEach((name, i) => head.append(h("th", i >= 2 ? "mw-num" : "", name)));
     for (const r of s.ranks) {
       const row = table.insertRow();
@@ -340,10 +341,9 @@ export class StagesView {
       row.classList.toggle("mw-selected", r.rank === this.selected);
       row.addEventListener("click", () => this.select(r.rank));
       const cells = [
-        `${r.rank} (${stagesText(r)})`,
-        moduleSummary(r.modules),
+        String(r.rank),
+        `${stagesText(r)}: ${moduleSummary(r.modules)}`,
         formatBytes(r.peakBytes),
-        formatShare(r.bubble),
         ...(timed ? [r.stepS === null ? "–" : formatSeconds(r.stepS)] : []),
         formatBytes(r.sendBytes),
         formatBytes(r.recvBytes),

@@ -5,7 +5,8 @@ An 8-layer tiny Llama on four pipeline ranks, each FSDP2-sharded over two (``pp 
 is checked against ``a.stages`` and the schedule's own arithmetic: 1F1B with P ranks and m
 micro-batches takes 2 (m + P - 1) slots, a bubble of (P - 1) / (m + P - 1) on every rank. No two
 labels may overlap (the text's own boxes, measured). A zero-bubble schedule (two stages a rank,
-weight gradients apart) is drawn too. Screenshots at 900 and 1,400 px, light and dark, land in
+weight gradients apart) is drawn too. Screenshots at 900 and 1,400 px (and 470 px, a notebook
+output's width at 900 px with JupyterLab's file browser open), light and dark, land in
 ``test-artifacts/``; look at them.
 """
 
@@ -49,7 +50,11 @@ def pipeline_html(pipeline: Any, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def settle(page: Any) -> None:
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    """Wait for the fonts and two frames: what is measured is the laid-out page."""
+    page.evaluate(
+        """() => document.fonts.ready.then(() =>
+             new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r))))"""
+    )
 
 
 def open_stages(page: Any, path: Path, width: int, theme: str) -> None:
@@ -191,19 +196,28 @@ def test_a_schedule_with_weight_gradients_and_two_stages_a_rank(
     assert not page.errors, page.errors
 
 
-@pytest.mark.parametrize("width", [900, 1400])
+#: 470: about the notebook output's width in JupyterLab at 900 px with the file browser open
+@pytest.mark.parametrize("width", [470, 900, 1400])
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_screenshots_with_no_label_over_another(
     page: Any, pipeline_html: Path, artifacts: Path, width: int, theme: str
 ) -> None:
     open_stages(page, pipeline_html, width, theme)
+    page.screenshot(path=str(artifacts / f"stages-{width}-{theme}.png"), full_page=True)
     boxes = page.eval_on_selector(".mw-stages", TEXT_BOXES)
     assert len(boxes) > 4 * P  # labels, values, bubbles, schedule text
     assert not overlaps(boxes), overlaps(boxes)
     assert not spills(boxes), spills(boxes)
     # the tab fits the page: no sideways scroll
-    scroll = page.eval_on_selector(".mw-stages", "e => e.scrollWidth - e.clientWidth")
-    assert scroll <= 0
+    wide = page.eval_on_selector(
+        ".mw-stages",
+        """e => { const edge = e.getBoundingClientRect().right + 0.5;
+                  return [...e.querySelectorAll("*")]
+                    .filter(c => c.getBoundingClientRect().right > edge)
+                    .map(c => c.className || c.tagName); }""",
+    )
+    assert not wide, wide
+    assert page.eval_on_selector(".mw-stages", "e => e.scrollWidth - e.clientWidth") <= 0
     if theme == "dark":  # the text is light on the dark page
         lum = page.eval_on_selector(
             ".mw-stage-rank",
@@ -211,7 +225,6 @@ def test_screenshots_with_no_label_over_another(
                       return (0.2126 * m[0] + 0.7152 * m[1] + 0.0722 * m[2]) / 255; }""",
         )
         assert lum > 0.6
-    page.screenshot(path=str(artifacts / f"stages-{width}-{theme}.png"), full_page=True)
     if (width, theme) == (1400, "light"):  # docs/images/stages.png is this one
         page.locator(".mw-stages").screenshot(path=str(artifacts / "stages-tab.png"))
     assert not page.errors, page.errors
