@@ -117,3 +117,26 @@ def test_interleaved_stages_are_drawn_per_rank_with_weight_gradients() -> None:
 def test_no_stages_without_a_pipeline() -> None:
     a = mw.analyze(torch.nn.Linear(8, 8), input_size=(2, 8), mode="training")
     assert "stages" not in a.to_payload()
+
+
+def test_the_badges_of_layouts_with_experts_and_mixed_precision() -> None:
+    from types import SimpleNamespace
+
+    from meta_widget.views.settings import encode_settings
+
+    def badges(plan: mw.Parallel, stages: Any = ()) -> list[list[str]]:
+        options = SimpleNamespace(autocast=None, param_dtype=None, parallel=plan)
+        return encode_settings(options, stages)
+
+    [(label, tip)] = badges(mw.Parallel(fsdp=2, ep=2))
+    assert label == "fsdp 2 × ep 2"
+    assert "rank 0 of 2" in tip and "1/2 of every MoE layer's experts" in tip
+    ranks = [SimpleNamespace(peak_bytes=p, bubble=0.25) for p in (5, 9, 7)]
+    plan = mw.Parallel(pp=3, fsdp=2, mp={"param_dtype": "bfloat16"}, microbatches=3)
+    (layout, layout_tip), (schedule, schedule_tip) = badges(plan, ranks)
+    assert layout == "pp 3 × fsdp 2 · mp bfloat16 param"
+    # pipeline rank 1 peaks: rank 1 x (6 ranks / 3 pipeline ranks) of the mesh
+    assert "pipeline rank 1 (rank 2 of 6)" in layout_tip
+    assert "MixedPrecisionPolicy(param_dtype=torch.bfloat16)" in layout_tip
+    assert schedule == "1F1B · 3 micro-batches"
+    assert "waits 25% of the step" in schedule_tip
