@@ -298,6 +298,7 @@ export class App {
     this.view.setRows(this.rows, sel);
     this.toolbar.render(s, treeDepth(this.tree), matchCount(a, s.filter));
     this.renderHeader();
+    this.panels.showAvailable(a);
     this.switches.render(this.session);
     renderBanner(this.banner, a, (module) => this.selectModule(module));
     renderCheckpoint(this.checkpointEl, a?.checkpoint ?? null, this.ckpt.size > 0);

@@ -8,6 +8,7 @@
  * `[]`, so that a partial or newer payload still renders what it can.
  */
 import { decodeComms } from "./comms";
+import { decodeStages } from "./stages";
 import { decodeGraph } from "./graph";
 import { decodeServing } from "./serving";
 import { decodeTime } from "./timing";
@@ -385,6 +386,8 @@ export function decodePayload(raw: unknown): Analysis | null {
   if (time) a.time = time;
   const serving = decodeServing(raw.serving);
   if (serving) a.serving = serving;
+  const stages = decodeStages(raw.stages);
+  if (stages) a.stages = stages;
   const c = decodeCallColumns(raw.calls);
   for (let j = 0; j < c.module.length; j++) placeCall(a, decodeCallRow(dict, c, j, j));
   sumBackward(a.calls);

@@ -16,8 +16,9 @@ import { GraphView } from "./graphview";
 import { scaledTimeline, type Precision } from "./precision";
 import type { Analysis, ModuleInfo } from "./protocol";
 import { stackTimeline } from "./stack";
+import { StagesView } from "./stages";
 import { foldedPath, frontier, groupLabels, type Aggregate, type Tree, type TreeNode } from "./tree";
-import { TABS, type Tab, type ViewState } from "./viewstate";
+import { TABS, tabAvailable, type Tab, type ViewState } from "./viewstate";
 
 /** The most bars drawn (the largest): the chart grows with them and has no scrollbar of its own. */
 const MAX_BARS = 40;
@@ -64,6 +65,8 @@ export class Panels {
   /** The Graph tab (graphview.ts): made when first shown. */
   graph: GraphView | null = null;
   private graphEl = h("div", "mw-graph-tab");
+  /** The Stages tab (stages.ts): a pipeline's ranks; its button shows only for one. */
+  private stages = new StagesView();
 
   constructor(private handlers: PanelHandlers) {
     for (const [tab, label] of TABS) {
@@ -84,7 +87,12 @@ export class Panels {
     leaveOut.title =
       "They are live from start to end: without them the y axis shows what the pass itself allocates (activations, temporaries, gradients, optimizer state)";
     this.timelineEl.append(leaveOut, this.timelineNote, this.commsEl);
-    this.el.append(this.detailsEl, this.memoryEl, this.timelineEl, this.graphEl);
+    this.el.append(this.detailsEl, this.memoryEl, this.timelineEl, this.graphEl, this.stages.el);
+  }
+
+  /** Show the buttons of the tabs `a` has something for (Stages: a pipeline's). */
+  showAvailable(a: Analysis | null): void {
+    for (const [t, b] of this.tabButtons) b.style.display = tabAvailable(t, a) ? "" : "none";
   }
 
   /** Show `tab`'s panel and mark its button. */
@@ -97,6 +105,7 @@ export class Panels {
     this.memoryEl.style.display = tab === "memory" ? "" : "none";
     this.timelineEl.style.display = tab === "timeline" ? "" : "none";
     this.graphEl.style.display = tab === "graph" ? "" : "none";
+    this.stages.el.style.display = tab === "stages" ? "" : "none";
   }
 
   /** The details of the selected row (only while its tab shows; `null`: nothing to show). */
@@ -120,6 +129,7 @@ export class Panels {
   renderCharts(ctx: PanelContext): void {
     if (ctx.state.tab === "memory") this.renderMemory(ctx);
     else if (ctx.state.tab === "timeline") this.renderTimeline(ctx);
+    else if (ctx.state.tab === "stages") this.stages.render(ctx.tree.analysis, this.width());
     else if (ctx.state.tab === "graph") {
       this.graph ??= new GraphView({ onSelect: (m) => this.handlers.onBar(m) });
       if (!this.graph.el.isConnected) this.graphEl.append(this.graph.el);
@@ -169,6 +179,7 @@ export class Panels {
   resize(): void {
     this.memoryChart?.resize(this.width());
     this.timelineChart?.resize(this.width());
+    this.stages.resize(this.width());
   }
 
   destroy(): void {

@@ -8,6 +8,7 @@
 
 import type { Serving } from "./serving";
 import type { Comm } from "./comms";
+import type { Stages } from "./stages";
 import type { StepTime } from "./timing";
 
 export const VERSION = 1;
@@ -311,6 +312,8 @@ export interface Analysis {
   dict: Dictionaries;
   /** A parallel trace's collectives (`analyze(..., parallel=...)`, see comms.ts). */
   comms?: Comm[];
+  /** A pipeline's ranks (`parallel=mw.Parallel(pp=P)`, see stages.ts): the Stages tab. */
+  stages?: Stages;
   /** The step time on a GPU (`analyze(..., gpu=...)`, see timing.ts); absent without one. */
   time?: StepTime;
   /** The graph of module rows at depth 1, 2, ... unfolded (graph.ts); absent untraced. */

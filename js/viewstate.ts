@@ -20,7 +20,12 @@ export const TABS = [
   ["memory", "Memory by module"],
   ["timeline", "Memory timeline"],
   ["graph", "Graph"],
+  ["stages", "Stages"],
 ] as const;
+/** Tabs shown only when the analysis has what they draw (a pipeline's ranks). */
+export function tabAvailable(tab: Tab, a: Analysis | null): boolean {
+  return tab !== "stages" || a?.stages !== undefined;
+}
 export type Tab = (typeof TABS)[number][0];
 
 export interface Sort {
@@ -157,6 +162,7 @@ function showModel(s: ViewState, tree: Tree | null): ViewState {
     depth,
     expanded: tree ? expandToDepth(tree, depth) : new Set(),
     selectedKey: tree?.root ? tree.root.key : null,
+    tab: tabAvailable(s.tab, tree?.analysis ?? null) ? s.tab : "details",
   };
 }
 

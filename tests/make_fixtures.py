@@ -7,6 +7,9 @@
   timed on an H100 (its ``time``).
 - ``js/fixtures/llama-generate.json``: the payload of a tiny Llama's ``generate()`` timed on an
   H100 (its ``serving``; decode steps summed by the rule: ``more_calls``).
+- ``js/fixtures/pipeline-llama.json``: the payload of a pipeline-parallel training step of a
+  tiny Llama (two pipeline ranks, 1F1B over four micro-batches, timed on an H100): its
+  ``stages``.
 - ``js/fixtures/choices.json``: the fixed name sets (``meta_widget.choices``) the front end's
   constants must equal.
 """
@@ -85,12 +88,22 @@ def samples() -> dict[str, Any]:
     generate = mw.analyze(
         llama_config(), input_size=(1, 8), mode="generate", new_tokens=40, gpu="H100"
     )
+    config = llama_config()
+    config.num_hidden_layers = 4
+    pipeline = mw.analyze(
+        config,
+        input_size=(4, 16),
+        mode="training",
+        gpu="H100",
+        parallel=mw.Parallel(pp=2, microbatches=4),
+    )
     return {
         "llama-generate.json": generate.to_payload(),
         "gpt2-tiny.json": a.to_payload(),
         "gpt2-tiny.messages.json": capture.sent,
         "failing.json": failing.to_payload(),
         "gpt2-tiny.training.json": training.to_payload(),
+        "pipeline-llama.json": pipeline.to_payload(),
         "choices.json": choices(),
     }
 

@@ -62,7 +62,14 @@ from .parallel import (
 )
 from .stages import DecoderStage, RankStages, layer_ranges, rank_stages, stage_indices
 
-__all__ = ["PipelineWorld", "StageReport", "bubble_fractions", "rank_of", "run_stages"]
+__all__ = [
+    "PipelineWorld",
+    "StageReport",
+    "bubble_fractions",
+    "rank_of",
+    "run_stages",
+    "schedule_slots",
+]
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,8 @@ class StageReport:
     paths), its ``peak_bytes`` (the steady step's), ``bubble`` (the share of the schedule's
     slots it waits: its action list's idle slots over the longest rank's), ``step_s`` (its
     compute stretched by the bubble, plus its optimizer step and exposed communication; None
-    without ``gpu=``), the bytes it sends and receives per step, and its whole ``analysis``."""
+    without ``gpu=``), the bytes it sends and receives per step, its whole ``analysis``, and the
+    ``actions`` its schedule ran with the ``slots`` they take."""
 
     rank: int
     stages: tuple[int, ...]
@@ -82,6 +90,10 @@ class StageReport:
     send_bytes: int
     recv_bytes: int
     analysis: Any
+    #: the actions its schedule ran in its first step, in order, and the time slot of each
+    #: (:func:`schedule_slots`): the widget's schedule view
+    actions: tuple[Action, ...] = ()
+    slots: tuple[int, ...] = ()
 
 
 def rank_of(plan: Parallel, pp_rank: int) -> int:
@@ -271,27 +283,39 @@ Action = tuple[str, int, int]
 
 def bubble_fractions(ran: dict[int, list[Action]]) -> dict[int, float]:
     """Each rank's share of the pipeline's time spent waiting, from the actions each rank's
-    schedule ran, in its order (``ran``: rank -> its actions).
+    schedule ran, in its order (``ran``: rank -> its actions), laid out in time slots
+    (:func:`schedule_slots`). A rank's bubble: its slots without work over all the slots."""
+    _, slots = schedule_slots(ran)
+    busy = dict.fromkeys(ran, 0)
+    for acts in ran.values():
+        for _, stage, _ in acts:
+            busy[_owner(ran, stage)] += 1
+    return {r: 1 - busy[r] / slots for r in ran}
+
+
+def schedule_slots(ran: dict[int, list[Action]]) -> tuple[dict[int, list[int]], int]:
+    """The time slot of each action each rank ran (rank -> one slot per action, in its order),
+    and the number of slots.
 
     The actions are laid out in time slots, every action one slot and a send taking none: each
     slot, every rank runs its next action if what it needs ran in an earlier slot (a forward:
     the previous stage's forward of that micro-batch; a backward: the next stage's backward of
     it, or its own forward on the last stage; a weight gradient: its input gradient), else it
-    waits. A rank's bubble: its slots without work over all the slots."""
+    waits."""
     todo = {r: list(acts) for r, acts in ran.items()}
     last = max(s for acts in todo.values() for _, s, _ in acts)
     done: set[Action] = set()
-    busy = dict.fromkeys(todo, 0)
+    at: dict[int, list[int]] = {r: [] for r in todo}
     slots = 0
     while any(todo.values()):
-        now = [acts.pop(0) for acts in todo.values() if acts and _ready(acts[0], done, last)]
+        now = [(r, acts.pop(0)) for r, acts in todo.items() if acts and _ready(acts[0], done, last)]
         if not now:
             raise ParallelError(f"the pipeline schedule's actions never end: {ran}")
-        for _, stage, _ in now:
-            busy[_owner(ran, stage)] += 1
-        done.update(now)
+        for r, _ in now:
+            at[r].append(slots)
+        done.update(action for _, action in now)
         slots += 1
-    return {r: 1 - busy[r] / slots for r in todo}
+    return at, slots
 
 
 def _owner(ran: dict[int, list[Action]], stage: int) -> int:
@@ -392,6 +416,7 @@ def run_stages(
         ran[r] = world.ran
         ranks.append((root, rank, world))
     bubbles = bubble_fractions(ran)
+    slots, _ = schedule_slots(ran)
     reports, analyses = [], []
     for r, (root, rank, _) in enumerate(ranks):
         rank_meta = replace(meta, module=root)
@@ -426,6 +451,8 @@ def run_stages(
                 send_bytes=sent,
                 recv_bytes=got,
                 analysis=analysis,
+                actions=tuple(ran[r]),
+                slots=tuple(slots[r]),
             )
         )
     worst = max(range(plan.pp), key=lambda r: reports[r].peak_bytes)

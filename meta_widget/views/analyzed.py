@@ -76,6 +76,10 @@ class Analyzed(Protocol):
     def comm_records(self) -> list[CommRecord]: ...
 
     @property
+    def stages(self) -> list[Any]:
+        """a pipeline's ranks (``meta_widget.distributed.pipelining.StageReport``), or []"""
+
+    @property
     def root(self) -> ModuleNode: ...
 
     @property

@@ -91,6 +91,13 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
               (only with analyze(..., gpu=...): meta_widget.timing.model.StepTime; per module
               row, its calls' time forward and backward and what bounds it),
       "serving": {...} (only in mode="generate": meta_widget.views.serving),
+      "stages": {"pp", "schedule", "virtual_stages", "microbatches", "shown", "slots",
+                 "ranks": [{"rank", "stages", "modules", "peak_bytes", "categories", "bubble",
+                            "step_s", "send_bytes", "recv_bytes", "actions", "slots",
+                            "comms"}]}
+              (only with parallel=Parallel(pp > 1): every pipeline rank, its schedule's
+              actions in their time slots and its collectives per mesh dimension;
+              stages.encode_stages),
       "settings": [[label, tooltip]],     # what changes the numbers besides mode: autocast,
                                           # param dtype, parallel layout, micro-batches,
                                           # checkpointing (encode_settings); [] by default
@@ -150,6 +157,7 @@ from .estimates import recorded_element_size, what_if
 from .graph_frame import encode_graph
 from .serving import encode_serving
 from .settings import encode_settings
+from .stages import encode_stages
 
 if TYPE_CHECKING:
     from ..data.flatten import TensorInfo
@@ -358,7 +366,9 @@ def encode_analysis(a: Analyzed) -> dict[str, Any]:
     }
     if a.comm_records:  # a parallel trace: its collectives, placed on the timeline
         payload["comms"] = encode_comms(a.comm_records, keep)
-    payload["settings"] = encode_settings(a.options)
+    payload["settings"] = encode_settings(a.options, a.stages)
+    if a.stages:  # a pipeline: every rank (the Stages tab)
+        payload["stages"] = encode_stages(a)
     first_kept: dict[str, int] = {}
     for j, i in enumerate(keep):
         first_kept.setdefault(phases[i], j)
