@@ -32,6 +32,17 @@ export function pair(values: [number, number], format: (n: number) => string): s
   return `${format(a)} → ${format(b)} (${d > 0 ? "+" : "−"}${format(Math.abs(d))})`;
 }
 
+/** A number cell: `a → b` and `(+d)` each kept whole, free to break between them (a table
+ * that fits the notebook instead of scrolling sideways). */
+function pairCell(values: [number, number], format: (n: number) => string): HTMLTableCellElement {
+  const td = h("td", "mw-cmp-num");
+  const text = pair(values, format);
+  const cut = text.lastIndexOf(" (");
+  if (cut < 0) td.append(h("span", "mw-cmp-part", text));
+  else td.append(h("span", "mw-cmp-part", text.slice(0, cut)), document.createTextNode(" "), h("span", "mw-cmp-part mw-cmp-delta", text.slice(cut + 1)));
+  return td;
+}
+
 /** The rows kept by "differences only": changed rows and every ancestor of one. */
 export function withAncestors(rows: CompareRow[]): CompareRow[] {
   const keep = new Set<number>();
@@ -75,10 +86,14 @@ function treeTable(rows: CompareRow[]): HTMLTableElement {
     const name = h("td", "mw-cmp-name");
     name.style.paddingLeft = `${4 + 14 * r.depth}px`;
     name.append(h("span", "", r.module || "(root)"));
-    if (r.count > 1) name.append(h("span", "mw-cmp-count", `· ${r.count} ×`));
     if (r.onlyIn) name.append(h("span", "mw-cmp-only", `only in ${r.onlyIn}`));
-    tr.append(name, h("td", "mw-cmp-type", r.type));
-    for (const [key, , format] of COLUMNS) tr.append(h("td", "mw-cmp-num", pair(r[key], format)));
+    // a folded group counts its layers in its class, as the tree writes it ("2 × LlamaDecoderLayer"):
+    // plain text, not a chip that reads as a close button
+    const type = h("td", "mw-cmp-type");
+    if (r.count > 1) type.append(h("span", "mw-cmp-count", `${r.count} × `));
+    type.append(document.createTextNode(r.type));
+    tr.append(name, type);
+    for (const [key, , format] of COLUMNS) tr.append(pairCell(r[key], format));
     table.append(tr);
   }
   return table;
