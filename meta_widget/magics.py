@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from IPython.core.error import UsageError
 
-from . import heavy
+from . import heavy, warmstart
 from .analysis import analyze
 from .checkpoints import CheckpointError, inspect_checkpoint
 from .choices import MODES, Mode
@@ -335,9 +335,11 @@ _STATE: dict[int, _State] = {}
 
 
 def load_ipython_extension(ip: InteractiveShell) -> None:
-    """``%load_ext meta_widget``: add ``%meta``/``%%meta`` and explain meta errors in every cell."""
+    """``%load_ext meta_widget``: add ``%meta``/``%%meta``, explain meta errors in every cell, and
+    warm PyTorch's meta path up in the background (``meta_widget.warm``)."""
     if id(ip) in _STATE:
         return
+    warmstart.start()  # PyTorch's first meta forward, in the background (meta_widget.warm)
     shell: Any = ip
     table = shell.magics_manager.magics
     saved = {kind: table[kind].get("meta") for kind in ("line", "cell")}

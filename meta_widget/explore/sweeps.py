@@ -21,6 +21,7 @@ from ..memory.report import CATEGORIES
 from ..options import OptionError, OptionTypeError, check_budget, input_shapes
 from ..sources.inputs import make_inputs
 from ..units import format_bytes
+from ..warm import in_kernel
 from .vary import Axis, resized, resolve_axes
 
 if TYPE_CHECKING:
@@ -44,8 +45,9 @@ class Progress:
 
     def __init__(self, what: str, stream: Any = None) -> None:
         self.what = what
-        self.stream = stream if stream is not None else (None if _in_kernel() else sys.stderr)
+        self.stream = stream if stream is not None else (None if in_kernel() else sys.stderr)
         self._handle: Any = None
+        self._shown = False
 
     def __call__(self, done: int, total: int, text: str) -> None:
         width = 20
@@ -67,20 +69,21 @@ class Progress:
 
     def _show(self, line: str) -> None:
         """The line as the cell's plain-text output, replaced in place on each call."""
-        from IPython.display import display
-
-        data = {"text/plain": line}
-        if self._handle is None:
-            self._handle = display(data, raw=True, display_id=True)
-        else:
-            self._handle.update(data, raw=True)
+        if not self._shown:
+            self._shown = True
+            self._handle = heavy.display(_Line(line), updatable=True)
+        elif self._handle is not None:  # None: a front end without updates shows the first only
+            self._handle.update(_Line(line))
 
 
-def _in_kernel() -> bool:
-    """Running in a Jupyter kernel (IPython with a kernel: its outputs are rich displays)."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return shell is not None and getattr(shell, "kernel", None) is not None
+class _Line:
+    """A line of text shown as itself (its ``repr``) in a notebook's output."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def byte_ticks(top: float, count: int = 5) -> tuple[list[int], list[str]]:
