@@ -85,7 +85,9 @@ function treeTable(rows: CompareRow[]): HTMLTableElement {
     const tr = h("tr", cls.filter(Boolean).join(" "));
     const name = h("td", "mw-cmp-name");
     name.style.paddingLeft = `${4 + 14 * r.depth}px`;
-    name.append(h("span", "", r.module || "(root)"));
+    // its own name under its parent's row, as the tree writes it; the whole path in the tooltip
+    name.append(h("span", "", r.module ? (r.module.split(".").pop() as string) : "(root)"));
+    name.title = r.module || "(root)";
     if (r.onlyIn) name.append(h("span", "mw-cmp-only", `only in ${r.onlyIn}`));
     // a folded group counts its layers in its class, as the tree writes it ("2 × LlamaDecoderLayer"):
     // plain text, not a chip that reads as a close button
