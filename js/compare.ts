@@ -38,8 +38,14 @@ function pairCell(values: [number, number], format: (n: number) => string): HTML
   const td = h("td", "mw-cmp-num");
   const text = pair(values, format);
   const cut = text.lastIndexOf(" (");
-  if (cut < 0) td.append(h("span", "mw-cmp-part", text));
-  else td.append(h("span", "mw-cmp-part", text.slice(0, cut)), document.createTextNode(" "), h("span", "mw-cmp-part mw-cmp-delta", text.slice(cut + 1)));
+  const [change, delta] = cut < 0 ? [text, ""] : [text.slice(0, cut), text.slice(cut + 1)];
+  const arrow = change.indexOf(" → ");
+  const parts = arrow < 0 ? [change] : [change.slice(0, arrow + 2), change.slice(arrow + 3)];
+  parts.forEach((part, i) => {
+    if (i) td.append(document.createTextNode(" "));
+    td.append(h("span", "mw-cmp-part", part));
+  });
+  if (delta) td.append(document.createTextNode(" "), h("span", "mw-cmp-part mw-cmp-delta", delta));
   return td;
 }
 
@@ -78,7 +84,8 @@ function totalsTable(p: ComparePayload): HTMLTableElement {
 function treeTable(rows: CompareRow[]): HTMLTableElement {
   const table = h("table", "mw-cmp-tree");
   const head = h("tr");
-  for (const t of ["module", "type", ...COLUMNS.map(([, label]) => label)]) head.append(h("th", "", t));
+  head.append(h("th", "", "module"), h("th", "mw-cmp-type", "type"));
+  for (const [, label] of COLUMNS) head.append(h("th", "", label));
   table.append(head);
   for (const r of rows) {
     const cls = ["mw-cmp-row", r.changed ? "mw-cmp-changed" : "", r.onlyIn ? `mw-cmp-only-${r.onlyIn}` : ""];
@@ -88,6 +95,8 @@ function treeTable(rows: CompareRow[]): HTMLTableElement {
     // its own name under its parent's row, as the tree writes it; the whole path in the tooltip
     name.append(h("span", "", r.module ? (r.module.split(".").pop() as string) : "(root)"));
     name.title = r.module || "(root)";
+    // shown only where the class column is left out (a narrow notebook)
+    if (r.count > 1) name.append(h("span", "mw-cmp-count-narrow", ` (${r.count} ×)`));
     if (r.onlyIn) name.append(h("span", "mw-cmp-only", `only in ${r.onlyIn}`));
     // a folded group counts its layers in its class, as the tree writes it ("2 × LlamaDecoderLayer"):
     // plain text, not a chip that reads as a close button

@@ -154,7 +154,9 @@ export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, 
   // axes, grid and ticks
   for (const v of ticks(xMax, 4, 2)) {
     root.append(svg("line", { x1: x(v), x2: x(v), y1: top, y2: height - bottom, class: "mw-plan-grid" }));
-    text(x(v), height - bottom + 14, v === 0 ? "0" : formatBytes(v), "mw-plan-tick", "middle");
+    // the last tick's text ends at the edge rather than past it
+    const edge = x(v) + 32 > width;
+    text(edge ? width - 2 : x(v), height - bottom + 14, v === 0 ? "0" : formatBytes(v), "mw-plan-tick", edge ? "end" : "middle");
   }
   for (const v of ticks(yMax)) {
     root.append(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "mw-plan-grid" }));

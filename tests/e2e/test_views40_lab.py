@@ -3,7 +3,7 @@
 
 - (#4) a training tree with ``gpu=`` keeps Params and Time beside Lab's file browser; the plan
   table fits; the plan chart's tick text stays readable (≥ 10 px on screen); Compare fits at
-  1,400 px and its folded count is text in the type cell, not a chip by the name.
+  1,400 px and beside the file browser, its folded count is text in the type cell, not a chip.
 - (#8) the plan chart's "best" label covers no point (each point takes its own click); the TP-only
   rows that fail (PyTorch's multi-tensor AdamW over DTensors and plain tensors) give the reason in
   words; ``mw.sweep``'s finished progress is a plain output line, not a red stderr box.
@@ -215,6 +215,8 @@ def test_issue_40_views_in_lab(page: Any, jupyter_lab: dict[str, Any], artifacts
     check_plan(page)
     shoot(page, artifacts, "plan-900-dark")
     page.locator(".mw-cmp-holder").scroll_into_view_if_needed()
+    narrow = page.evaluate(READ_COMPARE)
+    assert narrow["scrollWidth"] <= narrow["clientWidth"], narrow
     shoot(page, artifacts, "compare-900-dark")
     page.set_viewport_size({"width": 1400, "height": 1400})
     check_plan(page)
