@@ -91,7 +91,7 @@ function treeTable(rows: CompareRow[]): HTMLTableElement {
     const cls = ["mw-cmp-row", r.changed ? "mw-cmp-changed" : "", r.onlyIn ? `mw-cmp-only-${r.onlyIn}` : ""];
     const tr = h("tr", cls.filter(Boolean).join(" "));
     const name = h("td", "mw-cmp-name");
-    name.style.paddingLeft = `${4 + 14 * r.depth}px`;
+    name.style.paddingLeft = `${4 + 10 * r.depth}px`;
     // its own name under its parent's row, as the tree writes it; the whole path in the tooltip
     name.append(h("span", "", r.module ? (r.module.split(".").pop() as string) : "(root)"));
     name.title = r.module || "(root)";
