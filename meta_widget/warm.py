@@ -6,6 +6,12 @@ sympy: ~900 modules, seconds, paid by whatever runs first. ``%load_ext meta_widg
 the first analysis waits for it (:func:`wait`) instead of importing the same modules at the
 same time (two threads importing modules that import each other can deadlock). The warm-up
 prints nothing; a failure is logged on the ``meta_widget.warm`` logger and ignored.
+
+What it cannot order: the user's own cells may import modules while it runs (``import
+transformers`` right after ``%load_ext``). Python's per-module import locks make one thread wait
+for the other; only a circular import between two modules taken in opposite orders by the two
+threads would stop one with Python's ``_DeadlockError``. Not seen in the tests (the e2e notebook
+does exactly that), but possible in principle; ``META_WIDGET_WARMUP=0`` turns the warm-up off.
 """
 
 from __future__ import annotations
