@@ -88,7 +88,7 @@ export const COLUMNS: Column[] = [
 export const TIME_WIDTH = 132;
 
 /** The module column's minimum, and how far it gives way once every other column it may
- * leave out is out (a table narrower than the module, Output mem and FLOPs columns). */
+ * leave out is out (a table narrower than the module, Params and Time columns). */
 export const NAME_MIN = 220;
 const NAME_FLOOR = 170;
 
@@ -117,19 +117,20 @@ const SLACK = 24;
 
 /**
  * Columns left out, in this order, of a table narrower than all columns' minimums: the shapes,
- * then the parameter memory (the parameters times their bytes), the time, the parameter count.
- * The module, Output mem and FLOPs columns always stay; every value left out is in Details.
+ * then the parameter memory (the parameters times their bytes), the output memory, the FLOPs.
+ * The module, Params and Time (with `gpu=`) columns always stay: what a model weighs and how
+ * long it takes are the first questions (issue 40). Every value left out is in Details.
  */
-export type DroppedColumn = "inputs" | "outputs" | "paramBytes" | "time" | "params";
-export const DROP_ORDER: DroppedColumn[] = ["inputs", "outputs", "paramBytes", "time", "params"];
+export type DroppedColumn = "inputs" | "outputs" | "paramBytes" | "activationBytes" | "flops";
+export const DROP_ORDER: DroppedColumn[] = ["inputs", "outputs", "paramBytes", "activationBytes", "flops"];
 
 /** The header label of each column that may be left out (the module header lists them). */
 export const DROPPED_LABELS: Record<DroppedColumn, string> = {
   inputs: "Input shapes",
   outputs: "Output shapes",
   paramBytes: "Param mem",
-  time: "Time",
-  params: "Params",
+  activationBytes: "Output mem",
+  flops: "FLOPs",
 };
 
 export interface ColumnLayout {

@@ -32,6 +32,23 @@ export function pair(values: [number, number], format: (n: number) => string): s
   return `${format(a)} → ${format(b)} (${d > 0 ? "+" : "−"}${format(Math.abs(d))})`;
 }
 
+/** A number cell: `a → b` and `(+d)` each kept whole, free to break between them (a table
+ * that fits the notebook instead of scrolling sideways). */
+function pairCell(values: [number, number], format: (n: number) => string): HTMLTableCellElement {
+  const td = h("td", "mw-cmp-num");
+  const text = pair(values, format);
+  const cut = text.lastIndexOf(" (");
+  const [change, delta] = cut < 0 ? [text, ""] : [text.slice(0, cut), text.slice(cut + 1)];
+  const arrow = change.indexOf(" → ");
+  const parts = arrow < 0 ? [change] : [change.slice(0, arrow + 2), change.slice(arrow + 3)];
+  parts.forEach((part, i) => {
+    if (i) td.append(document.createTextNode(" "));
+    td.append(h("span", "mw-cmp-part", part));
+  });
+  if (delta) td.append(document.createTextNode(" "), h("span", "mw-cmp-part mw-cmp-delta", delta));
+  return td;
+}
+
 /** The rows kept by "differences only": changed rows and every ancestor of one. */
 export function withAncestors(rows: CompareRow[]): CompareRow[] {
   const keep = new Set<number>();
@@ -67,18 +84,27 @@ function totalsTable(p: ComparePayload): HTMLTableElement {
 function treeTable(rows: CompareRow[]): HTMLTableElement {
   const table = h("table", "mw-cmp-tree");
   const head = h("tr");
-  for (const t of ["module", "type", ...COLUMNS.map(([, label]) => label)]) head.append(h("th", "", t));
+  head.append(h("th", "", "module"), h("th", "mw-cmp-type", "type"));
+  for (const [, label] of COLUMNS) head.append(h("th", "", label));
   table.append(head);
   for (const r of rows) {
     const cls = ["mw-cmp-row", r.changed ? "mw-cmp-changed" : "", r.onlyIn ? `mw-cmp-only-${r.onlyIn}` : ""];
     const tr = h("tr", cls.filter(Boolean).join(" "));
     const name = h("td", "mw-cmp-name");
-    name.style.paddingLeft = `${4 + 14 * r.depth}px`;
-    name.append(h("span", "", r.module || "(root)"));
-    if (r.count > 1) name.append(h("span", "mw-cmp-count", `· ${r.count} ×`));
+    name.style.paddingLeft = `${4 + 10 * r.depth}px`;
+    // its own name under its parent's row, as the tree writes it; the whole path in the tooltip
+    name.append(h("span", "", r.module ? (r.module.split(".").pop() as string) : "(root)"));
+    name.title = r.module || "(root)";
+    // shown only where the class column is left out (a narrow notebook)
+    if (r.count > 1) name.append(h("span", "mw-cmp-count-narrow", ` (${r.count} ×)`));
     if (r.onlyIn) name.append(h("span", "mw-cmp-only", `only in ${r.onlyIn}`));
-    tr.append(name, h("td", "mw-cmp-type", r.type));
-    for (const [key, , format] of COLUMNS) tr.append(h("td", "mw-cmp-num", pair(r[key], format)));
+    // a folded group counts its layers in its class, as the tree writes it ("2 × LlamaDecoderLayer"):
+    // plain text, not a chip that reads as a close button
+    const type = h("td", "mw-cmp-type");
+    if (r.count > 1) type.append(h("span", "mw-cmp-count", `${r.count} × `));
+    type.append(document.createTextNode(r.type));
+    tr.append(name, type);
+    for (const [key, , format] of COLUMNS) tr.append(pairCell(r[key], format));
     table.append(tr);
   }
   return table;

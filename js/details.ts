@@ -92,6 +92,13 @@ function kv(pairs: [string, string][]): HTMLElement {
   return dl;
 }
 
+/** A source line as tracebacks write it: "Cell In[7], line 6" (a notebook cell, as IPython
+ * names it), else "path.py:6" (`explain.where_text`). */
+export function whereText(file: string, line: number): string {
+  if (!line) return file;
+  return file.startsWith("Cell In[") ? `${file}, line ${line}` : `${file}:${line}`;
+}
+
 /** The explained error: what happened, where, why, and the fix. */
 export function errorBlock(err: ErrorInfo, compact = false): HTMLElement {
   const box = h("div", "mw-error-box");
@@ -103,7 +110,7 @@ export function errorBlock(err: ErrorInfo, compact = false): HTMLElement {
   box.append(head);
   const where: string[] = [];
   if (err.module) where.push(`in module ${err.module}`);
-  if (err.file) where.push(err.line ? `${err.file}:${err.line}` : err.file);
+  if (err.file) where.push(whereText(err.file, err.line));
   if (err.op) where.push(`op ${err.op}`);
   if (where.length) box.append(h("div", "mw-error-where", where.join(" · ")));
   if (err.code && !compact) box.append(h("pre", "mw-code", err.code));

@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { draw } from "./explore";
 import training from "./fixtures/gpt2-tiny.training.json";
 import { decodePlan, planVerdict, sortCandidates } from "./plan";
-import { candidateText, isDrawn, ticks, xRange } from "./planchart";
+import { candidateText, isDrawn, labelBox, paretoFront, ticks, xRange } from "./planchart";
 import type { PlanCandidate } from "./protocol";
 import { fakeModel } from "./testmodel";
 
@@ -144,5 +144,35 @@ describe("the plan view", () => {
     expect(planVerdict(decodePlan({ ...raw, best: null })!)).toMatch(/none fits\.$/);
     expect(decodePlan({ rows: [] })).toBeNull();
     expect(ticks(1e-3).at(-1)).toBeLessThanOrEqual(1e-3);
+  });
+
+  it("draws the Pareto front: the fitting candidates none beats on both step time and memory", () => {
+    const fitting = traced.filter((c) => c.fits);
+    const held = (c: PlanCandidate) => c.deviceBytes ?? c.peakBytes!;
+    // the independent truth: a brute-force dominance check
+    const truth = fitting
+      .filter((c) => !fitting.some((o) => held(o) <= held(c) && o.stepS! <= c.stepS! && (held(o) < held(c) || o.stepS! < c.stepS!)))
+      .map((c) => c.index)
+      .sort((a, b) => a - b);
+    expect(truth.length).toBeGreaterThan(0);
+    expect(paretoFront(plan.candidates).map((c) => c.index).sort((a, b) => a - b)).toEqual(truth);
+    show(raw);
+    expect([...el.querySelectorAll(".mw-plan-pareto-mark")].map((m) => Number(m.getAttribute("data-front"))).sort((a, b) => a - b)).toEqual(truth);
+    // the kernel's own flags win when every row has one
+    const flagged = decodePlan({ ...raw, candidates: raw.candidates.map((c, i) => ({ ...c, pareto: i === 0 })) })!;
+    expect(paretoFront(flagged.candidates).map((c) => c.index)).toEqual(flagged.candidates[0]!.fits ? [0] : []);
+  });
+
+  it("puts the best label where it covers no point, and lets clicks through it", () => {
+    const area = { x0: 0, y0: 0, x1: 640, y1: 300 };
+    // a point right of the best: the label goes left
+    const b = labelBox([300, 150], [[330, 150]], 30, 12, area);
+    expect(b.x1).toBeLessThan(300);
+    // points right and left: above
+    expect(labelBox([300, 150], [[330, 150], [270, 150]], 30, 12, area).y1).toBeLessThan(150);
+    show(raw);
+    const label = el.querySelector(".mw-plan-best-label")!;
+    expect(label.getAttribute("pointer-events")).toBe("none");
+    expect(label.closest(".mw-plan-point")).toBeNull();
   });
 });

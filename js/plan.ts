@@ -39,6 +39,8 @@ function decodeCandidate(raw: Obj, i: number): PlanCandidate {
     error: typeof raw.error === "string" ? raw.error : null,
     openable: raw.openable === true,
     tracedLayers: Array.isArray(raw.tracedLayers) ? raw.tracedLayers.filter((d): d is number => typeof d === "number") : [],
+    ...(typeof raw.pareto === "boolean" ? { pareto: raw.pareto } : {}),
+    ...(raw.gpuHours !== undefined || raw.gpu_hours !== undefined ? { gpuHours: numOrNull(raw.gpuHours ?? raw.gpu_hours) } : {}),
   };
 }
 
@@ -69,37 +71,70 @@ export function planVerdict(p: PlanPayload): string {
 
 interface TableColumn {
   label: string;
+  /** What the column holds: its header's tooltip. */
+  hint: string;
   text: (c: PlanCandidate) => string;
   /** What it sorts by; absent: not sortable. */
   value?: (c: PlanCandidate) => number | string;
   numeric?: boolean;
+  /** Left out of a narrow table (its values stay in the row's tooltip): 1 first, then 2. */
+  drop?: 1 | 2;
+  /** Its text may wrap (words, not numbers). */
+  wraps?: boolean;
 }
 
 const or = (v: number | null, f: (n: number) => string): string => (v === null ? "–" : f(v));
 
 const TABLE: TableColumn[] = [
-  { label: "#", text: (c) => String(c.index), value: (c) => c.index, numeric: true },
-  { label: "layout", text: layoutText, value: layoutText },
-  { label: "checkpointing", text: (c) => (c.checkpointing ? "yes" : "no"), value: (c) => Number(c.checkpointing) },
-  { label: "precision", text: (c) => c.precision, value: (c) => c.precision },
-  { label: "micro-batches", text: (c) => String(c.microBatches), value: (c) => c.microBatches, numeric: true },
-  { label: "peak", text: (c) => or(c.peakBytes, formatBytes), value: (c) => c.peakBytes ?? Infinity, numeric: true },
+  { label: "#", hint: "the candidate's index in plan.candidates", text: (c) => String(c.index), value: (c) => c.index, numeric: true },
+  { label: "layout", hint: "how the devices split the model", text: layoutText, value: layoutText, wraps: true },
   {
-    label: "on the GPU",
+    label: "ckpt",
+    hint: "activation checkpointing",
+    text: (c) => (c.checkpointing ? "yes" : "no"),
+    value: (c) => Number(c.checkpointing),
+    drop: 2,
+  },
+  { label: "precision", hint: "the precision tried", text: (c) => c.precision, value: (c) => c.precision, wraps: true },
+  { label: "µ-batches", hint: "micro-batches per step", text: (c) => String(c.microBatches), value: (c) => c.microBatches, numeric: true, drop: 2 },
+  {
+    label: "peak",
+    hint: "rank 0's traced peak: what its tensors hold",
+    text: (c) => or(c.peakBytes, formatBytes),
+    value: (c) => c.peakBytes ?? Infinity,
+    numeric: true,
+  },
+  {
+    label: "on GPU",
+    hint: "what rank 0's GPU holds at that peak (as nvidia-smi shows it): what fits holds against the budget",
     text: (c) => or(c.deviceBytes ?? c.peakBytes, formatBytes),
     value: (c) => c.deviceBytes ?? c.peakBytes ?? Infinity,
     numeric: true,
+    drop: 1,
   },
-  { label: "fits", text: (c) => (c.fits ? "yes" : "no"), value: (c) => Number(c.fits) },
-  { label: "step", text: (c) => or(c.stepS, formatSeconds), value: (c) => c.stepS ?? Infinity, numeric: true },
-  { label: "MFU", text: (c) => or(c.mfu, (m) => `${(m * 100).toPrecision(2)}%`), value: (c) => c.mfu ?? -1, numeric: true },
+  { label: "fits", hint: "on the GPU within the budget", text: (c) => (c.fits ? "yes" : "no"), value: (c) => Number(c.fits) },
+  { label: "step", hint: "the estimated step time", text: (c) => or(c.stepS, formatSeconds), value: (c) => c.stepS ?? Infinity, numeric: true },
+  {
+    label: "MFU",
+    hint: "model FLOPs utilization",
+    text: (c) => or(c.mfu, (m) => `${(m * 100).toPrecision(2)}%`),
+    value: (c) => c.mfu ?? -1,
+    numeric: true,
+  },
   {
     label: "tokens/s",
+    hint: "tokens per second, all devices",
     text: (c) => or(c.tokensPerS, (t) => Math.round(t).toLocaleString("en-US")),
     value: (c) => c.tokensPerS ?? -1,
     numeric: true,
+    drop: 1,
   },
 ];
+
+/** A cell's classes: numeric, wrapping, and when a narrow table leaves its column out. */
+function cellClass(col: TableColumn): string {
+  return [col.numeric ? "mw-num" : "", col.wraps ? "mw-plan-wraps" : "", col.drop ? `mw-plan-drop${col.drop}` : ""].filter(Boolean).join(" ");
+}
 
 /** `rows` sorted by column `k` (`descending`), equal ones in their order. */
 export function sortCandidates(rows: readonly PlanCandidate[], k: number, descending: boolean): PlanCandidate[] {
@@ -142,11 +177,25 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
     detailHead.textContent = `Opening candidate #${c.index}: ${candidateText(c)}${full}…`;
     handlers.onOpen(c.index);
   };
-  const chart = planChart(p, {
-    onHover: (c) => (tip.textContent = c ? `#${c.index} ${candidateText(c)}` : "Hover a point for its candidate; click one to open its analysis."),
+  const chartHandlers = {
+    onHover: (c: PlanCandidate | null) =>
+      (tip.textContent = c ? `#${c.index} ${candidateText(c)}` : "Hover a point for its candidate; click one to open its analysis."),
     onOpen: open,
-  });
-  root.append(legend(p), chart, tip);
+  };
+  // drawn at its box's width in pixels (not a fixed drawing scaled down), so that its text keeps
+  // its size in a narrow notebook; redrawn when the box's width changes
+  const chartBox = h("div", "mw-plan-chart-box");
+  let chartWidth = 0;
+  const drawChart = (): void => {
+    const width = chartSize(chartBox.clientWidth);
+    if (width === chartWidth) return;
+    chartWidth = width;
+    chartBox.replaceChildren(planChart(p, chartHandlers, width, CHART_HEIGHT));
+    mark();
+  };
+  const resize = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(drawChart);
+  resize?.observe(chartBox);
+  root.append(legend(p), chartBox, tip);
   const sort = { column: -1, descending: false };
   const drawTable = (): void => {
     const rows = sort.column < 0 ? p.candidates.filter(isDrawn) : sortCandidates(p.candidates.filter(isDrawn), sort.column, sort.descending);
@@ -164,6 +213,7 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
     }
   };
   drawTable();
+  drawChart();
   const scroller = h("div", "mw-plan-table-wrap");
   scroller.append(table);
   root.append(h("div", "mw-plan-subhead", "Candidates traced (click a header to sort, a row to open its analysis)"), scroller);
@@ -199,10 +249,18 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
       app.render();
     },
     destroy(): void {
+      resize?.disconnect();
       app?.destroy();
       app = null;
     },
   };
+}
+
+const CHART_HEIGHT = 300;
+
+/** The chart's width for a box `box` pixels wide: the box's, from 320 to 680 (640 unknown). */
+export function chartSize(box: number): number {
+  return box > 0 ? Math.round(Math.min(680, Math.max(320, box))) : 640;
 }
 
 /** The precisions' colors, and what filled and hollow mean. */
@@ -213,17 +271,18 @@ function legend(p: PlanPayload): HTMLDivElement {
     item.append(h("span", `mw-plan-swatch ${cls}`), document.createTextNode(precision));
     box.append(item);
   }
-  box.append(h("span", "mw-plan-key", "filled: fits · hollow: over the budget · ringed: the best"));
+  box.append(h("span", "mw-plan-key", "filled: fits · hollow: over the budget · ringed: the best · line: the Pareto front"));
   return box;
 }
 
 function tableHead(sort: { column: number; descending: boolean }, onSort: (k: number) => void): HTMLTableRowElement {
   const tr = h("tr");
   TABLE.forEach((col, k) => {
-    const th = h("th", col.numeric ? "mw-num" : "", col.label);
+    const th = h("th", cellClass(col), col.label);
+    th.title = col.hint;
     if (col.value) {
       th.classList.add("mw-sortable");
-      th.title = "Sort by this column (click again to reverse)";
+      th.title = `${col.hint} (click to sort, again to reverse)`;
       if (sort.column === k) th.dataset.dir = sort.descending ? "desc" : "asc";
       th.addEventListener("click", () => onSort(k));
     }
@@ -235,7 +294,7 @@ function tableHead(sort: { column: number; descending: boolean }, onSort: (k: nu
 function tableRow(c: PlanCandidate, best: number | null, open: (c: PlanCandidate) => void): HTMLTableRowElement {
   const tr = h("tr", `mw-plan-row${c.fits ? "" : " mw-plan-over"}${c.index === best ? " mw-plan-best" : ""}`);
   tr.dataset.index = String(c.index);
-  for (const col of TABLE) tr.append(h("td", col.numeric ? "mw-num" : "", col.text(c)));
+  for (const col of TABLE) tr.append(h("td", cellClass(col), col.text(c)));
   tr.title = candidateText(c);
   tr.addEventListener("click", () => open(c));
   return tr;

@@ -62,6 +62,50 @@ export function candidateText(c: PlanCandidate): string {
   return `${head}: ${formatBytes(heldBytes(c))} on the GPU (peak ${formatBytes(c.peakBytes)})${c.fits ? "" : ", over the budget"} · step ${formatSeconds(c.stepS)}${mfu}`;
 }
 
+/**
+ * The Pareto front: the fitting candidates no other fitting one beats on both step time and
+ * memory on the GPU (equal on one, better on the other), in order of memory. From the kernel's
+ * `pareto` flags when every candidate has one (`plan.pareto`), else worked out here.
+ */
+export function paretoFront(candidates: readonly PlanCandidate[]): Drawn[] {
+  const fitting = candidates.filter(isDrawn).filter((c) => c.fits);
+  const byMemory = (a: Drawn, b: Drawn): number => heldBytes(a) - heldBytes(b) || a.stepS - b.stepS;
+  if (candidates.length && candidates.every((c) => typeof c.pareto === "boolean")) {
+    return fitting.filter((c) => c.pareto).sort(byMemory);
+  }
+  const beats = (a: Drawn, b: Drawn): boolean =>
+    heldBytes(a) <= heldBytes(b) && a.stepS <= b.stepS && (heldBytes(a) < heldBytes(b) || a.stepS < b.stepS);
+  return fitting.filter((c) => !fitting.some((o) => beats(o, c))).sort(byMemory);
+}
+
+/** A box in the chart's units. */
+export interface Box {
+  x0: number;
+  y0: number;
+  x1: number;
+  y1: number;
+}
+
+/**
+ * Where the best point's label goes: beside its ring (right, left, above, below), the first
+ * place that covers no other point and stays inside `area`; right when none is free.
+ * `points`: the other points' centres; `w`, `h`: the label's size.
+ */
+export function labelBox(at: [number, number], points: readonly [number, number][], w: number, h: number, area: Box): Box {
+  const [cx, cy] = at;
+  const gap = 13;
+  const places: Box[] = [
+    { x0: cx + gap, y0: cy - h / 2, x1: cx + gap + w, y1: cy + h / 2 },
+    { x0: cx - gap - w, y0: cy - h / 2, x1: cx - gap, y1: cy + h / 2 },
+    { x0: cx - w / 2, y0: cy - gap - h, x1: cx + w / 2, y1: cy - gap },
+    { x0: cx - w / 2, y0: cy + gap, x1: cx + w / 2, y1: cy + gap + h },
+  ];
+  const r = 7; // a dot's radius and its stroke, with a pixel to spare
+  const covers = (b: Box, [px, py]: [number, number]): boolean => px + r > b.x0 && px - r < b.x1 && py + r > b.y0 && py - r < b.y1;
+  const inside = (b: Box): boolean => b.x0 >= area.x0 && b.x1 <= area.x1 && b.y0 >= area.y0 && b.y1 <= area.y1;
+  return places.find((b) => inside(b) && !points.some((p) => covers(b, p))) ?? (places[0] as Box);
+}
+
 /** "Nice" axis ticks from 0 to at most `max`: 1, 2 or 5 times a power of `base`. */
 export function ticks(max: number, count = 4, base = 10): number[] {
   if (!(max > 0)) return [0];
@@ -110,7 +154,9 @@ export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, 
   // axes, grid and ticks
   for (const v of ticks(xMax, 4, 2)) {
     root.append(svg("line", { x1: x(v), x2: x(v), y1: top, y2: height - bottom, class: "mw-plan-grid" }));
-    text(x(v), height - bottom + 14, v === 0 ? "0" : formatBytes(v), "mw-plan-tick", "middle");
+    // the last tick's text ends at the edge rather than past it
+    const edge = x(v) + 32 > width;
+    text(edge ? width - 2 : x(v), height - bottom + 14, v === 0 ? "0" : formatBytes(v), "mw-plan-tick", edge ? "end" : "middle");
   }
   for (const v of ticks(yMax)) {
     root.append(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "mw-plan-grid" }));
@@ -118,7 +164,8 @@ export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, 
   }
   root.append(svg("line", { x1: left, x2: left, y1: top, y2: height - bottom, class: "mw-plan-axis" }));
   root.append(svg("line", { x1: left, x2: width - right, y1: height - bottom, y2: height - bottom, class: "mw-plan-axis" }));
-  text((left + width - right) / 2, height - 6, "memory per GPU (rank 0, as nvidia-smi would show it)", "mw-plan-label", "middle");
+  const xTitle = width >= 480 ? "memory per GPU (rank 0, as nvidia-smi would show it)" : "memory per GPU (rank 0)";
+  text((left + width - right) / 2, height - 6, xTitle, "mw-plan-label", "middle");
   const yLabel = text(14, (top + height - bottom) / 2, "step time", "mw-plan-label", "middle");
   yLabel.setAttribute("transform", `rotate(-90 14 ${(top + height - bottom) / 2})`);
   // the budget: a vertical dashed line, or an arrow at the right edge when off the scale
@@ -130,14 +177,36 @@ export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, 
   } else {
     text(width - right, top + 4, `${budgetText} →`, "mw-plan-budget-label", "end");
   }
-  // the points: the best last, on top
+  // the Pareto front: a step line through the fitting candidates nothing beats on both axes
+  const front = paretoFront(p.candidates);
+  if (front.length > 1) {
+    const pts = front.map((c) => [x(heldBytes(c)), y(c.stepS)] as const);
+    let d = `M${pts[0]?.[0]},${pts[0]?.[1]}`;
+    for (const [px, py] of pts.slice(1)) d += ` H${px} V${py}`;
+    const line = svg("path", { d, class: "mw-plan-pareto", "pointer-events": "none" });
+    const tip = svg("title", {});
+    tip.textContent = "the Pareto front: no candidate that fits is both faster and smaller on the GPU";
+    line.append(tip);
+    root.append(line);
+  }
+  for (const c of front) root.append(svg("circle", { cx: x(heldBytes(c)), cy: y(c.stepS), r: 7.5, class: "mw-plan-pareto-mark", "data-front": c.index, "pointer-events": "none" }));
+  // the points: the best last, on top; labels go before them
+  const pointsStart = svg("g", { class: "mw-plan-points" });
+  root.append(pointsStart);
   const classes = precisionClasses(p.candidates);
   const order = [...drawn].sort((a, b) => Number(a.index === p.best) - Number(b.index === p.best));
   for (const c of order) {
     const g = svg("g", { class: "mw-plan-point", "data-index": c.index, tabindex: 0 });
     if (c.index === p.best) {
-      g.append(svg("circle", { cx: x(heldBytes(c)), cy: y(c.stepS), r: 10, class: "mw-plan-best-ring" }));
-      text(x(heldBytes(c)) + 13, y(c.stepS) + 4, "best", "mw-plan-best-label");
+      const at: [number, number] = [x(heldBytes(c)), y(c.stepS)];
+      g.append(svg("circle", { cx: at[0], cy: at[1], r: 10, class: "mw-plan-best-ring" }));
+      const others = drawn.filter((o) => o.index !== c.index).map((o): [number, number] => [x(heldBytes(o)), y(o.stepS)]);
+      const area = { x0: left, y0: top, x1: width - right, y1: height - bottom };
+      const b = labelBox(at, others, 30, 12, area);
+      // drawn before the points, and deaf to the pointer: it never takes a point's click
+      const label = text((b.x0 + b.x1) / 2, b.y1 - 2, "best", "mw-plan-best-label", "middle");
+      label.setAttribute("pointer-events", "none");
+      root.insertBefore(label, pointsStart);
     }
     const dot = svg("circle", {
       cx: x(heldBytes(c)),

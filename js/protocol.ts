@@ -493,6 +493,11 @@ export interface PlanCandidate {
   /** The depths traced when its numbers came from the per-layer rule (`[2, 3, 4]`): opening it
    * traces the full depth first. Empty (or absent) when traced at full depth. */
   tracedLayers?: number[];
+  /** On the Pareto front (no fitting candidate is both faster and smaller on the GPU), as the
+   * kernel says it (`plan.pareto`); absent from an older kernel: the chart works it out. */
+  pareto?: boolean;
+  /** GPU-hours per step (all devices), as the kernel says it; absent from an older kernel. */
+  gpuHours?: number | null;
 }
 
 /** The plan view of `mw.plan`. */

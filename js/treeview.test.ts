@@ -24,24 +24,30 @@ describe("columnLayout", () => {
     expect(widths(narrow.template)).toEqual([308, 80, 98, 110, 104]);
   });
 
-  it("leaves out Param mem, then Params, before Output mem and FLOPs (a notebook beside Lab's file browser)", () => {
+  it("leaves out Param mem, then Output mem, then FLOPs; never Params or Time (a notebook beside Lab's file browser)", () => {
     // ~560 px: a 900 px window with the file browser open
     const lab = columnLayout(560);
     expect(lab.hidden).toEqual(["inputs", "outputs", "paramBytes"]);
     expect(widths(lab.template)).toEqual([266, 80, 110, 104]);
     expect(lab.minWidth).toBeLessThanOrEqual(560);
     const narrower = columnLayout(480);
-    expect(narrower.hidden).toEqual(["inputs", "outputs", "paramBytes", "params"]);
-    expect(widths(narrower.template)).toEqual([266, 110, 104]);
-    // the Time column goes before the parameter count
-    expect(columnLayout(560, null, true).hidden).toEqual(["inputs", "outputs", "paramBytes", "time"]);
+    expect(narrower.hidden).toEqual(["inputs", "outputs", "paramBytes", "activationBytes"]);
+    expect(widths(narrower.template)).toEqual([296, 80, 104]);
+    // with the Time column: Output mem goes first, Params and Time stay
+    const timed = columnLayout(560, null, true);
+    expect(timed.hidden).toEqual(["inputs", "outputs", "paramBytes", "activationBytes"]);
+    expect(widths(timed.template)).toEqual([244, 80, 104, 132]);
+    const timedNarrow = columnLayout(440, null, true);
+    expect(timedNarrow.hidden).toEqual(["inputs", "outputs", "paramBytes", "activationBytes", "flops"]);
+    expect(widths(timedNarrow.template)).toEqual([227, 80, 132]);
   });
 
   it("squeezes the module column to its floor before the table scrolls sideways", () => {
-    expect(widths(columnLayout(400).template)).toEqual([186, 110, 104]);
-    const tiny = columnLayout(300);
-    expect(tiny.minWidth).toBe(384);
+    expect(widths(columnLayout(280).template)).toEqual([200, 80]);
+    const tiny = columnLayout(200);
+    expect(tiny.minWidth).toBe(250);
     expect(widths(tiny.template)[0]).toBe(170); // never below its floor: scrolls instead
+    expect(columnLayout(200, null, true).minWidth).toBe(382);
   });
 
   it("keeps the columns it shows while a scrollbar comes and goes", () => {
@@ -58,7 +64,7 @@ describe("columnLayout", () => {
   });
 
   it("never gives a column less than its minimum", () => {
-    for (let width = 440; width <= 2000; width += 7) {
+    for (let width = 300; width <= 2000; width += 7) {
       const l = columnLayout(width);
       const w = widths(l.template);
       expect(w[0]).toBeGreaterThanOrEqual(220);

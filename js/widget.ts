@@ -15,6 +15,7 @@
  */
 import type { AnyModel, Initialize, Render } from "@anywidget/types";
 import { App } from "./app";
+import { isCheckpoint, renderCheckpoint } from "./ckptview";
 import type { RerunMessage, ViewMessage } from "./protocol";
 import { decodeMessage, decodePayload } from "./decode";
 
@@ -143,7 +144,9 @@ export function hideStaticView(el: HTMLElement): () => void {
 }
 
 const render: Render<Traits> = ({ model, el }) => {
-  const { cleanup } = mount(model, el);
+  // mw.inspect_checkpoint: a view of its own (tensors, shapes, dtypes, bytes; nothing to re-run)
+  const payload = decodePayload(model.get("payload"));
+  const { cleanup } = isCheckpoint(payload) ? { cleanup: renderCheckpoint(el, payload) } : mount(model, el);
   // the output is attached after render returns: look until it is in the page (2 s at most)
   let undo: (() => void) | undefined;
   let timer: ReturnType<typeof setTimeout> | undefined;

@@ -202,3 +202,9 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
+
+
+# in a Jupyter kernel, PyTorch's first meta forward is paid in the background (meta_widget.warm)
+from . import warmstart as _warmstart  # noqa: E402
+
+_warmstart.start_in_kernel()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from IPython.core.error import UsageError
 
-from . import heavy
+from . import heavy, warmstart
 from .analysis import analyze
 from .checkpoints import CheckpointError, inspect_checkpoint
 from .choices import MODES, Mode
@@ -41,7 +41,7 @@ from .options import (
     parse_shape,
 )
 from .sources.models import SourceError
-from .trace.explain import exception_message, explain, is_meta_error
+from .trace.explain import exception_message, explain, is_meta_error, raised_on_meta
 from .undo import on_meta
 
 if TYPE_CHECKING:
@@ -270,13 +270,15 @@ def _explained_traceback(
 
 
 def _explanation_note(value: BaseException) -> str:
-    """The text printed below a meta error's traceback ("" for other errors).
+    """The text printed below a meta error's traceback, or below any error a meta kernel raised
+    (a shape mismatch on meta: its words differ from CPU's); "" for other errors.
 
     ``explain`` handles any exception object; what else may fail here is a matcher added with
     ``meta_widget.explain.register_explanation``: the note then says so instead.
     """
     try:
-        return _explanation_text(explain(value)) if is_meta_error(value) else ""
+        explained = is_meta_error(value) or raised_on_meta(value)
+        return _explanation_text(explain(value)) if explained else ""
     except Exception as error:  # e.g. a registered matcher's own bug: say so, keep the handler
         return (
             f"\nmeta_widget could not explain this error: {type(error).__name__} while matching "
@@ -333,9 +335,11 @@ _STATE: dict[int, _State] = {}
 
 
 def load_ipython_extension(ip: InteractiveShell) -> None:
-    """``%load_ext meta_widget``: add ``%meta``/``%%meta`` and explain meta errors in every cell."""
+    """``%load_ext meta_widget``: add ``%meta``/``%%meta``, explain meta errors in every cell, and
+    warm PyTorch's meta path up in the background (``meta_widget.warm``)."""
     if id(ip) in _STATE:
         return
+    warmstart.start()  # PyTorch's first meta forward, in the background (meta_widget.warm)
     shell: Any = ip
     table = shell.magics_manager.magics
     saved = {kind: table[kind].get("meta") for kind in ("line", "cell")}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from . import heavy
+from . import heavy, warm
 from .checkpoints import CheckpointDiff, checkpoint_diff, inspect_checkpoint
 from .data.flatten import named_tensors
 from .data.records import CallRecord
@@ -81,6 +81,9 @@ def _pipeline(
     gpu = resolve_gpu(options.gpu) if options.gpu is not None else None  # unknown: OptionError
     listeners = check_listeners(listeners)
     check_buildable(model)
+    # the warm-up started by %load_ext (meta_widget.warm) is this analysis's first meta forward,
+    # paid ahead: wait for it rather than import the same modules beside it
+    warm.wait()
     start = time.perf_counter()
     meta = source = _build(model)
     if options.param_dtype is not None:

@@ -31,7 +31,7 @@ PACKAGE = Path(meta_widget.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base: errors, units, fixed sets, registries, undo, third-party loading",
-        ("errors", "units", "choices", "registry", "undo", "heavy"),
+        ("errors", "units", "choices", "registry", "undo", "heavy", "warm"),
     ),
     ("the checked options", ("options",)),
     ("plain data: the module tree, records, tensor summaries", ("data",)),
@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the pipeline: check, build, trace, assemble", ("pipeline", "materialize")),
     ("the Analysis and analyze()", ("analysis",)),
     ("exploration over many analyses", ("explore",)),
-    ("entry points", ("magics", "cli", "")),
+    ("entry points", ("magics", "cli", "warmstart", "")),
 ]
 
 

@@ -122,3 +122,20 @@ def test_the_readme_is_the_front_door() -> None:
     image = re.search(r"!\[[^\]]*\]\(([^)]+\.png)\)", readme)
     assert image is not None, "README.md shows a picture of the widget"
     assert (ROOT / image.group(1)).stat().st_size < 300 * 1024
+
+
+def _block_after(path: pathlib.Path, heading: str) -> str:
+    """The first python block after the Markdown heading ``heading`` in ``path``."""
+    text = path.read_text(encoding="utf-8")
+    after = text[text.index(heading) :]
+    start = after.index("```python\n") + len("```python\n")
+    return after[start : after.index("\n```", start)]
+
+
+def test_getting_started_runs_the_readme_snippet_that_is_checked() -> None:
+    """docs/getting-started.md's "In 30 seconds" is the README's, line for line: the README's is
+    run and its printed numbers checked (tests/test_widget_readme.py), so the page's numbers are
+    the code's (issue 40: the page printed 70553706496 where the code gives 69503033344)."""
+    readme = _block_after(ROOT / "README.md", "## In 30 seconds")
+    page = _block_after(DOCS / "getting-started.md", "## In 30 seconds")
+    assert page == readme

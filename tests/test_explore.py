@@ -184,6 +184,11 @@ def test_sweep_of_a_cnn_and_its_figure() -> None:
     assert list(fig.data[0].y) == [a.peak_bytes for a in s.analyses]
     assert list(fig.data[1].y) == [a.total_flops for a in s.analyses]
     assert [shape.y0 for shape in fig.layout.shapes] == [2**20]
+    # the memory axis in the budget's own units (issue 40: plotly wrote "80B" beside "80.0 GiB")
+    budget_label = next(a.text for a in fig.layout.annotations if a.text.startswith("budget"))
+    assert budget_label == "budget 1.00 MiB"
+    ticks = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext, strict=True))
+    assert ticks[2**20] == "1.00 MiB" and all(t.endswith("B") and " " in t for t in ticks.values())
 
 
 def test_seq_is_dimension_1_of_token_inputs_or_said_ambiguous() -> None:

@@ -176,6 +176,28 @@ def test_meta_errors_in_other_cells_are_explained_below_the_traceback(
     assert "meta_widget explains" not in cap.stdout
 
 
+def test_a_shape_mismatch_on_meta_is_explained_and_named_by_its_cell(ip: InteractiveShell) -> None:
+    """Issue 40, item 5: the explanation names the cell as IPython's traceback does (``Cell
+    In[N], line M``, not the kernel's temp file), and a plain shape mismatch on meta (whose words
+    differ from CPU's) is explained like the meta errors."""
+    cell = "lin = nn.Linear(4, 5, device='meta')\nx = torch.ones(2, 6, device='meta')\nlin(x)"
+    result, cap = run(ip, cell)
+    assert isinstance(result.error_in_exec, RuntimeError)
+    number = result.execution_count
+    out = cap.stdout
+    assert f"Cell In[{number}], line 3" in out  # IPython's own traceback names it so
+    explained = out[out.index("meta_widget explains:") :]
+    assert "same reduction dim" in explained
+    assert "Fix: Make the layer's in_features equal the input's last dimension" in explained
+    assert f"at Cell In[{number}], line 3\n    lin(x)" in explained
+    # the Explanation names the cell too; a file outside a cell keeps its path
+    e = mw.explain(result.error_in_exec)
+    assert (e.file, e.line, e.code) == (f"Cell In[{number}]", 3, "lin(x)")
+    # an elementwise mismatch on meta (PyTorch's reference implementation raises it)
+    result, cap = run(ip, "torch.ones(2, 6, device='meta') + torch.ones(2, 5, device='meta')")
+    assert "meta_widget explains: The input's shape does not fit this layer" in cap.stdout
+
+
 def test_unload_removes_everything_and_restores_the_previous_handler() -> None:
     shell = InteractiveShell.instance()
     shell.run_line_magic("colors", "nocolor")

@@ -191,8 +191,11 @@ def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     config = llama(num_key_value_heads=4)
     p = mw.plan(config, SIZE, **space)
     (c,) = p.candidates
-    assert c.error is not None and "mixed torch.Tensor and DTensor" in c.error
+    # the reason in words (issue 40): what failed and the fix, not the raw RuntimeError
+    assert c.error is not None and c.error.startswith("A multi-tensor optimizer step over DTensors")
+    assert "foreach=False" in c.error and "RuntimeError" not in c.error
     assert c.traced_layers == (2,) and p.traces == 1 and not c.fits
     assert c.analysis is not None and c.analysis.error is not None  # the full depth, when asked
+    assert "mixed torch.Tensor and DTensor" in c.analysis.error.message  # type: ignore[union-attr]
     (ok,) = mw.plan(config, SIZE, foreach=False, **space).candidates
     assert ok.error is None and ok.traced_layers == (2, 3, 4) and ok.peak_bytes

@@ -43,6 +43,7 @@ from ..distributed.parallel import ParallelError
 from ..options import LayoutError, OptionError, OptionTypeError, check_budget
 from ..sources.models import is_transformers_config
 from ..timing.gpus import GPU, resolve_gpu
+from ..trace.explain import GENERIC_TITLE, Explanation
 from ..units import format_bytes
 from .candidates import (
     _NUMBERS,
@@ -406,7 +407,7 @@ def _trace(
         return
     a = c._analysis
     if a.error is not None:
-        c.error = f"{a.error.type}: {a.error.message}"
+        c.error = failure_reason(a.error)
         return
     c.peak_bytes, c.device_bytes = int(a.peak_bytes), int(a.footprint_bytes)
     c.fits = c.device_bytes <= budget
@@ -423,7 +424,7 @@ def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) 
     for d in DEPTHS:
         a = run(options, d)
         if a.error is not None:  # the full depth fails the same way: not traced for nothing
-            c.error, c.traced_layers = f"{a.error.type}: {a.error.message}", (d,)
+            c.error, c.traced_layers = failure_reason(a.error), (d,)
             c._trace_full = lambda: run(options)
             return True
         if a.time is None:
@@ -437,6 +438,17 @@ def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) 
     c._trace_full = lambda: run(options)
     _set_time(c, full.time)
     return True
+
+
+def failure_reason(error: Explanation) -> str:
+    """Why a candidate's trace failed, in words: the explanation's title and fix when the
+    error is one the explanations know (tensor parallelism alone: "A multi-tensor optimizer
+    step over DTensors and plain tensors. Pass foreach=False ..."), else the error's type and
+    first line. The whole error stays in the candidate's ``analysis.error``."""
+    if error.title != GENERIC_TITLE:
+        return f"{error.title}. {error.fix}"
+    first = error.message.strip().splitlines()[0] if error.message.strip() else ""
+    return f"{error.type}: {first}" if error.type else first
 
 
 def _set_time(c: Candidate, time: Any) -> None:

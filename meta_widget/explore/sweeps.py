@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import itertools
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from ..memory.report import CATEGORIES
 from ..options import OptionError, OptionTypeError, check_budget, input_shapes
 from ..sources.inputs import make_inputs
 from ..units import format_bytes
+from ..warm import in_kernel
 from .vary import Axis, resized, resolve_axes
 
 if TYPE_CHECKING:
@@ -33,11 +35,19 @@ ProgressFn = Callable[[int, int, str], None]
 
 
 class Progress:
-    """A one-line text progress bar on ``stream`` (standard error): ``sweep 3/12 batch=8``."""
+    """A one-line progress bar: ``sweep [####....] 3/12 batch=8``.
+
+    In a Jupyter kernel it is a plain-text output updated in place and left as one line that
+    says what was done (standard error would draw it as a red box that stays); elsewhere, or
+    with ``stream`` given, a line on that stream (standard error by default) rewritten with
+    ``\\r``.
+    """
 
     def __init__(self, what: str, stream: Any = None) -> None:
         self.what = what
-        self.stream = stream if stream is not None else sys.stderr
+        self.stream = stream if stream is not None else (None if in_kernel() else sys.stderr)
+        self._handle: Any = None
+        self._shown = False
 
     def __call__(self, done: int, total: int, text: str) -> None:
         width = 20
@@ -46,9 +56,47 @@ class Progress:
             count = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
         else:  # a search: the number of traces is not known in advance
             count = f"trace {done + 1}"
-        end = "\n" if total and done >= total else ""
+        finished = bool(total) and done >= total
+        if self.stream is None:
+            line = (
+                f"{self.what}: {done}/{total} {text}" if finished else f"{self.what} {count} {text}"
+            )
+            self._show(line)
+            return
+        end = "\n" if finished else ""
         self.stream.write(f"\r{self.what} {count} {text}".ljust(79) + end)
         self.stream.flush()
+
+    def _show(self, line: str) -> None:
+        """The line as the cell's plain-text output, replaced in place on each call."""
+        if not self._shown:
+            self._shown = True
+            self._handle = heavy.display(_Line(line), updatable=True)
+        elif self._handle is not None:  # None: a front end without updates shows the first only
+            self._handle.update(_Line(line))
+
+
+class _Line:
+    """A line of text shown as itself (its ``repr``) in a notebook's output."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def byte_ticks(top: float, count: int = 5) -> tuple[list[int], list[str]]:
+    """Axis ticks for bytes from 0 to ``top``: binary multiples written as ``format_bytes``
+    writes them ("80.0 GiB", as the budget's label; plotly's own would say "80B")."""
+    if not top > 0:
+        return [0], [format_bytes(0)]
+    unit = 1024 ** max(0, min(5, int(math.log(top, 1024))))
+    raw = top / count / unit
+    step = next(m for m in (0.25, 0.5, 1, 2, 4, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1024)
+                if m >= raw) * unit  # fmt: skip
+    values = [round(k * step) for k in range(int(top / step) + 2)]
+    return values, [format_bytes(v) for v in values]
 
 
 def progress_function(progress: bool | ProgressFn, what: str) -> ProgressFn | None:
@@ -196,7 +244,9 @@ class Sweep:
                 annotation_text=f"budget {format_bytes(limit)}",
             )  # fmt: skip
         fig.update_xaxes(title_text=x)
-        fig.update_yaxes(title_text="bytes", row=1, col=1)
+        peaks = [float(b) for b in frame["peak_bytes"] if b == b]  # NaN: a trace that failed
+        values, labels = byte_ticks(max([*peaks, float(limit or 0)], default=0.0))
+        fig.update_yaxes(title_text="peak memory", tickvals=values, ticktext=labels, row=1, col=1)
         fig.update_yaxes(title_text="FLOPs", row=1, col=2)
         return fig
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import heavy
 from .known_errors import EXPLANATIONS
+from .sites import _cell_number
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Explanation:
     def __str__(self) -> str:
         name = self.module or self.module_type or self.module
         where = f" in module {name!r}" if name is not None else ""
-        at = f"\n  at {self.file}:{self.line}" if self.file else ""
+        at = f"\n  at {where_text(self.file, self.line)}" if self.file else ""
         code = f"\n    {self.code}" if self.code else ""
         kind = f"{self.type}: " if self.type else ""
         return (
@@ -82,6 +83,9 @@ META_ERRORS = frozenset(
 #: (meta and fake tensors) raise
 _META_WITHOUT_THE_WORD = frozenset({"unallocated"})
 
+
+#: the title of an error no registered explanation knows
+GENERIC_TITLE = "The forward pass raised an error"
 
 _TYPE_PREFIX = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Warning)):\s*(.*)$", re.DOTALL)
 
@@ -170,7 +174,7 @@ def explain(
     title, explanation, fix = next(
         ((t, e, f) for matcher, t, e, f in EXPLANATIONS.values() if matcher(exc, message)),
         (
-            "The forward pass raised an error",
+            GENERIC_TITLE,
             "The model's code raised this error while running on meta tensors.",
             "Read the message and the source line; if the same code works on a real device, "
             "it depends on tensor values that meta tensors do not have.",
@@ -207,4 +211,45 @@ def user_frame(exc: BaseException) -> tuple[str | None, int | None, str | None]:
             continue
         code = frame.line or linecache.getline(frame.filename, frame.lineno or 0).strip()
         found = (frame.filename, frame.lineno, code or None)
-    return found
+    return (cell_name(found[0]), *found[1:]) if found[0] else found
+
+
+#: the prefix of a notebook cell's name, as IPython's tracebacks write it
+CELL = "Cell In["
+
+
+def cell_name(file: str) -> str:
+    """``file`` as IPython's traceback names it: ``Cell In[7]`` for the code of a cell (the
+    kernel compiles it as ``/tmp/ipykernel_…/….py``), else ``file`` itself."""
+    number = _cell_number(file)
+    return f"{CELL}{number}]" if number is not None else file
+
+
+def where_text(file: str, line: int | None) -> str:
+    """A source line as tracebacks write it: ``Cell In[7], line 6`` or ``path.py:6``."""
+    if not line:
+        return file
+    return f"{file}, line {line}" if file.startswith(CELL) else f"{file}:{line}"
+
+
+#: where PyTorch's meta kernels written in Python live (registrations, references, primitives,
+#: decompositions): an error raised there is a meta tensor's, whatever its words
+_META_KERNELS = (
+    f"torch{os.sep}_meta_registrations.py",
+    f"torch{os.sep}_refs{os.sep}",
+    f"torch{os.sep}_prims{os.sep}",
+    f"torch{os.sep}_prims_common{os.sep}",
+    f"torch{os.sep}_decomp{os.sep}",
+)
+
+
+def raised_on_meta(exc: BaseException) -> bool:
+    """True when ``exc`` was raised inside PyTorch's Python meta kernels: an op on meta tensors
+    refused its arguments (a shape mismatch reads "a and b must have same reduction dim" there,
+    "mat1 and mat2 shapes cannot be multiplied" on CPU). Unlike :func:`is_meta_error`, the
+    error itself would happen on a real device too; it is explained because it happened on
+    meta, where PyTorch's words differ from the ones users know."""
+    return any(
+        any(part in os.path.abspath(frame.filename) for part in _META_KERNELS)
+        for frame in traceback.extract_tb(exc.__traceback__)
+    )

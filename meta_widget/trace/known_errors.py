@@ -464,7 +464,8 @@ register_explanation(
 register_explanation(
     "shape",
     r"shapes cannot be multiplied|size mismatch|must match the size|Expected .*(input|size|shape)"
-    r"|expected input|Given groups|not divisible|invalid for input of size|shape '\[",
+    r"|expected input|Given groups|not divisible|invalid for input of size|shape '\["
+    r"|Attempting to broadcast a dimension",
     title="The input's shape does not fit this layer",
     explanation=(
         "A layer received a tensor whose shape differs from what it was built for: the "

@@ -2,11 +2,11 @@
 
 At a 900 px window with Lab's file browser open the notebook's output is ~440 px wide: the table
 must fit it without a sideways scroll. It leaves out the shapes, the parameter memory (then the
-time, the parameter count) and says so in the Module header ("+4 in Details"); the module column
+output memory, the FLOPs) and says so in the Module header ("+4 in Details"); the module column
 keeps its minimum and deep rows indent less; a class is shortened in its middle so that the end
 of its type stays ("Ll…DecoderLayer"), then a name (to no fewer than three characters), the
-whole name and class in the tooltip; at 1,400 px no name is shortened. Output mem and FLOPs stay
-on screen; every number left out is in Details. Screenshots at 900 px (file browser open) and
+whole name and class in the tooltip; at 1,400 px no name is shortened. Params (and Time, with
+``gpu=``) stay on screen (issue 40); every number left out is in Details. Screenshots at 900 px (file browser open) and
 1,400 px, light and dark, land in ``test-artifacts/``; look at them.
 """
 
@@ -86,7 +86,7 @@ def types_hidden(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def check_fits(page: Any, label: str, artifacts: Path, names_whole: bool) -> dict[str, Any]:
-    """The table fits its box, every class keeps its end, Output mem and FLOPs are on screen;
+    """The table fits its box, every class keeps its end, Module and Params are on screen;
     ``names_whole``: no name is shortened either. Takes the screenshot."""
     # the table lays its columns out when its box resizes: wait for two frames after that
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
@@ -100,7 +100,7 @@ def check_fits(page: Any, label: str, artifacts: Path, names_whole: bool) -> dic
     if names_whole:
         assert not [r for r in t["rows"] if r["nameCut"]], (label, t["rows"])
     labels = {h["label"]: h for h in t["heads"]}
-    for column in ("Module", "Output mem", "FLOPs"):
+    for column in ("Module", "Params"):
         assert column in labels and labels[column]["inside"], (label, column, t["heads"])
         assert not labels[column]["cut"], (label, column, t["heads"])
     return t  # type: ignore[no-any-return]
@@ -175,7 +175,7 @@ def test_table_fits_beside_the_file_browser(
     # the columns left out are named, and their numbers are in Details
     assert narrow["hidden"].endswith("in Details"), narrow["hidden"]
     page.locator(".mw-root .mw-row .mw-mname", has_text="lm_head").click()
-    wait_text(page, ".mw-root .mw-details", ["parameters", "parameter memory", "FLOPs"])
+    wait_text(page, ".mw-root .mw-details", ["parameters", "parameter memory", "FLOPs", "output"])
     # a long class keeps its end: "LlamaDecoderLayer", "LlamaRotaryEmbedding"
     tails = {r["tail"] for r in narrow["rows"]}
     assert {"DecoderLayer", "Embedding"} <= tails, tails

@@ -1,0 +1,85 @@
+"""The warm-up of PyTorch's meta path, run once in a background thread (``warmstart``).
+
+PyTorch's first operation on meta tensors imports its meta kernels, decompositions, dynamo and
+sympy: ~900 modules, seconds, paid by whatever runs first. ``%load_ext meta_widget`` (and
+``import meta_widget`` in a Jupyter kernel) pays it in a background thread while the user types;
+the first analysis waits for it (:func:`wait`) instead of importing the same modules at the
+same time (two threads importing modules that import each other can deadlock). The warm-up
+prints nothing; a failure is logged on the ``meta_widget.warm`` logger and ignored.
+
+What it cannot order: the user's own cells may import modules while it runs (``import
+transformers`` right after ``%load_ext``). Python's per-module import locks make one thread wait
+for the other; only a circular import between two modules taken in opposite orders by the two
+threads would stop one with Python's ``_DeadlockError``. Not seen in the tests (the e2e notebook
+does exactly that), but possible in principle; ``META_WIDGET_WARMUP=0`` turns the warm-up off.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["in_kernel", "running", "start", "wait"]
+
+LOG = logging.getLogger("meta_widget.warm")
+
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_done = threading.Event()
+#: how long the warm-up took, once done (seconds); None before
+seconds: float | None = None
+
+
+def start(job: Callable[[], object]) -> bool:
+    """Run ``job`` once per process in a daemon thread; False when one already started."""
+    global _thread
+    with _lock:
+        if _thread is not None:
+            return False
+        _thread = threading.Thread(
+            target=_run, args=(job,), name="meta_widget-warm-up", daemon=True
+        )
+        _thread.start()
+    return True
+
+
+def _run(job: Callable[[], object]) -> None:
+    global seconds
+    begun = time.perf_counter()
+    try:
+        job()
+    except Exception:  # the warm-up is an optimization: the first analysis pays it instead
+        LOG.warning(
+            "meta_widget's warm-up failed; the first analysis loads PyTorch instead", exc_info=True
+        )
+    finally:
+        seconds = time.perf_counter() - begun
+        _done.set()
+
+
+def running() -> bool:
+    """A warm-up started and has not finished (False inside the warm-up itself)."""
+    thread = _thread
+    return thread is not None and not _done.is_set() and thread is not threading.current_thread()
+
+
+def wait(on_wait: Callable[[], None] | None = None) -> float:
+    """Wait for a running warm-up to finish (``on_wait`` is called first, only if it runs);
+    the seconds waited."""
+    if not running():
+        return 0.0
+    if on_wait is not None:
+        on_wait()
+    begun = time.perf_counter()
+    _done.wait()
+    return time.perf_counter() - begun
+
+
+def in_kernel() -> bool:
+    """Running in a Jupyter kernel (IPython with a kernel), without importing IPython."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and getattr(shell, "kernel", None) is not None

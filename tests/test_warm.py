@@ -1,0 +1,81 @@
+"""The warm-up of ``%load_ext meta_widget`` (``meta_widget.warm``), in fresh interpreters: it
+runs in the background, prints nothing, the first analysis waits for it, and a failing one is
+logged and ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LOAD_EXT = """
+import json, sys, threading
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+before = set(sys.modules)
+ip.run_line_magic("load_ext", "meta_widget")
+from meta_widget import warm
+started = warm._thread is not None and warm._thread.daemon
+import torch
+import meta_widget as mw
+a = mw.analyze(torch.nn.Linear(4, 5), input_size=(2, 4))
+print(json.dumps({
+    "started": started,
+    "done": warm._done.is_set(),
+    "seconds": warm.seconds,
+    "params": a.total_params,
+    "dynamo": "torch._dynamo" in sys.modules,
+}))
+"""
+
+FAILING = """
+import json, logging, io
+from meta_widget import warm
+stream = io.StringIO()
+logging.getLogger("meta_widget.warm").addHandler(logging.StreamHandler(stream))
+def job():
+    raise RuntimeError("no luck")
+assert warm.start(job) and not warm.start(job)  # once per process
+waited = warm.wait()
+import torch, meta_widget as mw
+a = mw.analyze(torch.nn.Linear(4, 5), input_size=(2, 4))
+print(json.dumps({"log": stream.getvalue(), "params": a.total_params, "running": warm.running()}))
+"""
+
+
+def run(code: str, **env: str) -> tuple[dict[str, object], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        check=True,
+    )
+    *_, last = done.stdout.strip().splitlines()
+    return json.loads(last), done.stdout
+
+
+def test_load_ext_warms_up_in_the_background_and_the_first_analysis_waits_for_it() -> None:
+    out, stdout = run(LOAD_EXT)
+    assert out["started"] is True
+    assert out["done"] is True  # the analysis waited: the warm-up was over when it ran
+    assert isinstance(out["seconds"], float) and out["seconds"] > 0
+    assert out["params"] == 4 * 5 + 5
+    assert out["dynamo"] is True  # PyTorch's first meta forward loaded it
+    assert stdout.strip().splitlines() == [stdout.strip().splitlines()[-1]]  # nothing printed
+
+
+def test_warm_up_can_be_turned_off() -> None:
+    out, _ = run(LOAD_EXT, META_WIDGET_WARMUP="0")
+    assert out["started"] is False and out["seconds"] is None
+
+
+def test_a_failing_warm_up_is_logged_and_ignored() -> None:
+    out, _ = run(FAILING)
+    assert "warm-up failed" in str(out["log"]) and "no luck" in str(out["log"])
+    assert out["params"] == 25 and out["running"] is False
