@@ -6,8 +6,8 @@ output memory, the FLOPs) and says so in the Module header ("+4 in Details"); th
 keeps its minimum and deep rows indent less; a class is shortened in its middle so that the end
 of its type stays ("Ll…DecoderLayer"), then a name (to no fewer than three characters), the
 whole name and class in the tooltip; at 1,400 px no name is shortened. Params (and Time, with
-``gpu=``) stay on screen (issue 40); every number left out is in Details. Screenshots at 900 px (file browser open) and
-1,400 px, light and dark, land in ``test-artifacts/``; look at them.
+``gpu=``) stay on screen (issue 40); every number left out is in Details. Screenshots at
+900 px (file browser open) and 1,400 px, light and dark, land in ``test-artifacts/``; look at them.
 """
 
 from __future__ import annotations
