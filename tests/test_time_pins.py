@@ -275,6 +275,44 @@ def test_an_all_reduce_inside_an_h100_node_runs_nvlink_sharp() -> None:
     )
 
 
+def test_fsdps_schedule_exposes_the_first_gather_and_the_last_reduce_scatter() -> None:
+    # PyTorch's FSDP: the root unit's all-gather runs before any layer (nothing to hide it),
+    # each layer's gather is prefetched during the layer before, each reduce-scatter runs
+    # during the next layer's backward, the root's last one before the optimizer step (which
+    # waits for it); the middle ones hide under a phase's compute as far as it lasts
+    n = 2**28
+    comms = [
+        Comm("all_gather", 4 * n, "fsdp", 8, "", "forward"),  # the root's: first
+        Comm("all_gather", n, "fsdp", 8, "layers.0", "forward"),
+        Comm("all_gather", n, "fsdp", 8, "layers.0", "backward"),
+        Comm("reduce_scatter", n, "fsdp", 8, "layers.0", "backward"),
+        Comm("reduce_scatter", 8 * n, "fsdp", 8, "", "backward"),  # the root's: last
+    ]
+    nvlink = H100.nvlink_bytes_per_s / 2 * NVLINK
+    first, last = ring(7 / 8, 4 * n, nvlink), ring(7 / 8, 8 * n, nvlink)
+    layer = ring(7 / 8, n, nvlink)
+    # a phase of memory-bound work taking 10 ms: more than any middle collective
+    work = 10e-3 * H100.hbm_bytes_per_s * MEMORY
+    outside = {p: {("bf16", 0, round(work), ()): 1} for p in ("forward", "backward")}
+    t = step_time([], outside, comms, H100, 0)
+    assert t.forward_s == pytest.approx(10e-3) and t.backward_s == pytest.approx(10e-3)
+    assert t.comm_s == pytest.approx(first + last + 3 * layer, rel=1e-12)
+    assert t.exposed_comm_s == pytest.approx(first + last, rel=1e-12)
+    # the same collectives in another order: the edges are whichever ran first and last
+    flipped = [comms[1], comms[0], *comms[2:4], comms[4]]
+    assert step_time([], outside, flipped, H100, 0).exposed_comm_s == pytest.approx(
+        layer + last, rel=1e-12
+    )
+    # tensor parallelism's (tp 2 inside FSDP 8: 16 GPUs a node here, all on NVLink) are
+    # exposed whole and are no edge of FSDP's schedule
+    tp = [Comm("all_reduce", n, "tp", 2, "layers.0.mlp", "forward"), *comms]
+    sharp = ring(2 * 1 / 2, n, H100.nvlink_bytes_per_s / 2 * NVLS)
+    node16 = replace(H100, gpus_per_node=16)
+    assert step_time([], outside, tp, node16, 0).exposed_comm_s == pytest.approx(
+        sharp + first + last, rel=1e-12
+    )
+
+
 def test_a_replica_group_spans_the_fsdp_and_tp_ranks_between_its_members() -> None:
     # replicate 2 x fsdp 2 x tp 2 on 4 GPUs a node: a replica's ranks are 4 apart, on two
     # nodes (the network); the fsdp pair (2 apart) and the tp pair share a node
