@@ -88,7 +88,8 @@ def _by_depth(run: dict[str, Any], measure: Callable[[int], float]) -> float:
 
 def _parallel(run: dict[str, Any]) -> dict[str, Any] | None:
     """The row's layout; FSDP in mixed precision: parameters gathered in bfloat16, gradients
-    reduced in the row's ``reduce`` dtype (torchtitan: float32; Composer's PURE: bfloat16)."""
+    reduced in the row's ``reduce`` dtype (float32: torchtitan's, and Composer's DEFAULT mode
+    that llm-foundry's tables ran; its PURE mode would be bfloat16)."""
     layout: dict[str, Any] = {k: run[k] for k in ("fsdp", "tp") if run.get(k, 1) > 1}
     if run["type"] == "train" and "fsdp" in layout:
         layout["mp"] = {"param_dtype": "bfloat16", "reduce_dtype": run.get("reduce", "float32")}

@@ -85,7 +85,10 @@ class Efficiency:
       Not applied to the optimizer step, which the trace runs one parameter at a time
       (``foreach=False``) where PyTorch's default ``foreach`` / ``fused`` implementations launch
       a few kernels for all parameters; nor with ``launch="graphs"`` (CUDA graphs replay).
-    - ``collective_s`` 10 us: the fixed cost of one NCCL collective (an assumption).
+    - ``collective_s`` 10 us: the fixed cost of one NCCL collective: nccl-tests' smallest
+      messages on 8 H20 (the H100's NVLink 4 / NVSwitch fabric) take 10.3-12.5 us
+      (deepseek-ai/DeepEP issue 303); across nodes it is more (46 us on two, NVIDIA/nccl issue
+      1244), which is not modelled.
     """
 
     compute: float = FALLBACK_COMPUTE
