@@ -275,6 +275,44 @@ def test_an_all_reduce_inside_an_h100_node_runs_nvlink_sharp() -> None:
     )
 
 
+def test_fsdps_schedule_exposes_the_first_gather_and_the_last_reduce_scatter() -> None:
+    # PyTorch's FSDP: the root unit's all-gather runs before any layer (nothing to hide it),
+    # each layer's gather is prefetched during the layer before, each reduce-scatter runs
+    # during the next layer's backward, the root's last one before the optimizer step (which
+    # waits for it); the middle ones hide under a phase's compute as far as it lasts
+    n = 2**28
+    comms = [
+        Comm("all_gather", 4 * n, "fsdp", 8, "", "forward"),  # the root's: first
+        Comm("all_gather", n, "fsdp", 8, "layers.0", "forward"),
+        Comm("all_gather", n, "fsdp", 8, "layers.0", "backward"),
+        Comm("reduce_scatter", n, "fsdp", 8, "layers.0", "backward"),
+        Comm("reduce_scatter", 8 * n, "fsdp", 8, "", "backward"),  # the root's: last
+    ]
+    nvlink = H100.nvlink_bytes_per_s / 2 * NVLINK
+    first, last = ring(7 / 8, 4 * n, nvlink), ring(7 / 8, 8 * n, nvlink)
+    layer = ring(7 / 8, n, nvlink)
+    # a phase of memory-bound work taking 10 ms: more than any middle collective
+    work = 10e-3 * H100.hbm_bytes_per_s * MEMORY
+    outside = {p: {("bf16", 0, round(work), ()): 1} for p in ("forward", "backward")}
+    t = step_time([], outside, comms, H100, 0)
+    assert t.forward_s == pytest.approx(10e-3) and t.backward_s == pytest.approx(10e-3)
+    assert t.comm_s == pytest.approx(first + last + 3 * layer, rel=1e-12)
+    assert t.exposed_comm_s == pytest.approx(first + last, rel=1e-12)
+    # the same collectives in another order: the edges are whichever ran first and last
+    flipped = [comms[1], comms[0], *comms[2:4], comms[4]]
+    assert step_time([], outside, flipped, H100, 0).exposed_comm_s == pytest.approx(
+        layer + last, rel=1e-12
+    )
+    # tensor parallelism's (tp 2 inside FSDP 8: 16 GPUs a node here, all on NVLink) are
+    # exposed whole and are no edge of FSDP's schedule
+    tp = [Comm("all_reduce", n, "tp", 2, "layers.0.mlp", "forward"), *comms]
+    sharp = ring(2 * 1 / 2, n, H100.nvlink_bytes_per_s / 2 * NVLS)
+    node16 = replace(H100, gpus_per_node=16)
+    assert step_time([], outside, tp, node16, 0).exposed_comm_s == pytest.approx(
+        sharp + first + last, rel=1e-12
+    )
+
+
 def test_a_replica_group_spans_the_fsdp_and_tp_ranks_between_its_members() -> None:
     # replicate 2 x fsdp 2 x tp 2 on 4 GPUs a node: a replica's ranks are 4 apart, on two
     # nodes (the network); the fsdp pair (2 apart) and the tp pair share a node
@@ -344,3 +382,58 @@ def test_the_prefill_is_the_prompts_forward_pass(generated: mw.Analysis) -> None
     assert "CUDA graphs" in summary[summary.index("Time on H100") :] and "launch graphs" in repr(t)
     assert t.prefill_s == pytest.approx(alone.time.step_s, rel=0.05)
     assert t.prefill_s > 2 * t.per_token_s
+
+
+# -- GPU variants (issue 37): datasheet peaks, and the measured fraction of a sibling part -------
+
+H100_PEAK, NVL_PEAK = 989.4e12, 835.5e12  # H100 SXM; H100 NVL / H200 NVL (1,671 'sparse' / 2)
+
+
+def test_an_nvl_card_reaches_the_sxm_parts_fraction_of_its_own_lower_peak() -> None:
+    # no GEMM was measured on the NVL cards: the same GH100 at a lower clock reaches the SXM
+    # part's 794.5 / 989.4 (its best shape's 256 tiles over 264 slots divided out) of 835.5
+    # TFLOP/s; 4096 x 4096 is 1024 tiles, 8 waves of 132 SMs (1056 slots)
+    flops = 2 * 4096**3
+    best = MAMF_H100 / H100_PEAK / (256 / 264)
+    for name in ("H100-NVL", "H200-NVL"):
+        seconds = _matmul_s(4096, 4096, 4096, gpu=name)
+        assert seconds == pytest.approx(flops / (NVL_PEAK * best * 1024 / 1056), rel=1e-9), name
+
+
+def test_an_nvl_cards_flash_attention_is_the_h100s_share_of_its_peak() -> None:
+    from meta_widget.timing.efficiency import attention_fraction
+
+    shape = ("attn", "flash", "fwd", 16, 16384, 16384, 128, False)
+    fraction = attention_fraction(resolve_gpu("H100-NVL"), "bf16", shape)
+    assert fraction == pytest.approx(FA2_H100 / H100_PEAK * 16384 / (16384 + 128), rel=1e-9)
+
+
+def test_h200_fp8_and_b200_gemms_run_at_their_own_measured_best() -> None:
+    from meta_widget.timing.model import op_seconds
+
+    # MAMF: H200 SXM FP8 1,453.4 TFLOP/s at 1280 x 4096 x 12032 (not the H100's 1,402.6)
+    m, n, k = 1280, 4096, 12032
+    cost = ("fp8", 2 * m * n * k, m * k + k * n + 2 * m * n, ("mm", m, n, k, 1))
+    assert op_seconds(cost, resolve_gpu("H200"))[0] == pytest.approx(
+        2 * m * n * k / 1453.4e12, rel=1e-9
+    )
+    # B200 SXM BF16 1,745 TFLOP/s at 1792 x 16128 x 3072 (whole tiles; no SM count: no waves)
+    assert _matmul_s(1792, 16128, 3072, gpu="B200") == pytest.approx(
+        2 * 1792 * 16128 * 3072 / 1745e12, rel=1e-9
+    )
+    assert _matmul_s(4096, 4096, 4096, gpu="B200") == pytest.approx(2 * 4096**3 / 1745e12)
+
+
+def test_a_bridged_pcie_pair_talks_over_nvlink_and_a_third_rank_over_the_network() -> None:
+    # H100 PCIe with NVLink bridges: 600 GB/s both ways between the two cards of a pair, no
+    # NVLink SHARP (no switch): the ring at 370/450 of one direction
+    pair = resolve_gpu("H100-PCIe-NVLink")
+    n = 2**30
+    two = step_time([], {}, [Comm("all_reduce", n, "fsdp", 2, "pair")], pair, 0).comm_s
+    assert two == pytest.approx(ring(2 * 1 / 2, n, 300e9 * NVLINK), rel=1e-12)
+    four = step_time([], {}, [Comm("all_reduce", n, "fsdp", 4, "quad")], pair, 0).comm_s
+    assert four == pytest.approx(ring(2 * 3 / 4, n, 50e9 * NETWORK), rel=1e-12)
+    plain = resolve_gpu("H100-PCIe")  # without the bridge: PCIe Gen5, 128 GB/s both ways
+    assert step_time([], {}, [Comm("all_reduce", n, "fsdp", 2, "pcie")], plain, 0).comm_s == (
+        pytest.approx(ring(2 * 1 / 2, n, 64e9 * NVLINK), rel=1e-12)
+    )

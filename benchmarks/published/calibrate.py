@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 import meta_widget as mw
 from meta_widget.data.records import CallRecord
-from meta_widget.distributed.comms import CommRecord
 from meta_widget.explore import depth
 from meta_widget.timing.gpus import resolve_gpu
 from meta_widget.timing.model import collective_seconds, op_seconds, step_time
@@ -89,7 +88,8 @@ def _by_depth(run: dict[str, Any], measure: Callable[[int], float]) -> float:
 
 def _parallel(run: dict[str, Any]) -> dict[str, Any] | None:
     """The row's layout; FSDP in mixed precision: parameters gathered in bfloat16, gradients
-    reduced in the row's ``reduce`` dtype (torchtitan: float32; Composer's PURE: bfloat16)."""
+    reduced in the row's ``reduce`` dtype (float32: torchtitan's, and Composer's DEFAULT mode
+    that llm-foundry's tables ran; its PURE mode would be bfloat16)."""
     layout: dict[str, Any] = {k: run[k] for k in ("fsdp", "tp") if run.get(k, 1) > 1}
     if run["type"] == "train" and "fsdp" in layout:
         layout["mp"] = {"param_dtype": "bfloat16", "reduce_dtype": run.get("reduce", "float32")}
@@ -129,11 +129,8 @@ def _extended_step(samples: list[depth.Sample], layers: int, gpu: Any, dp: int) 
         for p, c in costs.items()
         if p.startswith("outside ")
     }
-    records = [
-        CommRecord(i, coll, nbytes, group, size, "", phase, -1, -1, "")
-        for i, ((coll, nbytes, group, size, phase), n) in enumerate(sorted(comms.items()))
-        for _ in range(n)
-    ]
+    assert samples[0].edges == samples[1].edges == samples[2].edges, "edges not alike"
+    records = depth.comm_records(comms, samples[1].edges)
     three = samples[1]
     tokens = None if three.tokens is None else three.tokens // dp
     batch = None if three.samples is None else three.samples // dp
@@ -152,6 +149,22 @@ def _decode(run: dict[str, Any]) -> float:
         return a.time.per_token_s
 
     return _by_depth(run, per_token)
+
+
+def _prefill(run: dict[str, Any]) -> float:
+    """The time to the first token: the prompt's forward pass, CUDA graphs' launch (a server's
+    engine pays no per-op host time), at the row's depth."""
+
+    def forward(layers: int) -> float:
+        a = mw.analyze(
+            _config(run, layers), input_size=(run["batch"], run["prompt"]), dtypes="long",
+            param_dtype="bfloat16", mode="inference", device="cuda", gpu=run["gpu"],
+            launch="graphs",
+        )  # fmt: skip
+        assert a.error is None and a.time is not None, a.error
+        return a.time.step_s
+
+    return _by_depth(run, forward)
 
 
 class _Matmul(nn.Module):
@@ -237,6 +250,8 @@ def measured_seconds(row: dict[str, Any]) -> float:
     kind = run["type"]
     if kind == "train":
         return run["batch"] * run["seq"] / value  # tokens/s per GPU -> one rank's step
+    if kind == "prefill":
+        return value / 1e3  # ms to the first token
     if kind == "decode":
         if row["unit"].startswith("ms per output token"):
             return value / 1e3
@@ -258,6 +273,7 @@ def measured_seconds(row: dict[str, Any]) -> float:
 _PREDICT: dict[str, Callable[[dict[str, Any]], float]] = {
     "train": _train,
     "decode": _decode,
+    "prefill": _prefill,
     "gemm": _gemm,
     "attention": _attention,
     "collective": _collective,

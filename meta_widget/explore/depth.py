@@ -16,7 +16,10 @@ at 2, 3 and 4 layers, and
 - **applies it**: the full depth's events are the 3-layer trace's with each run repeated once
   per middle layer. The peak is the maximum of their running sum over the parameters, buffers
   and inputs (the traced peak of that event sequence, as ``MemoryReport`` takes it); the step
-  time is ``step_time`` of the costs and collectives so extended.
+  time is ``step_time`` of the costs and collectives so extended. The collectives are counted,
+  not ordered: only the two whose place the time model reads (``timing.model.schedule_edges``:
+  the forward's first, the backward's last; the root unit's, alike at every depth) are kept
+  with their place, checked like the rest.
 
 Where the layers are not all alike (a layer type list with two kinds, a first dense layer
 before MoE layers, any module attribute other than the layer's index differing), or the model
@@ -40,9 +43,18 @@ from ..data.records import CallRecord
 from ..distributed.comms import CommRecord
 from ..sources.models import is_transformers_config, to_meta
 from ..timing.gpus import GPU
-from ..timing.model import StepTime, step_time
+from ..timing.model import StepTime, schedule_edges, step_time
 
-__all__ = ["DEPTHS", "Extended", "Sample", "depth_of", "extend", "sample", "with_layers"]
+__all__ = [
+    "DEPTHS",
+    "Extended",
+    "Sample",
+    "comm_records",
+    "depth_of",
+    "extend",
+    "sample",
+    "with_layers",
+]
 
 #: the depths traced: the rule from the first two, checked on the third
 DEPTHS = (2, 3, 4)
@@ -75,6 +87,8 @@ class Sample:
     reserved_bytes: int = 0
     workspace_bytes: int = 0
     device_bytes: int = 0
+    #: the collectives at the schedule's edges (``timing.model.schedule_edges``), first to last
+    edges: tuple[CommKey, ...] = ()
 
 
 def depth_of(model: Any) -> int | None:
@@ -133,15 +147,34 @@ def sample(a: Analysis, layers: int) -> Sample:
             tokens = round(time.tokens_per_s * time.step_s)
         if time.samples_per_s is not None:
             samples = round(time.samples_per_s * time.step_s)
-    comms = Counter(
-        (c.collective, c.bytes, c.group, c.group_size, str(c.phase)) for c in a.comm_records
-    )
+    keys = [_key(c) for c in a.comm_records]
+    edges = tuple(keys[i] for i in sorted(schedule_edges(a.comm_records)))
     recomputed = sum(c.recompute_self_flops for c in a.calls)
     return Sample(
-        layers, tuple(events), base, costs, comms, int(a.total_flops), tokens, samples,
+        layers, tuple(events), base, costs, Counter(keys), int(a.total_flops), tokens, samples,
         recomputed, tuple(report.steps), report.peak_bytes, report.reserved_bytes,
-        report.workspace_bytes, a.footprint_bytes,
+        report.workspace_bytes, a.footprint_bytes, edges,
     )  # fmt: skip
+
+
+def _key(c: CommRecord) -> CommKey:
+    return (c.collective, c.bytes, c.group, c.group_size, str(c.phase))
+
+
+def comm_records(comms: Counter[CommKey], edges: Sequence[CommKey]) -> list[CommRecord]:
+    """One record per collective counted in ``comms``, in an order that keeps the schedule's
+    ``edges`` where they ran (the forward's first first, the backward's last last)."""
+    keys = sorted(comms.elements())
+    first = [k for k in edges if k[4] == "forward"][:1]
+    last = [k for k in edges if k[4] == "backward"][-1:]
+    for key in first:
+        keys.insert(0, keys.pop(keys.index(key)))
+    for key in last:
+        keys.append(keys.pop(len(keys) - 1 - keys[::-1].index(key)))
+    return [
+        CommRecord(i, coll, nbytes, group, size, "", phase, -1, -1, "")
+        for i, (coll, nbytes, group, size, phase) in enumerate(keys)
+    ]
 
 
 @dataclass(frozen=True)
@@ -161,6 +194,8 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     two, three, four = samples
     runs = _inserted_by_step(two, three)
     if runs is None or _repeat(three.events, runs, 2) != list(four.events):
+        return None
+    if not two.edges == three.edges == four.edges:
         return None
     extra = layers - three.layers
     linear = [
@@ -187,11 +222,7 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     outside = {
         p.removeprefix("outside "): dict(c) for p, c in costs.items() if p.startswith("outside ")
     }
-    records: list[Any] = [
-        CommRecord(i, coll, nbytes, group, size, "", phase, -1, -1, "")
-        for i, ((coll, nbytes, group, size, phase), n) in enumerate(sorted(comms.items()))
-        for _ in range(n)
-    ]
+    records = comm_records(comms, three.edges)
     dp = max(1, data_parallel)
     tokens = None if three.tokens is None else three.tokens // dp
     batch = None if three.samples is None else three.samples // dp

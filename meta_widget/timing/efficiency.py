@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .gpus import GPU
+from .gpus import GPU, GPUS
 
 __all__ = [
     "ATTENTION_BEST",
@@ -41,6 +41,7 @@ __all__ = [
     "NVLINK_FRACTION",
     "NVLS_FRACTION",
     "NVLS_PARTS",
+    "SAME_FRACTION",
     "TILE",
     "attention_fraction",
     "compute_fraction",
@@ -72,19 +73,19 @@ GEMM_BEST: dict[tuple[str, str], tuple[float, tuple[int, int, int] | None, str]]
     ("H100", "fp8"): (1402.6, (1024, 9216, 14336), _MAMF + ", H100 SXM, float8_e4m3fn"),
     ("A100-80GB", "bf16"): (271.2, (1024, 10240, 5120), _MAMF + ", A100 SXM, torch 2.6.0"),
     ("MI300X", "bf16"): (668.4, (10240, 15360, 8192), _MAMF + ", PYTORCH_TUNABLEOP_ENABLED=1"),
-    ("B200", "bf16"): (
-        1745.0,
-        None,
-        "Machine Learning Engineering, insights: 'an NVIDIA B200 SXM may only reach ~1745.0 "
-        "TFLOPS (BF16) out of a 2250 TFLOPS theoretical spec'",
-    ),
+    ("H200", "fp8"): (1453.4, (1280, 4096, 12032), _MAMF + ", H200 SXM, torch 2.7.1+cu128"),
+    ("B200", "bf16"): (1745.0, (1792, 16128, 3072), _MAMF + ", B200 SXM, torch 2.7.1+cu128"),
+    ("B200", "fp8"): (3432.5, (15360, 4096, 3072), _MAMF + ", B200 SXM, float8_e4m3fn"),
 }
 #: parts and precisions that take another entry's figure: (name, peak) -> (name, peak)
 _SAME_AS = {
-    ("H200", "bf16"): ("H100", "bf16"),  # the same GH100 die and dense peaks, more HBM
-    ("H200", "fp8"): ("H100", "fp8"),
+    ("H200", "bf16"): ("H100", "bf16"),  # the same GH100 die and peaks ('H200 is the same')
     ("A100-40GB", "bf16"): ("A100-80GB", "bf16"),
 }
+#: parts no figure was read for, the same die as another at a lower clock (their peaks are
+#: lower in the same ratio): taken to reach the same *fraction* of their own peaks as that
+#: part, GEMMs and attention alike (an assumption; the PCIe parts run at 350-600 W)
+SAME_FRACTION = {"H100-NVL": "H100", "H200-NVL": "H200", "H100-PCIe-NVLink": "H100-PCIe"}
 
 #: fused attention at 16k keys (its plateau), by (kernel, GPU name, direction, head dim):
 #: (TFLOP/s non-causal, causal or None, source)
@@ -166,12 +167,20 @@ def tiles_fraction(gpu: GPU, m: int, n: int, batch: int = 1) -> float:
     return useful * tiles / (math.ceil(tiles / sms) * sms)
 
 
+def _reference(gpu: GPU) -> GPU:
+    """The part whose measured figures stand for ``gpu``'s, as fractions of its peaks: the
+    part itself, or the one of ``SAME_FRACTION``."""
+    name = SAME_FRACTION.get(gpu.name)
+    return gpu if name is None else GPUS[name]
+
+
 def _gemm_best(gpu: GPU, peak: str) -> tuple[float, tuple[int, int, int] | None] | None:
-    key = (gpu.name, "bf16" if peak == "fp16" else peak)
+    ref = _reference(gpu)
+    key = (ref.name, "bf16" if peak == "fp16" else peak)
     entry = GEMM_BEST.get(_SAME_AS.get(key, key))
     if entry is None:
         return None
-    return entry[0] * 1e12 / gpu.peak(peak), entry[1]
+    return entry[0] * 1e12 / ref.peak(peak), entry[1]
 
 
 def gemm_fraction(
@@ -196,11 +205,12 @@ def attention_fraction(
     (module docstring). A kernel or part with no figure is taken to reach the share of the
     part's best GEMM that FlashAttention-2 reaches of the H100's (an assumption)."""
     _, kernel, direction, _, _, keys, head_dim, causal = shape
-    rate = _attention_rate(kernel, gpu.name, direction, head_dim, bool(causal))
+    ref = _reference(gpu)
+    rate = _attention_rate(kernel, ref.name, direction, head_dim, bool(causal))
     if rate is None:
-        rate = _attention_rate(kernel, _alias(gpu), direction, head_dim, bool(causal))
+        rate = _attention_rate(kernel, _alias(ref), direction, head_dim, bool(causal))
     if rate is not None:
-        best = rate * 1e12 / gpu.peak(peak)
+        best = rate * 1e12 / ref.peak(peak)
     else:
         h100 = _attention_rate("flash", "H100", direction, head_dim, bool(causal))
         assert h100 is not None

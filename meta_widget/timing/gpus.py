@@ -172,6 +172,24 @@ GPUS: dict[str, GPU] = {
             source="NVIDIA H100 whitepaper, H100 PCIe column (dense; 114 SMs); HBM2e 2 TB/s; "
             "between GPUs PCIe Gen5 x16 128 GB/s (its 600 GB/s NVLink bridge joins pairs only); "
             "network assumed 400 Gb/s per GPU"),
+        GPU("H100-PCIe-NVLink", 80 * GIB, 2000 * G, 51.2 * T, 378 * T, 756 * T, 756 * T,
+            1513 * T, 600 * G, 50 * G, gpus_per_node=2, sms=114,
+            source="NVIDIA H100 whitepaper, H100 PCIe column (dense; 114 SMs); HBM2e 2 TB/s; a "
+            "pair joined by NVLink bridges: 600 GB/s (the datasheet's NVLink figure for the "
+            "PCIe card), so an NVLink group is 2 GPUs; network assumed 400 Gb/s per GPU"),
+        GPU("H100-NVL", 94 * GIB, 3900 * G, 60 * T, 417.5 * T, 835.5 * T, 835.5 * T, 1670.5 * T,
+            600 * G, 50 * G, gpus_per_node=2, sms=132,
+            source="NVIDIA H100 datasheet, H100 NVL column (350-400 W PCIe card; Tensor Core "
+            "figures 'with sparsity' halved: TF32 835, BF16/FP16 1,671, FP8 3,341; FP32 60 TF); "
+            "94GB HBM3 at 3.9 TB/s; NVLink bridge 600 GB/s joining pairs; 132 SMs (the full "
+            "GH100 of the SXM part at a lower clock: 835.5 / 989.4 of its peaks); network "
+            "assumed 400 Gb/s per GPU"),
+        GPU("H200-NVL", 141 * GIB, 4800 * G, 60 * T, 417.5 * T, 835.5 * T, 835.5 * T, 1670.5 * T,
+            900 * G, 50 * G, gpus_per_node=4, sms=132,
+            source="NVIDIA H200 datasheet, H200 NVL column (up to 600 W PCIe card; Tensor Core "
+            "figures 'with sparsity' halved: TF32 835, BF16/FP16 1,671, FP8 3,341; FP32 60 TF); "
+            "141GB HBM3e at 4.8 TB/s; 2- or 4-way NVLink bridge 900 GB/s per GPU (a group of "
+            "4 taken); 132 SMs as the H100 NVL; network assumed 400 Gb/s per GPU"),
         GPU("H200", 141 * GIB, 4800 * G, 66.9 * T, 494.7 * T, 989.4 * T, 989.4 * T,
             1978.9 * T, 900 * G, 50 * G, sms=132,
             source="NVIDIA H200 datasheet (SXM): 141GB HBM3e at 4.8 TB/s, Tensor Core figures "
@@ -214,6 +232,9 @@ _ALIASES = {
     "h100sxm": "H100",
     "h100sxm5": "H100",
     "h100pcie80gb": "H100-PCIe",
+    "h100pcienvlink": "H100-PCIe-NVLink",
+    "h100pcienvlinkbridge": "H100-PCIe-NVLink",
+    "h100nvl94gb": "H100-NVL",
     "h200sxm": "H200",
     "a10040gbsxm": "A100-40GB",
     "a10080gbsxm": "A100-80GB",

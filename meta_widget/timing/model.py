@@ -30,11 +30,15 @@ group's ``fsdp * tp``; an all-reduce there on H100 / H200 runs NVLink SHARP, at
 ``efficiency.NVLS_FRACTION`` instead), else the network's ``network_bytes_per_s`` times
 ``EFFICIENCY.network``.
 
-Overlap, per phase (forward, backward, optimizer): FSDP's collectives (every group but ``"tp"``)
-run beside the phase's compute and only what exceeds it is exposed; tensor parallelism's sit
-between dependent matmuls and are exposed whole:
+Overlap, as PyTorch's FSDP schedules it (a unit's all-gather prefetched during the previous
+unit's compute; a unit's reduce-scatter run during the next unit's backward): FSDP's collectives
+(every group but ``"tp"``) run beside the phase's compute and only what exceeds it is exposed,
+but for the two the schedule has no compute to put beside: the first of the forward (the root
+unit's all-gather, before any layer runs) and the last of the backward (the root unit's
+reduce-scatter, or HSDP's last all-reduce, which the optimizer step waits for), exposed whole
+(``edges``); tensor parallelism's sit between dependent matmuls and are exposed whole:
 
-    step_s = forward_s + backward_s + optimizer_s
+    step_s = forward_s + backward_s + optimizer_s + edges
              + sum over phases (max(0, overlapped comm - compute) + tp comm)
 """
 
@@ -82,7 +86,10 @@ class Efficiency:
       Not applied to the optimizer step, which the trace runs one parameter at a time
       (``foreach=False``) where PyTorch's default ``foreach`` / ``fused`` implementations launch
       a few kernels for all parameters; nor with ``launch="graphs"`` (CUDA graphs replay).
-    - ``collective_s`` 10 us: the fixed cost of one NCCL collective (an assumption).
+    - ``collective_s`` 10 us: the fixed cost of one NCCL collective: nccl-tests' smallest
+      messages on 8 H20 (the H100's NVLink 4 / NVSwitch fabric) take 10.3-12.5 us
+      (deepseek-ai/DeepEP issue 303); across nodes it is more (46 us on two, NVIDIA/nccl issue
+      1244), which is not modelled.
     """
 
     compute: float = FALLBACK_COMPUTE
@@ -99,12 +106,18 @@ EFFICIENCY = Efficiency()
 class CommLike(Protocol):
     """What the time model reads of a collective (``distributed.comms.CommRecord``)."""
 
-    collective: str
-    bytes: int
-    group: str
-    group_size: int
-    module: str
-    phase: str
+    @property
+    def collective(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def group(self) -> str: ...
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def module(self) -> str: ...
+    @property
+    def phase(self) -> str: ...
 
 
 #: bytes moved per byte of the whole tensor, by collective, on a ring of ``p`` ranks
@@ -418,16 +431,27 @@ def _communication(
     blocking = 0.0
     total = 0.0
     by_module: dict[str, float] = {}
-    for c in comms:
+    edges = schedule_edges(comms)
+    for i, c in enumerate(comms):
         t = collective_seconds(c, gpu, strides, efficiency)
         total += t
         by_module[c.module] = by_module.get(c.module, 0.0) + t
-        if c.group in _BLOCKING or c.phase not in compute:
+        if c.group in _BLOCKING or c.phase not in compute or i in edges:
             blocking += t
         else:
             overlapped[c.phase] = overlapped.get(c.phase, 0.0) + t
     exposed = blocking + sum(max(0.0, t - compute[p]) for p, t in overlapped.items())
     return total, exposed, by_module
+
+
+def schedule_edges(comms: Sequence[CommLike]) -> frozenset[int]:
+    """The positions in ``comms`` (in the order they ran) of the collectives FSDP's schedule
+    cannot overlap with compute: the first overlappable one of the forward and the last one of
+    the backward (module docstring)."""
+    fsdp = [i for i, c in enumerate(comms) if c.group not in _BLOCKING]
+    first = next((i for i in fsdp if comms[i].phase == _FORWARD), None)
+    last = next((i for i in reversed(fsdp) if comms[i].phase == _BACKWARD), None)
+    return frozenset(i for i in (first, last) if i is not None)
 
 
 def _peak(flops_by_peak: Mapping[str, int], gpu: GPU) -> float:
