@@ -126,7 +126,8 @@ def shoot(page: Any, artifacts: Path, label: str) -> None:
 
 
 def check_plan(page: Any) -> dict[str, Any]:
-    page.locator(".mw-plan-chart").scroll_into_view_if_needed()
+    # the box, not the chart: a resize redraws the chart inside it (a new element)
+    page.locator(".mw-plan-chart-box").scroll_into_view_if_needed()
     settle(page)
     plan = page.evaluate(READ_PLAN)
     assert plan["scrollWidth"] <= plan["clientWidth"], plan  # the table fits: no sideways scroll
