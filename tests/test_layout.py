@@ -75,8 +75,9 @@ def test_the_mesh_is_pytorchs_of_the_layouts_shape() -> None:
     dist.init_process_group("fake", rank=0, world_size=layout.world, store=FakeStore())
     try:
         mesh = layout.mesh()
-        assert mesh.mesh_dim_names == ("pp", "replicate", "fsdp", "cp", "tp")
-        assert tuple(mesh.shape) == (2, 2, 2, 1, 2)
+        # every dimension the layout uses, torchtitan's order; cp (size 1) left out
+        assert mesh.mesh_dim_names == layout.mesh_dims == ("pp", "replicate", "fsdp", "tp")
+        assert tuple(mesh.shape) == (2, 2, 2, 2)
         # rank 0's tp group is its neighbour, its pp group 8 ranks away (torchtitan's order)
         assert mesh["tp"].mesh.tolist() == [0, 1]
         assert mesh["pp"].mesh.tolist() == [0, 8]

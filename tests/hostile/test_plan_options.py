@@ -114,7 +114,9 @@ def test_an_option_of_no_function_is_said_before_any_trace(no_trace: None) -> No
     with pytest.raises(mw.OptionTypeError, match="did you mean 'optimizer'") as info:
         mw.plan(llama(), (1, 8), gpu="H100", optimzer="adamw")
     assert "\n" not in str(info.value)
-    with pytest.raises(mw.OptionTypeError, match="'foo' is an option of neither plan_checkpointing"):
+    with pytest.raises(
+        mw.OptionTypeError, match="'foo' is an option of neither plan_checkpointing"
+    ):
         mw.plan_checkpointing(nn.Linear(4, 4), (2, 4), budget="1GiB", foo=1)
 
 
