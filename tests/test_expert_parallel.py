@@ -138,3 +138,13 @@ def test_a_capacity_factor_is_checked_when_the_layout_is_made(
         mw.Parallel(**layout)
     assert "\n" not in str(raised.value)
     assert mw.Parallel(fsdp=2, ep=2, capacity_factor=1.25).label().endswith("capacity 1.25")
+
+
+def test_an_ep_rank_steps_a_multi_tensor_optimizer() -> None:
+    """On CUDA, AdamW runs one foreach op over all a rank's parameters: the experts a rank
+    holds are DTensors sharded over the ep ranks, as FSDP2's are (plain tensors beside DTensors
+    were refused: "got mixed torch.Tensor and DTensor")."""
+    x = torch.randint(0, 32000, (2, 128))
+    a = mw.analyze(tiny_mixtral(), input_data=x, mode="training", parallel={"fsdp": 2, "ep": 2})
+    assert a.error is None, a.error
+    assert a.memory.optimizer_state_bytes > 0

@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 from ..options import LayoutError, Parallel
 
@@ -77,10 +79,13 @@ def check_experts(plan: Parallel, module: nn.Module) -> None:
         )
 
 
-def shard_experts(module: nn.Module, plan: Parallel, group: Any) -> list[nn.Parameter]:
+def shard_experts(module: nn.Module, plan: Parallel, mesh: DeviceMesh) -> list[nn.Parameter]:
     """Each experts module of ``module`` (this rank's copy) made this rank's: its slice of the
     experts, and the all-to-all ``forward`` (see the module docstring); returns the new
-    parameters (which FSDP2 leaves alone)."""
+    parameters (which FSDP2 leaves alone). Each is a DTensor of the experts sharded over the
+    ``ep`` ranks (``Shard(0)`` on ``mesh``), as torchtitan's are: beside FSDP2's DTensors, one
+    multi-tensor optimizer op takes them all (plain tensors it would refuse)."""
+    group = mesh.get_group()
     rank, ep = dist.get_rank(group), plan.ep
     kept: list[nn.Parameter] = []
     for _, experts in expert_modules(module):
@@ -88,7 +93,10 @@ def shard_experts(module: nn.Module, plan: Parallel, group: Any) -> list[nn.Para
         local = slice(rank * count // ep, (rank + 1) * count // ep)
         for name in ("gate_up_proj", "down_proj"):
             full = getattr(experts, name)
-            part = nn.Parameter(full.detach()[local].clone(), requires_grad=full.requires_grad)
+            mine = DTensor.from_local(
+                full.detach()[local].clone(), mesh, [Shard(0)], run_check=False
+            )
+            part = nn.Parameter(mine, requires_grad=full.requires_grad)
             setattr(experts, name, part)
             kept.append(part)
         experts.forward = _expert_parallel_forward(  # type: ignore[method-assign]
@@ -118,7 +126,7 @@ def _expert_parallel_forward(
             padded = count * capacity(tokens, top_k, count, factor)
             routed = torch.cat([routed, routed.new_zeros(padded - copies, hidden)])
         arrived = all_to_all_single_autograd(routed, None, None, group)
-        up, down = experts.gate_up_proj, experts.down_proj
+        up, down = experts.gate_up_proj.to_local(), experts.down_proj.to_local()
         outs = []
         for e, chunk in enumerate(arrived.chunk(up.shape[0])):  # balanced: equal shares
             gate, lin = nn.functional.linear(chunk, up[e]).chunk(2, dim=-1)
