@@ -10,6 +10,7 @@ group, measured by the CPU allocator; its all-to-alls counted at the dispatcher.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -38,22 +39,28 @@ def tiny_mixtral() -> Any:
     )  # fmt: skip
 
 
-def _ep_forward(experts: Any, group: Any) -> Any:
+def _ep_forward(experts: Any, group: Any, factor: float | None = None) -> Any:
+    count = experts.gate_up_proj.shape[0] * group.size()  # the model's experts
+
     def forward(x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         k = index.shape[1]
         sent = x.repeat_interleave(k, dim=0)
+        if factor is not None:  # every expert's buffer padded to its capacity, with zeros
+            rows = count * math.ceil(x.shape[0] * k / count * factor)
+            sent = torch.cat([sent, sent.new_zeros(rows - sent.shape[0], sent.shape[1])])
         got = all_to_all_single_autograd(sent, None, None, group)
         pieces = []
         for e, rows in enumerate(got.chunk(experts.gate_up_proj.shape[0])):
             gate, up = (rows @ experts.gate_up_proj[e].T).chunk(2, dim=-1)
             pieces.append((experts.act_fn(gate) * up) @ experts.down_proj[e].T)
         back = all_to_all_single_autograd(torch.cat(pieces), None, None, group)
+        back = back[: x.shape[0] * k]
         return (back.view(x.shape[0], k, -1) * weights[..., None]).sum(1).to(x.dtype)
 
     return forward
 
 
-def ep_wrap(model: nn.Module, mesh: DeviceMesh) -> None:
+def ep_wrap(model: nn.Module, mesh: DeviceMesh, factor: float | None = None) -> None:
     """Rank 0's half of every MoE layer's experts, then FSDP2 on the rest."""
     dp = mesh["dp"]
     rank, size = dp.get_local_rank(), dp.size()
@@ -65,28 +72,34 @@ def ep_wrap(model: nn.Module, mesh: DeviceMesh) -> None:
             mine = nn.Parameter(getattr(experts, name).detach()[rank * n : (rank + 1) * n].clone())
             setattr(experts, name, mine)
             ignored.add(mine)
-        experts.forward = _ep_forward(experts, dp.get_group())
+        experts.forward = _ep_forward(experts, dp.get_group(), factor)
     for layer in model.model.layers:  # type: ignore[union-attr]
         fully_shard(layer, mesh=dp, ignored_params=ignored)
     fully_shard(model, mesh=dp, ignored_params=ignored)
 
 
-def test_an_ep2_rank_is_a_real_ranks_peak_and_all_to_alls() -> None:
+@pytest.mark.parametrize("factor", [None, 1.25])
+def test_an_ep2_rank_is_a_real_ranks_peak_and_all_to_alls(factor: float | None) -> None:
+    """Dropless, and with a capacity factor of 1.25: each of the 4 experts' buffers holds 160
+    token copies where its balanced share is 128 (2 x 128 tokens x top-2 / 4), padded."""
     config = tiny_mixtral()
     torch.manual_seed(0)
     x = torch.randint(0, 32000, (2, 128))
     truth = real_rank_peak(
-        lambda: transformers.MixtralForCausalLM(config), x, fsdp=2, wrap=ep_wrap, steps=3
+        lambda: transformers.MixtralForCausalLM(config),
+        x,
+        fsdp=2,
+        wrap=lambda model, mesh: ep_wrap(model, mesh, factor),
+        steps=3,
     )
-    a = mw.analyze(
-        config, input_data=x, mode="training", device="cpu", parallel={"fsdp": 2, "ep": 2}
-    )
+    layout = {"fsdp": 2, "ep": 2, "capacity_factor": factor} if factor else {"fsdp": 2, "ep": 2}
+    a = mw.analyze(config, input_data=x, mode="training", device="cpu", parallel=layout)
     assert a.error is None, a.error
     assert "balanced routing" in " ".join(a.notes)
     assert a.peak_bytes == pytest.approx(truth["Steady"], rel=TOLERANCE)
     assert a.memory.first_step_peak_bytes == pytest.approx(truth["Total"], rel=TOLERANCE)
     # dispatch and combine: tokens x top_k x hidden floats each, per MoE layer, forward and back
-    moved = 2 * 128 * 2 * 256 * 4
+    moved = (160 * 4 if factor else 2 * 128 * 2) * 256 * 4
     all_to_all = a.comms[a.comms.collective == "all_to_all"]
     assert list(all_to_all.bytes) == [moved] * 8
     # the rank stores half the experts; FSDP2 shards the rest in half too
@@ -108,3 +121,30 @@ def test_an_ep_the_model_cannot_take_is_a_layout_error(
     config = tiny_llama_config() if model == "llama" else tiny_mixtral()
     with pytest.raises(mw.LayoutError, match=match):
         mw.analyze(config, input_size=(2, 128), mode="training", parallel=layout)
+
+
+@pytest.mark.parametrize(
+    ("layout", "match"),
+    [
+        ({"fsdp": 2, "capacity_factor": 1.25}, "ep=1 is none"),
+        ({"fsdp": 2, "ep": 2, "capacity_factor": 0.5}, "a number from 1 to 64"),
+        ({"fsdp": 2, "ep": 2, "capacity_factor": "1.25"}, "a number from 1 to 64"),
+    ],
+)
+def test_a_capacity_factor_is_checked_when_the_layout_is_made(
+    layout: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(mw.OptionError, match=match) as raised:
+        mw.Parallel(**layout)
+    assert "\n" not in str(raised.value)
+    assert mw.Parallel(fsdp=2, ep=2, capacity_factor=1.25).label().endswith("capacity 1.25")
+
+
+def test_an_ep_rank_steps_a_multi_tensor_optimizer() -> None:
+    """On CUDA, AdamW runs one foreach op over all a rank's parameters: the experts a rank
+    holds are DTensors sharded over the ep ranks, as FSDP2's are (plain tensors beside DTensors
+    were refused: "got mixed torch.Tensor and DTensor")."""
+    x = torch.randint(0, 32000, (2, 128))
+    a = mw.analyze(tiny_mixtral(), input_data=x, mode="training", parallel={"fsdp": 2, "ep": 2})
+    assert a.error is None, a.error
+    assert a.memory.optimizer_state_bytes > 0

@@ -75,11 +75,27 @@ def test_the_mesh_is_pytorchs_of_the_layouts_shape() -> None:
     dist.init_process_group("fake", rank=0, world_size=layout.world, store=FakeStore())
     try:
         mesh = layout.mesh()
-        assert mesh.mesh_dim_names == ("pp", "replicate", "fsdp", "cp", "tp")
-        assert tuple(mesh.shape) == (2, 2, 2, 1, 2)
+        # every dimension the layout uses, torchtitan's order; cp (size 1) left out
+        assert mesh.mesh_dim_names == layout.mesh_dims == ("pp", "replicate", "fsdp", "tp")
+        assert tuple(mesh.shape) == (2, 2, 2, 2)
         # rank 0's tp group is its neighbour, its pp group 8 ranks away (torchtitan's order)
         assert mesh["tp"].mesh.tolist() == [0, 1]
         assert mesh["pp"].mesh.tolist() == [0, 8]
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
+
+
+def test_the_mesh_of_llama_3_405bs_16384_ranks_has_its_three_dimensions() -> None:
+    """The Llama 3 paper's layout: PP 16 x DP 128 x TP 8 on a fake group of 16,384 ranks."""
+    layout = mw.Parallel(pp=16, fsdp=128, tp=8)
+    dist.init_process_group("fake", rank=0, world_size=layout.world, store=FakeStore())
+    try:
+        mesh = layout.mesh()
+        assert mesh.mesh_dim_names == ("pp", "fsdp", "tp") and tuple(mesh.shape) == (16, 128, 8)
+        assert mesh["tp"].mesh.tolist() == list(range(8))
+        assert mesh["fsdp"].mesh.tolist() == list(range(0, 1024, 8))
+        assert mesh["pp"].mesh.tolist() == list(range(0, 16384, 1024))
     finally:
         dist.destroy_process_group()
         forget_meshes()

@@ -24,6 +24,7 @@ def test_the_tutorials_are_there_and_saved_without_outputs() -> None:
         "06-past-one-gpu",
         "07-plan",
         "08-serving",
+        "09-past-one-node",
     ):
         assert name in names
     for path in NOTEBOOKS:

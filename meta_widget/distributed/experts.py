@@ -19,20 +19,30 @@ rank the same share (``tokens * top_k / ep``). Its all-to-all bytes are then exa
 and the combine each move ``tokens * top_k * hidden`` elements per rank. Experts are not
 sharded by FSDP2 as well (``ep`` equal to ``fsdp``: every FSDP rank holds other experts; the
 other parameters are sharded as usual, the experts left out as ``ignored_params``).
+
+With ``Parallel.capacity_factor`` (GShard's, Megatron's padded dispatch), each expert's buffer
+holds ``capacity = ceil(capacity_factor * tokens * top_k / E)`` token copies: a rank sends each
+expert its balanced share padded with zeros to that capacity, so the dispatch and the combine
+each move ``E * capacity * hidden`` elements per rank, and each expert's matmuls run on
+``capacity`` rows. Under balanced routing no token is dropped (every expert's share is under its
+capacity); the padding is what the factor costs.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 from ..options import LayoutError, Parallel
 
-__all__ = ["check_experts", "expert_modules", "shard_experts"]
+__all__ = ["capacity", "check_experts", "expert_modules", "shard_experts"]
 
 
 def expert_modules(module: nn.Module) -> list[tuple[str, Any]]:
@@ -69,10 +79,13 @@ def check_experts(plan: Parallel, module: nn.Module) -> None:
         )
 
 
-def shard_experts(module: nn.Module, plan: Parallel, group: Any) -> list[nn.Parameter]:
+def shard_experts(module: nn.Module, plan: Parallel, mesh: DeviceMesh) -> list[nn.Parameter]:
     """Each experts module of ``module`` (this rank's copy) made this rank's: its slice of the
     experts, and the all-to-all ``forward`` (see the module docstring); returns the new
-    parameters (which FSDP2 leaves alone)."""
+    parameters (which FSDP2 leaves alone). Each is a DTensor of the experts sharded over the
+    ``ep`` ranks (``Shard(0)`` on ``mesh``), as torchtitan's are: beside FSDP2's DTensors, one
+    multi-tensor optimizer op takes them all (plain tensors it would refuse)."""
+    group = mesh.get_group()
     rank, ep = dist.get_rank(group), plan.ep
     kept: list[nn.Parameter] = []
     for _, experts in expert_modules(module):
@@ -80,28 +93,48 @@ def shard_experts(module: nn.Module, plan: Parallel, group: Any) -> list[nn.Para
         local = slice(rank * count // ep, (rank + 1) * count // ep)
         for name in ("gate_up_proj", "down_proj"):
             full = getattr(experts, name)
-            part = nn.Parameter(full.detach()[local].clone(), requires_grad=full.requires_grad)
+            mine = DTensor.from_local(
+                full.detach()[local].clone(), mesh, [Shard(0)], run_check=False
+            )
+            part = nn.Parameter(mine, requires_grad=full.requires_grad)
             setattr(experts, name, part)
             kept.append(part)
-        experts.forward = _expert_parallel_forward(experts, ep, group)  # type: ignore[method-assign]
+        experts.forward = _expert_parallel_forward(  # type: ignore[method-assign]
+            experts, count, group, plan.capacity_factor
+        )
     return kept
 
 
-def _expert_parallel_forward(experts: Any, ep: int, group: Any) -> Any:
+def capacity(tokens: int, top_k: int, experts: int, factor: float | None) -> int:
+    """The token copies one expert's buffer holds from one rank: its balanced share
+    ``tokens * top_k / experts``, times ``factor`` rounded up (the share itself without one)."""
+    share = tokens * top_k / experts
+    return math.ceil(share * factor) if factor is not None else math.ceil(share)
+
+
+def _expert_parallel_forward(
+    experts: Any, count: int, group: Any, factor: float | None = None
+) -> Any:
     def forward(
         hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
         tokens, hidden = hidden_states.shape
         top_k = top_k_index.shape[-1]
         routed = hidden_states.repeat_interleave(top_k, dim=0)  # dispatch: a copy per choice
+        copies = tokens * top_k
+        if factor is not None:  # the experts' shares padded to their capacity (zeros)
+            padded = count * capacity(tokens, top_k, count, factor)
+            routed = torch.cat([routed, routed.new_zeros(padded - copies, hidden)])
         arrived = all_to_all_single_autograd(routed, None, None, group)
-        up, down = experts.gate_up_proj, experts.down_proj
+        up, down = experts.gate_up_proj.to_local(), experts.down_proj.to_local()
         outs = []
         for e, chunk in enumerate(arrived.chunk(up.shape[0])):  # balanced: equal shares
             gate, lin = nn.functional.linear(chunk, up[e]).chunk(2, dim=-1)
             outs.append(nn.functional.linear(experts.act_fn(gate) * lin, down[e]))
         back = all_to_all_single_autograd(torch.cat(outs), None, None, group)  # combine
-        weighted = back.view(tokens, top_k, hidden) * top_k_weights.unsqueeze(-1)
+        if factor is not None:  # the padding's rows dropped
+            back = back[:copies]
+        weighted = back.reshape(tokens, top_k, hidden) * top_k_weights.unsqueeze(-1)
         return weighted.sum(dim=1).to(hidden_states.dtype)
 
     return forward

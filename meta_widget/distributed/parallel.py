@@ -179,7 +179,7 @@ class World:
         if self.plan.ep > 1:  # each rank its experts, reached by all-to-all (not FSDP-sharded)
             from .experts import shard_experts
 
-            experts = set(shard_experts(copied, self.plan, self.mesh["fsdp"].get_group()))
+            experts = set(shard_experts(copied, self.plan, self.mesh["fsdp"]))
         if self.plan.fsdp > 1 or self.plan.replicate > 1:
             # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second
             mesh = self.mesh["replicate", "fsdp"] if self.plan.replicate > 1 else self.mesh["fsdp"]

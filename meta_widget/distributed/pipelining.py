@@ -157,7 +157,7 @@ class PipelineWorld(World):
             policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
             for stage in copied.children():
                 assert isinstance(stage, DecoderStage)
-                for layer in stage.layers.values():
+                for layer in stage.layers:
                     fully_shard(layer, mesh=mesh, mp_policy=policy)
                 fully_shard(stage, mesh=mesh, mp_policy=policy)
         group = full["pp"].get_group()
@@ -370,7 +370,7 @@ def stage_modules(root: RankStages) -> tuple[str, ...]:
         assert isinstance(stage, DecoderStage)
         if stage.first:
             paths.append("model.embed_tokens")
-        paths.extend(f"model.layers.{i}" for i in stage.layers)
+        paths.extend(f"model.layers.{i}" for i, _ in stage.layers.named_children())
         if stage.last:
             paths.extend(["model.norm", "lm_head"])
     return tuple(paths)

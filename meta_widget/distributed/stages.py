@@ -23,7 +23,14 @@ from torch import nn
 
 from ..options import LayoutError, Parallel
 
-__all__ = ["DecoderStage", "RankStages", "layer_ranges", "rank_stages", "stage_indices"]
+__all__ = [
+    "DecoderStage",
+    "RankStages",
+    "StageLayers",
+    "layer_ranges",
+    "rank_stages",
+    "stage_indices",
+]
 
 
 class DecoderStage(nn.Module):
@@ -41,7 +48,7 @@ class DecoderStage(nn.Module):
         assert inner is not None
         if first:
             self.embed_tokens = inner.embed_tokens
-        self.layers = nn.ModuleDict({str(i): inner.layers[i] for i in range(lo, hi)})
+        self.layers = StageLayers({i: inner.layers[i] for i in range(lo, hi)})
         self.rotary_emb = inner.rotary_emb
         if last:
             self.norm = inner.norm
@@ -53,12 +60,23 @@ class DecoderStage(nn.Module):
             h = self.embed_tokens(h)
         positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
         rotary = self.rotary_emb(h, positions)
-        for layer in self.layers.values():
+        for layer in self.layers:
             out = layer(h, attention_mask=None, position_embeddings=rotary, position_ids=positions)
             h = out[0] if isinstance(out, tuple) else out
         if self.last:
             h = self.lm_head(self.norm(h))
         return h
+
+
+class StageLayers(nn.ModuleList):
+    """A stage's decoder layers, each under its index in the model (``layers.5``): a
+    ``ModuleList``, so ``activation_checkpointing=True`` picks them as it picks any
+    transformer's blocks (its children run in order; indexed by name, not position)."""
+
+    def __init__(self, layers: dict[int, nn.Module]) -> None:
+        super().__init__()
+        for i, layer in layers.items():
+            self.add_module(str(i), layer)
 
 
 class RankStages(nn.Module):

@@ -1,0 +1,142 @@
+"""Llama 3 405B on 16,384 H100s in the Llama 3 paper's layout, traced per pipeline rank.
+
+    python benchmarks/llama3_405b.py                # full depth, 126 layers (about a CPU-hour)
+    python benchmarks/llama3_405b.py --layers 32    # same widths and mesh, a layer a stage: 8 min
+    python benchmarks/llama3_405b.py --no-ac        # without activation checkpointing
+
+The model: transformers' ``LlamaConfig`` with Llama 3 405B's shape (hidden 16384, 126 layers,
+128 heads, 8 key/value heads, intermediate 53248, vocab 128256), built on meta. The layout:
+"The Llama 3 Herd of Models" (arXiv 2407.21783), Table 4, the 16,384-GPU row at 8K context:
+TP 8, CP 1, PP 16, DP 128, sequence 8,192, 16 sequences per DP rank (16M tokens a batch),
+400 TFLOPs/GPU, 41 % BF16 MFU (the paper gives 38-43 % over its three layouts). As traced:
+
+- ``mw.Parallel(pp=16, tp=8, fsdp=128)``: a fake process group of 16,384 ranks; each of the
+  16 pipeline ranks traced in turn (rank ``r * 1024``), its stages ``parallelize_module``-d by
+  the config's tensor-parallel plan (8 ranks) and ``fully_shard``-ed over its 128 DP ranks
+  (FSDP2 with bf16 parameters and fp32 gradient reduction, the paper's "FSDP" sharding of
+  model, optimizer and gradients over DP);
+- PyTorch's ``ScheduleInterleaved1F1B``, 2 stages a rank (32 stages), 16 micro-batches of one
+  8,192-token sequence; the paper's balancing: the first and the last stage one layer fewer
+  (3 where the others hold 4: ``stage_boundaries`` 3, 7, ..., 123);
+- AdamW, two steps (the steady one's peak), timed on ``gpu="H100"``.
+
+Where it departs from the paper (each printed with the table): PyTorch's interleaved 1F1B, not
+the paper's own schedule (which sets the number of contiguous micro-batches N and deallocates
+pipeline buffers early); transformers' tensor-parallel plan, which has no sequence
+parallelism (the residual stream is replicated on the 8 TP ranks); FSDP2's default
+reshard-after-forward; activation checkpointing of every layer (``--no-ac`` to trace without:
+the paper trained at 8K without it, and PyTorch's schedule keeps all 16 micro-batches of its
+first 8 ranks in flight, which does not fit; see the printed peaks).
+
+MFU: the job's model FLOPs (each rank's traced FLOPs without recomputation, summed over the 16
+pipeline ranks) over the step (the slowest rank's, its bubble included) times 16 x the H100's
+dense bf16 peak; FLOPs as PyTorch's ``FlopCounterMode`` counts them on the traced ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import transformers  # noqa: E402
+
+import meta_widget as mw  # noqa: E402
+
+GIB = 2**30
+#: the paper's Table 4, 16,384 GPUs at 8K: TFLOPs/GPU and BF16 MFU
+PAPER = {"tflops": 400, "mfu": 0.41, "range": (0.38, 0.43)}
+HBM = 80 * 10**9  # an H100 SXM's 80 GB
+
+
+def config(layers: int = 126) -> Any:
+    """Llama 3 405B's shape (Llama 3.1's ``config.json`` values), ``layers`` deep."""
+    return transformers.LlamaConfig(
+        hidden_size=16384, intermediate_size=53248, num_hidden_layers=layers,
+        num_attention_heads=128, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+        architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+
+
+def layout(layers: int = 126, pp: int = 16, tp: int = 8, dp: int = 128) -> mw.Parallel:
+    """The paper's 16,384-GPU layout: 2 stages a rank, the first and last stage a layer fewer
+    than the others (when the layers allow it: 126 = 32 x 4 - 2)."""
+    stages = 2 * pp
+    bounds = None
+    if (layers + 2) % stages == 0:
+        size = (layers + 2) // stages
+        bounds = tuple(size - 1 + size * i for i in range(stages - 1))
+    return mw.Parallel(
+        pp=pp, tp=tp, fsdp=dp, schedule="interleaved-1F1B", virtual_stages=2,
+        microbatches=16, stage_boundaries=bounds,
+        mp={"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    )  # fmt: skip
+
+
+def trace(layers: int = 126, ac: bool = True, seq: int = 8192) -> mw.Analysis:
+    """One DP rank's step: 16 sequences of ``seq`` tokens through the 16-rank pipeline."""
+    return mw.analyze(
+        config(layers), input_size=(16, seq), mode="training", gpu="H100",
+        parallel=layout(layers), activation_checkpointing=ac,
+    )  # fmt: skip
+
+
+def job_mfu(a: mw.Analysis) -> tuple[float, float, float]:
+    """(MFU, TFLOPs per GPU, step seconds) of the job: the ranks' model FLOPs over the slowest
+    rank's step, bubble included, and the GPUs' dense bf16 peak (see the module docstring)."""
+    step = max(s.step_s for s in a.stages if s.step_s is not None)
+    times = [s.analysis.time for s in a.stages]
+    per_gpu = sum(t.model_flops for t in times) / len(times) / step
+    return per_gpu / times[0].peak_flops, per_gpu / 1e12, step
+
+
+def report(a: mw.Analysis, seconds: float) -> str:
+    lines = [
+        f"{'rank':>4}  {'stages':>8}  {'layers':>6}  {'peak GiB':>8}  {'< 80 GB':>7}  "
+        f"{'bubble':>6}  {'step s':>6}  {'sent MiB':>8}  {'recv MiB':>8}"
+    ]
+    for s in a.stages:
+        layers = sum(m.startswith("model.layers.") for m in s.modules)
+        lines.append(
+            f"{s.rank:>4}  {list(s.stages)!s:>8}  {layers:>6}  {s.peak_bytes / GIB:>8.2f}  "
+            f"{'yes' if s.peak_bytes < HBM else 'NO':>7}  {s.bubble:>6.3f}  "
+            f"{s.step_s or 0:>6.2f}  {s.send_bytes / 2**20:>8.0f}  {s.recv_bytes / 2**20:>8.0f}"
+        )
+    worst = max(a.stages, key=lambda s: s.peak_bytes)
+    mfu, tflops, step = job_mfu(a)
+    lo, hi = PAPER["range"]
+    lines += [
+        f"worst stage: rank {worst.rank}, {worst.peak_bytes / GIB:.2f} GiB "
+        f"({worst.peak_bytes / 1e9:.1f} GB of 80)",
+        f"step {step:.2f} s for 16 x 8,192 tokens a DP rank; predicted MFU {mfu:.1%} "
+        f"({tflops:.0f} TFLOPs/GPU); the paper: {PAPER['mfu']:.0%} ({PAPER['tflops']} "
+        f"TFLOPs/GPU), {lo:.0%}-{hi:.0%} over its layouts",
+        f"traced in {seconds:.0f} s, peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=126)
+    parser.add_argument("--no-ac", action="store_true", help="no activation checkpointing")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    a = trace(args.layers, ac=not args.no_ac)
+    if a.error is not None:
+        raise SystemExit(f"the trace failed: {a.error}")
+    print(f"Llama 3 405B shape, {args.layers} layers, {a.options.parallel.label()}, "
+          f"activation checkpointing {'off' if args.no_ac else 'every layer'}")  # fmt: skip
+    print(report(a, time.perf_counter() - start))
+
+
+if __name__ == "__main__":
+    main()
