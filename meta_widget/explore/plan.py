@@ -28,13 +28,14 @@ for inputs that are not tokens; the shortest step when neither is known).
 
 from __future__ import annotations
 
+import difflib
 import math
 import pickle
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, overload
 
 import pandas as pd
 
@@ -45,6 +46,7 @@ from ..units import format_bytes
 from .candidates import COLUMNS, Candidate, Space
 from .depth import depth_of
 from .fit import NothingFitsError
+from .plan_front import check_tokens, front, gpu_hours, speed
 from .plan_trace import Counts, Job, planning, take, trace_candidate, trace_run
 from .sweeps import ProgressFn, check_analyze_options, progress_function
 from .workers import cores, default_workers, local_pool, share
@@ -79,6 +81,14 @@ class Plan:
         How many times ``analyze`` ran (each depth of the per-layer rule counted).
     title
         The model's class name (``Analysis.title``).
+    tokens
+        The tokens the ``gpu_hours`` column prices (``for_tokens``, ``pareto(tokens=)``);
+        None: not priced.
+
+    A plan sorts and filters like a DataFrame, each answer a ``Plan`` of the same GPU, budget
+    and devices: ``p.sort("step_s")``, ``p.query("fits and tp == 1")`` (pandas' ``query``
+    over ``to_dataframe()``'s columns), ``p[p.fits]`` (a mask per candidate), ``p[:5]``;
+    ``p[0]`` is a ``Candidate``. ``p.pareto()`` keeps the Pareto front of the fitting rows.
     """
 
     candidates: list[Candidate]
@@ -88,6 +98,68 @@ class Plan:
     mode: str
     traces: int = 0
     title: str = "model"
+    tokens: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    @overload
+    def __getitem__(self, rows: int) -> Candidate: ...
+    @overload
+    def __getitem__(self, rows: slice | Sequence[bool] | pd.Series) -> Plan: ...
+    def __getitem__(self, rows: Any) -> Candidate | Plan:
+        """``p[i]``: a candidate; ``p[a:b]``, or ``p[mask]`` with a bool per candidate (a list,
+        or a Series such as ``p.to_dataframe()["fits"]``): a ``Plan`` of those rows."""
+        if isinstance(rows, int) and not isinstance(rows, bool):
+            return self.candidates[rows]
+        if isinstance(rows, slice):
+            return self._with(self.candidates[rows])
+        mask = list(rows)
+        if len(mask) != len(self.candidates) or not all(isinstance(m, bool) for m in mask):
+            raise OptionTypeError(
+                f"plan[...]: give an index, a slice or one bool per candidate "
+                f"({len(self.candidates)}), e.g. p[p.fits]; not {type(rows).__name__} of "
+                f"{len(mask)}."
+            )
+        return self._with([c for c, keep in zip(self.candidates, mask, strict=True) if keep])
+
+    @property
+    def fits(self) -> list[bool]:
+        """Per candidate, whether it fits the budget (a mask: ``p[p.fits]``)."""
+        return [c.fits for c in self.candidates]
+
+    def sort(self, by: str | list[str], *, descending: bool = False) -> Plan:
+        """The candidates ordered by a column (or columns) of ``to_dataframe()``, stable, rows
+        with no value last: ``p.sort("step_s")``, ``p.sort("tokens_per_s", descending=True)``."""
+        table = self.to_dataframe()
+        names = [by] if isinstance(by, str) else list(by)
+        _columns(names, table)
+        order = table.sort_values(
+            names, ascending=not descending, na_position="last", kind="stable"
+        ).index
+        return self._with([self.candidates[i] for i in order])
+
+    def query(self, expression: str) -> Plan:
+        """The candidates whose row of ``to_dataframe()`` meets ``expression``
+        (``pandas.DataFrame.query``): ``p.query("fits and mfu > 0.4")``."""
+        kept = self.to_dataframe().query(expression).index
+        return self._with([self.candidates[i] for i in kept])
+
+    def for_tokens(self, tokens: float) -> Plan:
+        """The same rows, ``gpu_hours`` priced for ``tokens`` tokens."""
+        return replace(self, candidates=list(self.candidates), tokens=check_tokens(tokens))
+
+    def pareto(self, tokens: float | None = None) -> Plan:
+        """The Pareto front of the fitting candidates, fastest first: those no other fitting
+        candidate beats on both speed (``best``'s: tokens per second) and per-GPU memory
+        (``device_bytes``); priced for ``tokens`` when given (``gpu_hours``)."""
+        on = front(self.candidates)
+        rows = sorted((c for c, keep in zip(self.candidates, on, strict=True) if keep), key=speed)
+        p = self._with(rows[::-1])
+        return p if tokens is None else p.for_tokens(tokens)
+
+    def _with(self, candidates: list[Candidate]) -> Plan:
+        return replace(self, candidates=candidates)
 
     @property
     def best(self) -> Candidate:
@@ -104,14 +176,21 @@ class Plan:
         fitting = [c for c in self.candidates if c.fits]
         if not fitting:
             raise _nothing_fits(self)
-        return max(fitting, key=_speed)
+        return max(fitting, key=speed)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per candidate: ``replicate``, ``fsdp``, ``tp``, ``activation_checkpointing``,
         ``precision``, ``micro_batches``, ``peak_bytes``, ``device_bytes`` (what the GPU
         holds, held against the budget), ``fits``, ``step_s``, ``mfu``,
-        ``tokens_per_s``, ``samples_per_s``, ``error``."""
-        return pd.DataFrame([c.row() for c in self.candidates], columns=list(COLUMNS))
+        ``tokens_per_s``, ``samples_per_s``, ``error``, ``traced_layers``; ``pareto`` (on
+        the Pareto front of this plan's fitting rows: ``pareto()``) and ``gpu_hours`` (the
+        GPU-hours of ``tokens`` tokens, None unpriced: ``for_tokens``)."""
+        on = front(self.candidates)
+        rows = [
+            {**c.row(), "pareto": keep, "gpu_hours": gpu_hours(c, self.devices, self.tokens)}
+            for c, keep in zip(self.candidates, on, strict=True)
+        ]
+        return pd.DataFrame(rows, columns=[*COLUMNS, "pareto", "gpu_hours"])
 
     def widget(self) -> Any:
         """The plan view (``meta_widget.explore.plan_view``): step time against peak per
@@ -358,13 +437,15 @@ def _cannot_travel(job: Job) -> str | None:
     return None
 
 
-def _speed(c: Candidate) -> tuple[int, float]:
-    """Larger is faster: tokens per second, else samples per second, else minus the step."""
-    if c.tokens_per_s is not None:
-        return (2, c.tokens_per_s)
-    if c.samples_per_s is not None:
-        return (1, c.samples_per_s)
-    return (0, -(c.step_s if c.step_s is not None else float("inf")))
+def _columns(names: list[str], table: pd.DataFrame) -> None:
+    unknown = [n for n in names if n not in table.columns]
+    if unknown:
+        close = [m for u in unknown for m in difflib.get_close_matches(u, table.columns, n=1)]
+        hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+        raise OptionError(
+            f"Plan.sort: {', '.join(map(repr, unknown))} is no column of to_dataframe(); "
+            f"{hint}columns: {', '.join(table.columns)}."
+        )
 
 
 def _check(devices: Any, mode: Any, options: dict[str, Any]) -> None:
