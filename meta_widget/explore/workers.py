@@ -36,6 +36,8 @@ from concurrent.futures import ProcessPoolExecutor as ProcessPool
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import torch
+
 __all__ = ["cores", "default_workers", "local_pool", "share"]
 
 T = TypeVar("T")
@@ -97,8 +99,6 @@ def _start_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.simplefilter("ignore")
     os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-
     torch.set_num_threads(1)
 
 
