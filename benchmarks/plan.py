@@ -11,9 +11,12 @@ the first N layouts only (12 candidates each) and prints the seconds per candida
 shorter run says what the whole plan costs: the "whole plan" line is then that rate times the
 120 candidates, marked as projected. ``--check`` traces the best candidate at full depth and
 prints both peaks and step times. ``--workers N`` sets ``plan``'s processes (default: one per
-core, ``meta_widget.explore.workers``); ``--workers 1`` is the plan in one process.
+core: this process and a local ``ProcessPoolExecutor``'s children, ``meta_widget.explore.workers``);
+``--workers 1`` is the plan in one process. ``benchmarks/plan_cluster.py`` runs it on a Dask
+cluster.
 
-Beside the wall time it prints the CPU time of the plan's processes: this VM runs long two-core
+Beside the wall time it prints the CPU time of the plan's processes and the load average before
+and after (other work on the machine slows a plan down): this VM runs long two-core
 work up to 1.8x slower after sustained load (the same plan took 87 to 100 s of CPU time rested,
 132 to 155 s after a test run), so the CPU time says which machine a wall time was measured on.
 """
@@ -21,6 +24,7 @@ work up to 1.8x slower after sustained load (the same plan took 87 to 100 s of C
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 import warnings
@@ -63,6 +67,7 @@ def main() -> None:
         {k: n for k, n in zip(("replicate", "fsdp", "tp"), layout, strict=True)}
         for layout in space.layouts[: args.layouts]
     ]
+    load = os.getloadavg()[0]
     start, cpu = time.perf_counter(), _cpu_seconds()
     p = mw.plan(
         llama_70b(args.layers),
@@ -82,7 +87,8 @@ def main() -> None:
     total = len(space.candidates())
     print(
         f"\n{len(rows)} candidates ({ruled} by the per-layer rule, {p.traces} traces) in "
-        f"{seconds:.1f} s: {per:.1f} s per candidate; {cpu:.0f} s of CPU time (its processes)"
+        f"{seconds:.1f} s: {per:.1f} s per candidate; {cpu:.0f} s of CPU time (its processes); "
+        f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores"
     )
     whole = per * total
     kind = "measured" if len(rows) == total else "projected"

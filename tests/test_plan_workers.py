@@ -1,21 +1,29 @@
-"""``mw.plan(workers=N)``: candidates traced in child processes beside this one give the numbers
-one process gives; a child killed mid-plan hands its candidate back; Ctrl-C or a finished plan
-leaves no process behind; the option is checked."""
+"""``mw.plan(workers=N)`` and ``mw.plan(executor=...)``: candidates traced in the children of a
+local ``ProcessPoolExecutor`` beside this process, or on an executor given, give the numbers one
+process gives; a child killed mid-plan hands its candidates back; Ctrl-C or a finished plan
+leaves no process and no future behind; the options are checked."""
 
 from __future__ import annotations
 
+import functools
 import gc
+import operator
 import os
 import signal
+import threading
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from parallel_truth import no_process_group_left  # noqa: F401  (an autouse fixture)
 from torch.distributed.tensor._ops import utils as strategy_utils
 
 import meta_widget as mw
 from meta_widget.distributed import decisions
 from meta_widget.explore import plan as plan_module
+from meta_widget.explore import plan_trace
 from meta_widget.explore import workers as workers_module
+from meta_widget.explore.candidates import Space
 from meta_widget.explore.depth import depth_of
 from meta_widget.timing.gpus import resolve_gpu
 
@@ -48,19 +56,21 @@ def llama() -> Any:
 
 
 def children() -> list[int]:
-    """This process's children that are plan workers."""
+    """This process's children, but for the standard library's resource tracker (one per
+    Python program, started by the first spawned pool's queues; it ends with the program)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 command = f.read()
         except (OSError, ValueError, IndexError):
             continue
-        if parent == os.getpid() and b"meta_widget.explore.workers" in command:
+        zombie = fields[0] == "Z"  # ended but not reaped: still left behind
+        if int(fields[1]) == os.getpid() and (zombie or b"resource_tracker" not in command):
             found.append(int(name))
     return found
 
@@ -69,13 +79,13 @@ def children() -> list[int]:
 def remote(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     """The keys of the candidates a child traced, in the order their numbers arrived."""
     keys: list[tuple[Any, ...]] = []
-    take = plan_module._take
+    take = plan_module.take
 
-    def watched(c: plan_module.Candidate, numbers: dict[str, Any], run: Any) -> None:
+    def watched(c: plan_module.Candidate, numbers: dict[str, Any], *rest: Any) -> None:
         keys.append(c.key)
-        take(c, numbers, run)
+        take(c, numbers, *rest)
 
-    monkeypatch.setattr(plan_module, "_take", watched)
+    monkeypatch.setattr(plan_module, "take", watched)
     return keys
 
 
@@ -86,10 +96,10 @@ def alone() -> mw.Plan:
 
 
 def same_plan(a: mw.Plan, b: mw.Plan) -> None:
-    assert b.traces - a.traces in (0, 1)  # the child may meet the refused layout once too
+    assert b.traces - a.traces in (0, 1, 2)  # a worker meets the refused layout once a run
     assert [c.key for c in a.candidates] == [c.key for c in b.candidates]
     for x, y in zip(a.candidates, b.candidates, strict=True):
-        for name in plan_module._NUMBERS:
+        for name in plan_trace._NUMBERS:
             assert getattr(x, name) == getattr(y, name), (x.key, name)
         assert x.openable == y.openable, x.key
 
@@ -171,33 +181,76 @@ def test_workers_need_a_config_and_no_input_data() -> None:
         )
 
 
-def test_a_child_traces_a_refused_layout_once() -> None:
-    """A child refuses a layout's other candidates without tracing them, as this process does
-    (a child that drew all four of the refused layout's candidates ran four traces: 28 for 25)."""
-    job = dict(
-        run=plan_module.trace_in_child,
-        model=llama(),
-        input_size=SIZE,
-        input_data=None,
-        mode="training",
-        gpu=resolve_gpu("H100"),
-        options={},
-        layers=depth_of(llama()),
-        budget=3 * 2**20,
+def test_a_worker_traces_a_refused_layout_once_a_run() -> None:
+    """A worker refuses the rest of a layout's run without tracing it, as this process does
+    (a worker that traced each of the refused layout's candidates ran four traces for one)."""
+    job = plan_trace.Job(
+        llama(), SIZE, None, "training", resolve_gpu("H100"), {}, depth_of(llama()), 3 * 2**20
     )
-    first = plan_module.trace_in_child(job, (1, 1, 4, False, "as given", 1))
-    again = plan_module.trace_in_child(job, (1, 1, 4, True, "param_dtype bf16", 1))
+    keys = [(1, 1, 4, False, "as given", 1), (1, 1, 4, True, "param_dtype bf16", 1)]
+    first, again = plan_trace.trace_run(job, keys)
     assert first["runs"] == 1 and again["runs"] == 0
     assert first["error"] == again["error"] and "LayoutError" in str(again["error"])
 
 
-def test_each_process_takes_a_run_of_consecutive_candidates() -> None:
-    """A process takes the candidates of its own run in order (a layout's are consecutive: it
-    warms each up once), then the last of the longest run left; every one is taken once, and
-    one handed back is this process's next."""
-    todo = workers_module._Todo(10, 2)
-    assert [todo.take(1) for _ in range(3)] == [5, 6, 7]
-    assert [todo.take(0) for _ in range(5)] == [0, 1, 2, 3, 4]
-    todo.give_back(7)
-    assert [todo.take(0) for _ in range(3)] == [7, 9, 8]
-    assert todo.take(1) is None and todo.take(0) is None and not todo.left()
+def test_runs_are_consecutive_candidates_of_one_layout() -> None:
+    """A worker takes a run whole: consecutive candidates of one layout (it warms the layout up
+    once), at most the size asked; every candidate in one run, in order."""
+    todo = Space.checked(
+        4, "training", resolve_gpu("H100"), SPACE["layouts"], None, SPACE["precisions"], [1]
+    ).candidates()
+    runs = plan_module._runs(todo, 3)
+    assert [len(r) for r in runs] == [3, 1, 3, 1, 3, 1]
+    assert [k for r in runs for k in r] == [c.key for c in todo]
+    assert all(len({k[:3] for k in r}) == 1 for r in runs)
+
+
+def test_a_run_whose_future_raised_is_traced_here() -> None:
+    """A run the pool's child raised on (here a TypeError: truediv of a string) comes back and
+    is traced here, item by item; nothing is dropped (a dropped item waits forever: the wait
+    is bounded, and a hang fails the test instead)."""
+    done: dict[int, Any] = {}
+
+    def on_done(item: int, result: Any, remote: bool) -> None:
+        assert not remote  # nothing a child raised on comes back as its result
+        done[item] = result
+
+    def work() -> None:
+        with workers_module.local_pool(1) as pool:
+            task = functools.partial(operator.truediv, "not a number")
+            runs = [list(range(k, k + 5)) for k in range(0, 60, 5)]
+            workers_module.share(runs, lambda i: i * 10, task, pool, on_done, helping=False)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(timeout=300)
+    assert not thread.is_alive(), f"share never returned; items done: {sorted(done)}"
+    assert done == {i: i * 10 for i in range(60)}
+    assert children() == []
+
+
+def test_an_executor_given_gives_the_same_plan_and_stays_open(
+    alone: mw.Plan, remote: list[tuple[Any, ...]]
+) -> None:
+    """A ``ProcessPoolExecutor`` of the caller's: every candidate traced there, the plan of one
+    process, and the executor still the caller's to use (plan does not shut it down)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=context) as executor:
+        p = mw.plan(llama(), SIZE, executor=executor, **SPACE)
+        assert executor.submit(operator.add, 1, 2).result() == 3
+    assert len(remote) == len(p.candidates)  # all of them traced on the executor
+    same_plan(alone, p)
+    assert children() == []
+
+
+def test_executor_is_checked() -> None:
+    with pytest.raises(mw.OptionError, match="not both"):
+        mw.plan(llama(), SIZE, workers=2, executor=ThreadPoolExecutor(1), **SPACE)
+    with pytest.raises(mw.OptionTypeError, match=r"concurrent\.futures\.Executor"):
+        mw.plan(llama(), SIZE, executor=object(), **SPACE)
+    import torch
+
+    with pytest.raises(mw.OptionError, match="executor= cannot be used: model is not"):
+        mw.plan(torch.nn.Linear(4, 4), (2, 4), executor=ThreadPoolExecutor(1), gpu="H100")

@@ -28,33 +28,28 @@ for inputs that are not tokens; the shortest step when neither is known).
 
 from __future__ import annotations
 
-import gc
+import difflib
+import math
 import pickle
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, overload
 
 import pandas as pd
 
-from ..analysis import Analysis, analyze
-from ..distributed.decisions import keeping_decisions
-from ..distributed.parallel import ParallelError
-from ..options import LayoutError, OptionError, OptionTypeError, check_budget
+from ..options import OptionError, OptionTypeError, check_budget
 from ..sources.models import is_transformers_config
 from ..timing.gpus import GPU, resolve_gpu
-from ..trace.explain import GENERIC_TITLE, Explanation
 from ..units import format_bytes
-from .candidates import (
-    _NUMBERS,
-    COLUMNS,
-    Candidate,
-    Space,
-)
-from .depth import DEPTHS, Sample, depth_of, extend, sample, with_layers
+from .candidates import COLUMNS, Candidate, Space
+from .depth import depth_of
 from .fit import NothingFitsError
+from .plan_front import check_tokens, front, gpu_hours, speed
+from .plan_trace import Counts, Job, planning, take, trace_candidate, trace_run
 from .sweeps import ProgressFn, check_analyze_options, progress_function
-from .workers import cores, default_workers, share
+from .workers import cores, default_workers, local_pool, share
 
 __all__ = ["Candidate", "Plan", "plan"]
 
@@ -86,6 +81,14 @@ class Plan:
         How many times ``analyze`` ran (each depth of the per-layer rule counted).
     title
         The model's class name (``Analysis.title``).
+    tokens
+        The tokens the ``gpu_hours`` column prices (``for_tokens``, ``pareto(tokens=)``);
+        None: not priced.
+
+    A plan sorts and filters like a DataFrame, each answer a ``Plan`` of the same GPU, budget
+    and devices: ``p.sort("step_s")``, ``p.query("fits and tp == 1")`` (pandas' ``query``
+    over ``to_dataframe()``'s columns), ``p[p.fits]`` (a mask per candidate), ``p[:5]``;
+    ``p[0]`` is a ``Candidate``. ``p.pareto()`` keeps the Pareto front of the fitting rows.
     """
 
     candidates: list[Candidate]
@@ -95,6 +98,68 @@ class Plan:
     mode: str
     traces: int = 0
     title: str = "model"
+    tokens: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    @overload
+    def __getitem__(self, rows: int) -> Candidate: ...
+    @overload
+    def __getitem__(self, rows: slice | Sequence[bool] | pd.Series) -> Plan: ...
+    def __getitem__(self, rows: Any) -> Candidate | Plan:
+        """``p[i]``: a candidate; ``p[a:b]``, or ``p[mask]`` with a bool per candidate (a list,
+        or a Series such as ``p.to_dataframe()["fits"]``): a ``Plan`` of those rows."""
+        if isinstance(rows, int) and not isinstance(rows, bool):
+            return self.candidates[rows]
+        if isinstance(rows, slice):
+            return self._with(self.candidates[rows])
+        mask = list(rows)
+        if len(mask) != len(self.candidates) or not all(isinstance(m, bool) for m in mask):
+            raise OptionTypeError(
+                f"plan[...]: give an index, a slice or one bool per candidate "
+                f"({len(self.candidates)}), e.g. p[p.fits]; not {type(rows).__name__} of "
+                f"{len(mask)}."
+            )
+        return self._with([c for c, keep in zip(self.candidates, mask, strict=True) if keep])
+
+    @property
+    def fits(self) -> list[bool]:
+        """Per candidate, whether it fits the budget (a mask: ``p[p.fits]``)."""
+        return [c.fits for c in self.candidates]
+
+    def sort(self, by: str | list[str], *, descending: bool = False) -> Plan:
+        """The candidates ordered by a column (or columns) of ``to_dataframe()``, stable, rows
+        with no value last: ``p.sort("step_s")``, ``p.sort("tokens_per_s", descending=True)``."""
+        table = self.to_dataframe()
+        names = [by] if isinstance(by, str) else list(by)
+        _columns(names, table)
+        order = table.sort_values(
+            names, ascending=not descending, na_position="last", kind="stable"
+        ).index
+        return self._with([self.candidates[i] for i in order])
+
+    def query(self, expression: str) -> Plan:
+        """The candidates whose row of ``to_dataframe()`` meets ``expression``
+        (``pandas.DataFrame.query``): ``p.query("fits and mfu > 0.4")``."""
+        kept = self.to_dataframe().query(expression).index
+        return self._with([self.candidates[i] for i in kept])
+
+    def for_tokens(self, tokens: float) -> Plan:
+        """The same rows, ``gpu_hours`` priced for ``tokens`` tokens."""
+        return replace(self, candidates=list(self.candidates), tokens=check_tokens(tokens))
+
+    def pareto(self, tokens: float | None = None) -> Plan:
+        """The Pareto front of the fitting candidates, fastest first: those no other fitting
+        candidate beats on both speed (``best``'s: tokens per second) and per-GPU memory
+        (``device_bytes``); priced for ``tokens`` when given (``gpu_hours``)."""
+        on = front(self.candidates)
+        rows = sorted((c for c, keep in zip(self.candidates, on, strict=True) if keep), key=speed)
+        p = self._with(rows[::-1])
+        return p if tokens is None else p.for_tokens(tokens)
+
+    def _with(self, candidates: list[Candidate]) -> Plan:
+        return replace(self, candidates=candidates)
 
     @property
     def best(self) -> Candidate:
@@ -111,14 +176,21 @@ class Plan:
         fitting = [c for c in self.candidates if c.fits]
         if not fitting:
             raise _nothing_fits(self)
-        return max(fitting, key=_speed)
+        return max(fitting, key=speed)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per candidate: ``replicate``, ``fsdp``, ``tp``, ``activation_checkpointing``,
         ``precision``, ``micro_batches``, ``peak_bytes``, ``device_bytes`` (what the GPU
         holds, held against the budget), ``fits``, ``step_s``, ``mfu``,
-        ``tokens_per_s``, ``samples_per_s``, ``error``."""
-        return pd.DataFrame([c.row() for c in self.candidates], columns=list(COLUMNS))
+        ``tokens_per_s``, ``samples_per_s``, ``error``, ``traced_layers``; ``pareto`` (on
+        the Pareto front of this plan's fitting rows: ``pareto()``) and ``gpu_hours`` (the
+        GPU-hours of ``tokens`` tokens, None unpriced: ``for_tokens``)."""
+        on = front(self.candidates)
+        rows = [
+            {**c.row(), "pareto": keep, "gpu_hours": gpu_hours(c, self.devices, self.tokens)}
+            for c, keep in zip(self.candidates, on, strict=True)
+        ]
+        return pd.DataFrame(rows, columns=[*COLUMNS, "pareto", "gpu_hours"])
 
     def widget(self) -> Any:
         """The plan view (``meta_widget.explore.plan_view``): step time against peak per
@@ -161,6 +233,7 @@ def plan(
     progress: bool | ProgressFn = False,
     full_depth: bool = False,
     workers: int | None = None,
+    executor: Executor | None = None,
     **analyze_options: Any,
 ) -> Plan:
     """The fastest configuration of ``model`` that fits ``budget`` on ``devices`` GPUs, every
@@ -202,12 +275,19 @@ def plan(
         faster for an 80-layer model; a candidate whose traces break the rule is traced at full
         depth.
     workers
-        Processes that trace candidates at once (this one and ``workers - 1`` children;
+        Processes that trace candidates at once when no ``executor`` is given: this one and
+        ``workers - 1`` children of a local ``ProcessPoolExecutor`` (spawned;
         ``meta_widget.explore.workers``). Default: one per core this process may use (at most
         8) for a transformers config and at least 16 candidates, else 1; a number given is
         capped at the candidates and at the cores this process may use. Children rebuild the
         model from its config, so ``workers > 1`` needs ``model`` to be a transformers config,
         no ``input_data``, and options that pickle.
+    executor
+        Any ``concurrent.futures.Executor`` to trace the candidates on instead, e.g. a
+        ``dask.distributed.Client(...).get_executor()`` for a cluster; it is sent runs of
+        candidate keys with the job (plain data: the config, the options) and answers their
+        numbers. The same needs as ``workers > 1``; the executor stays the caller's (not shut
+        down). The plan is the same, row for row: a run that fails there is traced here.
     **analyze_options
         Other options of ``analyze`` (``optimizer``, ``device``, ``dtypes``...); ``plan`` sets
         ``parallel``, ``autocast`` and ``param_dtype`` itself.
@@ -233,125 +313,101 @@ def plan(
     )
     report = progress_function(progress, "plan")
     todo = space.candidates()
-    refused: dict[tuple[int, int, int], str] = {}  # layouts analyze refused, and why
-    done: list[Candidate] = []
     if not isinstance(full_depth, bool):
         raise OptionTypeError(f"plan: full_depth must be True or False, not {full_depth!r}.")
     by_name = set(analyze_options) & set(_NAMES_MODULES)  # options that name the full model's
     layers = None if full_depth or by_name else depth_of(model)
-    job = {
-        "run": trace_in_child,
-        "model": model,
-        "input_size": input_size,
-        "input_data": input_data,
-        "mode": mode,
-        "gpu": accelerator,
-        "options": analyze_options,
-        "layers": layers,
-        "budget": limit,
-        "session": planning,  # what each process runs its candidates in
-    }
-    counts: dict[str, Any] = {"runs": 0, "title": "model"}
-
-    def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
-        return _analyze(job, counts, options, depth)
-
-    def here(key: tuple[Any, ...]) -> Candidate:
-        c = by_key[key]
-        _trace(c, refused, limit, run, layers, accelerator)
-        return c
-
-    def on_done(i: int, result: Any, remote: bool) -> None:
-        c = todo[i]
-        if remote:
-            counts["runs"] += result.pop("runs")
-            counts["title"] = result.pop("title") or counts["title"]
-            _take(c, result, run)
-        done.append(c)
-        if report is not None:
-            report(len(done), len(todo), _label(c))
-
-    count = _workers(workers, len(todo), job, model, input_data)
-    if report is not None:
-        report(0, len(todo), f"{count} processes" if count > 1 else _label(todo[0]))
+    job = Job(model, input_size, input_data, mode, accelerator, analyze_options, layers, limit)
+    count = _processes(workers, executor, len(todo), job)
+    counts = Counts()
+    refused: dict[tuple[int, int, int], str] = {}  # layouts analyze refused here, and why
     by_key = {c.key: c for c in todo}
-    with job["session"]():
-        share(list(by_key), here, job, count, on_done)
+    finished = 0
+
+    def here(key: tuple[Any, ...]) -> None:
+        trace_candidate(by_key[key], job, counts, refused)
+
+    def on_done(key: tuple[Any, ...], result: Any, remote: bool) -> None:
+        nonlocal finished
+        c = by_key[key]
+        if remote:
+            counts.runs += result["runs"]
+            counts.title = result["title"] or counts.title
+            take(c, result, job, counts)
+        finished += 1
+        if report is not None:
+            report(finished, len(todo), _label(c))
+
     if report is not None:
-        report(len(todo), len(todo), f"{counts['runs']} traced")
-    return Plan(list(todo), limit, accelerator, devices, mode, counts["runs"], counts["title"])
+        where = "the executor" if executor is not None else f"{count} processes"
+        report(0, len(todo), where if executor is not None or count > 1 else _label(todo[0]))
+    task = partial(trace_run, job)
+    with planning():
+        if executor is not None:
+            runs = _runs(todo, math.ceil(len(todo) / (2 * _width(executor))))
+            share(runs, here, task, executor, on_done, helping=False)
+        elif count > 1:  # this process and count - 1 children
+            with local_pool(count - 1) as pool:
+                runs = _runs(todo, math.ceil(len(todo) / (2 * count)))
+                share(runs, here, task, pool, on_done, window=2 * (count - 1))
+        else:
+            share([list(by_key)], here, task, None, on_done)
+    if report is not None:
+        report(len(todo), len(todo), f"{counts.runs} traced")
+    title = counts.title or "model"
+    return Plan(list(todo), limit, accelerator, devices, mode, counts.runs, title)
 
 
-@contextmanager
-def planning() -> Iterator[None]:
-    """What each process of a plan runs its candidates in (a child: its whole life).
+def _runs(candidates: list[Candidate], size: int) -> list[list[tuple[Any, ...]]]:
+    """The keys of ``candidates`` cut into runs of consecutive ones of one layout, at most
+    ``size`` each: a worker takes a run whole and warms its layout up once."""
+    runs: list[list[tuple[Any, ...]]] = []
+    for c in candidates:
+        if runs and len(runs[-1]) < max(1, size) and by_layout(runs[-1][-1]) == c.layout:
+            runs[-1].append(c.key)
+        else:
+            runs.append([c.key])
+    return runs
 
-    The candidates' worlds keep DTensor's sharding decisions (``keeping_decisions``), and the
-    heap the process held before is left out of the cyclic collector's scans (``gc.freeze``;
-    unless the program froze its own): it collects after each trace, and its full collections
-    went through all of torch and transformers each time (6 % of a plan's time went to the
-    collector, 3 % with the heap frozen). Nothing is kept from being freed: reference counting
-    frees as before, and what the collector would have freed of the frozen heap is freed after.
-    """
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
+
+def by_layout(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The layout of a candidate's key (``Candidate.key``)."""
+    return key[:3]
+
+
+def _width(executor: Executor) -> int:
+    """How many tasks ``executor`` runs at once, as far as it says (a pool's ``_max_workers``,
+    a Dask client's threads); else the cores here."""
+    known = getattr(executor, "_max_workers", None)
+    if isinstance(known, int) and known > 0:
+        return known
+    client = getattr(executor, "_client", None)  # dask.distributed's ClientExecutor
     try:
-        with keeping_decisions():
-            yield
-    finally:
-        if freeze:
-            gc.unfreeze()
+        threads = sum(client.nthreads().values()) if client is not None else 0
+    except Exception:  # a client that cannot say: the default below
+        threads = 0
+    return threads if threads > 0 else cores()
 
 
-def trace_in_child(job: dict[str, Any], key: tuple[Any, ...]) -> dict[str, Any]:
-    """A child of ``plan(workers=N)`` traces the candidate ``key`` (``Candidate.key``) of
-    ``job`` (``plan``'s model, input size, mode, GPU, options, layers and budget): its numbers,
-    the traces it ran and the model's title."""
-    counts: dict[str, Any] = {"runs": 0, "title": ""}
-
-    def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
-        return _analyze(job, counts, options, depth)
-
-    replicate, fsdp, tp, checkpointing, precision, micro = key
-    c = Candidate(fsdp, tp, checkpointing, precision, micro, replicate=replicate)
-    _trace(c, job.setdefault("refused", {}), job["budget"], run, job["layers"], job["gpu"])
-    return {**{name: getattr(c, name) for name in _NUMBERS}, "openable": c.openable, **counts}
-
-
-def _analyze(
-    job: dict[str, Any], counts: dict[str, Any], options: dict[str, Any], depth: int | None
-) -> Analysis:
-    """``analyze`` of ``job``'s model (at ``depth`` decoder layers, or whole) with a
-    candidate's ``options``, counted in ``counts``."""
-    model = job["model"]
-    counts["runs"] += 1  # a refused layout is a run too
-    a = analyze(
-        model if depth is None else with_layers(model, depth),
-        job["input_size"],
-        input_data=job["input_data"],
-        mode=job["mode"],
-        gpu=job["gpu"],
-        **options,
-        **job["options"],
-    )
-    counts["title"] = a.title
-    return a
-
-
-def _take(c: Candidate, numbers: dict[str, Any], run: Callable[..., Analysis]) -> None:
-    """Fill in ``c`` with the numbers a child traced; its analysis is traced here when asked
-    for (never for a refused layout: there is nothing to open)."""
-    for name in _NUMBERS:
-        setattr(c, name, numbers[name])
-    if numbers["openable"]:
-        options = c.options()
-        c._trace_full = lambda: run(options)
-
-
-def _workers(given: Any, candidates: int, job: dict[str, Any], model: Any, data: Any) -> int:
-    """The processes to use: ``given``, checked, or the default (``default_workers``) where
-    children can rebuild the job (a transformers config, no input data, options that pickle)."""
+def _processes(given: Any, executor: Any, candidates: int, job: Job) -> int:
+    """The processes to use, this one included (0 with an executor): ``workers`` checked, or
+    the default (``default_workers``) where other processes can rebuild the job (a
+    transformers config, no input data, options that pickle)."""
+    if executor is not None:
+        if given is not None:
+            raise OptionError(
+                f"plan: give workers= or executor=, not both (workers={given} sizes the local "
+                "pool plan makes when no executor is given)."
+            )
+        if not isinstance(executor, Executor):
+            raise OptionTypeError(
+                f"plan: executor must be a concurrent.futures.Executor (a ProcessPoolExecutor, "
+                f"a dask.distributed Client's get_executor()), not {type(executor).__name__}."
+            )
+        why = _cannot_travel(job)
+        if why is not None:
+            raise OptionError(f"plan: executor= cannot be used: {why}; leave executor out.")
+        return 0
     if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
         raise OptionTypeError(f"plan: workers must be a whole number >= 1, not {given!r}.")
     # never more processes than candidates, nor than cores: a process per core at most
@@ -360,16 +416,7 @@ def _workers(given: Any, candidates: int, job: dict[str, Any], model: Any, data:
     )
     if count <= 1:
         return 1
-    why = None
-    if not is_transformers_config(model):
-        why = "model is not a transformers config (children rebuild the model from its config)"
-    elif data is not None:
-        why = "input_data is given (children are never sent tensors)"
-    else:
-        try:
-            pickle.dumps(job)
-        except Exception as e:
-            why = f"the model or options do not pickle ({type(e).__name__}: {e})"
+    why = _cannot_travel(job)
     if why is None:
         return count
     if given is None:
@@ -377,97 +424,28 @@ def _workers(given: Any, candidates: int, job: dict[str, Any], model: Any, data:
     raise OptionError(f"plan: workers={given} cannot be used: {why}; pass workers=1.")
 
 
-def _trace(
-    c: Candidate,
-    refused: dict[tuple[int, int, int], str],
-    budget: int,
-    run: Callable[..., Analysis],
-    layers: int | None,
-    gpu: GPU,
-) -> None:
-    """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given, the traces
-    follow it and the least the candidate holds on the GPU is over ``budget`` (it cannot fit),
-    else from a full-depth trace (whose caching allocator's reserve decides whether it fits);
-    or record why its layout was refused (a layout ``refused`` already is not traced again, in
-    this process or in a child)."""
-    if c.layout in refused:
-        c.error = refused[c.layout]
-        return
+def _cannot_travel(job: Job) -> str | None:
+    """Why ``job`` cannot be traced in other processes (None when it can)."""
+    if not is_transformers_config(job.model):
+        return "model is not a transformers config (workers rebuild the model from its config)"
+    if job.input_data is not None:
+        return "input_data is given (workers are never sent tensors)"
     try:
-        if layers is not None and _by_rule(c, run, layers, gpu):
-            if c.error is not None or (c.device_bytes or 0) > budget:
-                return  # failed, or cannot fit: its least bytes on the GPU are over the budget
-            # it may fit: the caching allocator's reserve decides, replayed at full depth
-            c.traced_layers, c._trace_full = (), None
-        c._analysis = run(c.options())
-    except (OptionError, ParallelError) as e:
-        if not _is_layout(e):
-            raise
-        refused[c.layout] = c.error = f"{type(e).__name__}: {e}"
-        return
-    a = c._analysis
-    if a.error is not None:
-        c.error = failure_reason(a.error)
-        return
-    c.peak_bytes, c.device_bytes = int(a.peak_bytes), int(a.footprint_bytes)
-    c.fits = c.device_bytes <= budget
-    if a.time is not None:
-        _set_time(c, a.time)
+        pickle.dumps(job)
+    except Exception as e:
+        return f"the model or options do not pickle ({type(e).__name__}: {e})"
+    return None
 
 
-def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) -> bool:
-    """Fill in ``c``'s numbers from its traces at ``DEPTHS`` layers and the per-layer rule;
-    False when a trace failed or the traces do not follow the rule (then a full-depth trace
-    says what happened)."""
-    samples: list[Sample] = []
-    options = c.options()
-    for d in DEPTHS:
-        a = run(options, d)
-        if a.error is not None:  # the full depth fails the same way: not traced for nothing
-            c.error, c.traced_layers = failure_reason(a.error), (d,)
-            c._trace_full = lambda: run(options)
-            return True
-        if a.time is None:
-            return False
-        samples.append(sample(a, d))
-    full = extend(samples, layers, gpu, c.replicate * c.fsdp)
-    if full is None:
-        return False
-    c.peak_bytes, c.device_bytes = full.peak_bytes, full.least_device_bytes
-    c.traced_layers = DEPTHS
-    c._trace_full = lambda: run(options)
-    _set_time(c, full.time)
-    return True
-
-
-def failure_reason(error: Explanation) -> str:
-    """Why a candidate's trace failed, in words: the explanation's title and fix when the
-    error is one the explanations know (tensor parallelism alone: "A multi-tensor optimizer
-    step over DTensors and plain tensors. Pass foreach=False ..."), else the error's type and
-    first line. The whole error stays in the candidate's ``analysis.error``."""
-    if error.title != GENERIC_TITLE:
-        return f"{error.title}. {error.fix}"
-    first = error.message.strip().splitlines()[0] if error.message.strip() else ""
-    return f"{error.type}: {first}" if error.type else first
-
-
-def _set_time(c: Candidate, time: Any) -> None:
-    c.step_s, c.mfu = float(time.step_s), float(time.mfu)
-    c.tokens_per_s, c.samples_per_s = time.tokens_per_s, time.samples_per_s
-
-
-def _is_layout(error: Exception) -> bool:
-    """Whether ``analyze`` refused the parallel layout (not another option)."""
-    return isinstance(error, (ParallelError, LayoutError))
-
-
-def _speed(c: Candidate) -> tuple[int, float]:
-    """Larger is faster: tokens per second, else samples per second, else minus the step."""
-    if c.tokens_per_s is not None:
-        return (2, c.tokens_per_s)
-    if c.samples_per_s is not None:
-        return (1, c.samples_per_s)
-    return (0, -(c.step_s if c.step_s is not None else float("inf")))
+def _columns(names: list[str], table: pd.DataFrame) -> None:
+    unknown = [n for n in names if n not in table.columns]
+    if unknown:
+        close = [m for u in unknown for m in difflib.get_close_matches(u, table.columns, n=1)]
+        hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+        raise OptionError(
+            f"Plan.sort: {', '.join(map(repr, unknown))} is no column of to_dataframe(); "
+            f"{hint}columns: {', '.join(table.columns)}."
+        )
 
 
 def _check(devices: Any, mode: Any, options: dict[str, Any]) -> None:

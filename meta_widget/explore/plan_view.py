@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..choices import ExploreKind
 from .fit import NothingFitsError
+from .plan_front import front, gpu_hours
 from .view import ExploreView, explore_view
 
 if TYPE_CHECKING:  # plan.py imports this module when a plan is shown
@@ -36,7 +37,10 @@ def plan_payload(plan: Plan) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``{"title", "gpu", "devices", "mode", "budget", "best", "candidates": [...]}``.
+        ``{"title", "gpu", "devices", "mode", "budget", "best", "tokens", "candidates": [...]}``;
+        each candidate's ``pareto`` (on the Pareto front of the fitting ones: ``Plan.pareto``)
+        and ``gpuHours`` (``to_dataframe()``'s ``gpu_hours``: None unless the plan is priced,
+        ``Plan.for_tokens``).
     """
     try:
         best: int | None = plan.candidates.index(plan.best)
@@ -49,12 +53,16 @@ def plan_payload(plan: Plan) -> dict[str, Any]:
         "mode": plan.mode,
         "budget": plan.budget,
         "best": best,
-        "candidates": [_candidate(i, c) for i, c in enumerate(plan.candidates)],
+        "tokens": plan.tokens,
+        "candidates": [
+            {**_candidate(i, c), "pareto": on, "gpuHours": gpu_hours(c, plan.devices, plan.tokens)}
+            for i, (c, on) in enumerate(zip(plan.candidates, front(plan.candidates), strict=True))
+        ],
     }
 
 
 def _candidate(index: int, c: Candidate) -> dict[str, Any]:
-    """One candidate of the payload."""
+    """One candidate of the payload (``pareto`` and ``gpuHours`` added by the plan's)."""
     return {
         "index": index,
         "replicate": c.replicate,

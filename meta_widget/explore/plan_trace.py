@@ -1,0 +1,225 @@
+"""How one candidate of ``plan`` is traced, in this process or in a worker of an executor.
+
+:class:`Job` is what every process of a plan needs to trace a candidate: plain data that
+pickles (the model's transformers config, the input size, the options, the GPU, the budget).
+:func:`trace_run` is the task an executor runs: a run of candidate keys traced in a worker,
+their numbers sent back (never an analysis). :func:`trace_candidate` fills in a candidate here.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis import Analysis, analyze
+from ..distributed.decisions import keeping_decisions
+from ..distributed.parallel import ParallelError
+from ..options import LayoutError, OptionError
+from ..timing.gpus import GPU
+from ..trace.explain import GENERIC_TITLE, Explanation
+from .candidates import _NUMBERS, Candidate
+from .depth import DEPTHS, Sample, extend, sample, with_layers
+
+__all__ = ["Job", "planning", "trace_run"]
+
+#: one trace at a time in a process: a trace makes a process-wide fake process group and
+#: installs process-wide hooks, so the threads of one worker (a Dask worker's, a thread pool's)
+#: take turns
+_ONE_AT_A_TIME = threading.RLock()
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a process needs to trace any candidate of a plan: ``analyze``'s model (a
+    transformers config where it travels to other processes), input size or data, mode, GPU
+    and other options; the decoder layers of the per-layer rule (None: full depth) and the
+    budget per device, in bytes."""
+
+    model: Any
+    input_size: Any
+    input_data: Any
+    mode: str
+    gpu: GPU
+    options: dict[str, Any] = field(default_factory=dict)
+    layers: int | None = None
+    budget: int = 0
+
+
+class Counts:
+    """The traces a process ran for a plan, and the model's title (``Analysis.title``)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.title = ""
+
+
+@contextmanager
+def planning() -> Iterator[None]:
+    """What a process of a plan runs its candidates in (this one: the whole plan; a worker:
+    each run).
+
+    The candidates' worlds keep DTensor's sharding decisions (``keeping_decisions``), and the
+    heap the process held before is left out of the cyclic collector's scans (``gc.freeze``;
+    unless the program froze its own): it collects after each trace, and its full collections
+    went through all of torch and transformers each time (6 % of a plan's time went to the
+    collector, 3 % with the heap frozen). Nothing is kept from being freed: reference counting
+    frees as before, and what the collector would have freed of the frozen heap is freed after.
+    """
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        with keeping_decisions():
+            yield
+    finally:
+        if freeze:
+            gc.unfreeze()
+
+
+def trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """The task of an executor's worker: trace the candidates ``keys`` (``Candidate.key``,
+    consecutive ones of a layout) of ``job``, one at a time in this process, and answer their
+    numbers (``_NUMBERS`` and ``openable``), each with the traces it ran and the model's title.
+    A layout ``analyze`` refuses is traced once per run."""
+    refused: dict[tuple[int, int, int], str] = {}
+    answers = []
+    with _ONE_AT_A_TIME, planning():
+        for key in keys:
+            counts = Counts()
+            replicate, fsdp, tp, checkpointing, precision, micro = key
+            c = Candidate(fsdp, tp, checkpointing, precision, micro, replicate=replicate)
+            trace_candidate(c, job, counts, refused)
+            numbers = {name: getattr(c, name) for name in _NUMBERS}
+            answers.append(
+                {**numbers, "openable": c.openable, "runs": counts.runs, "title": counts.title}
+            )
+    return answers
+
+
+def trace_candidate(
+    c: Candidate, job: Job, counts: Counts, refused: dict[tuple[int, int, int], str]
+) -> None:
+    """Fill in ``c`` by tracing it here (one trace of this process at a time)."""
+
+    def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
+        return run_analyze(job, counts, options, depth)
+
+    with _ONE_AT_A_TIME:
+        _trace(c, refused, job.budget, run, job.layers, job.gpu)
+
+
+def run_analyze(
+    job: Job, counts: Counts, options: dict[str, Any], depth: int | None = None
+) -> Analysis:
+    """``analyze`` of ``job``'s model (at ``depth`` decoder layers, or whole) with a
+    candidate's ``options``, counted in ``counts``."""
+    counts.runs += 1  # a refused layout is a run too
+    a = analyze(
+        job.model if depth is None else with_layers(job.model, depth),
+        job.input_size,
+        input_data=job.input_data,
+        mode=job.mode,
+        gpu=job.gpu,
+        **options,
+        **job.options,
+    )
+    counts.title = a.title
+    return a
+
+
+def take(c: Candidate, numbers: dict[str, Any], job: Job, counts: Counts) -> None:
+    """Fill in ``c`` with the numbers a worker traced; its analysis is traced here when asked
+    for (never for a refused layout: there is nothing to open)."""
+    for name in _NUMBERS:
+        setattr(c, name, numbers[name])
+    if numbers["openable"]:
+        options = c.options()
+        c._trace_full = lambda: run_analyze(job, counts, options)
+
+
+def _trace(
+    c: Candidate,
+    refused: dict[tuple[int, int, int], str],
+    budget: int,
+    run: Callable[..., Analysis],
+    layers: int | None,
+    gpu: GPU,
+) -> None:
+    """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given, the traces
+    follow it and the least the candidate holds on the GPU is over ``budget`` (it cannot fit),
+    else from a full-depth trace (whose caching allocator's reserve decides whether it fits);
+    or record why its layout was refused (a layout ``refused`` already is not traced again, in
+    this process or in a worker)."""
+    if c.layout in refused:
+        c.error = refused[c.layout]
+        return
+    try:
+        if layers is not None and _by_rule(c, run, layers, gpu):
+            if c.error is not None or (c.device_bytes or 0) > budget:
+                return  # failed, or cannot fit: its least bytes on the GPU are over the budget
+            # it may fit: the caching allocator's reserve decides, replayed at full depth
+            c.traced_layers, c._trace_full = (), None
+        c._analysis = run(c.options())
+    except (OptionError, ParallelError) as e:
+        if not _is_layout(e):
+            raise
+        refused[c.layout] = c.error = f"{type(e).__name__}: {e}"
+        return
+    a = c._analysis
+    if a.error is not None:
+        c.error = failure_reason(a.error)
+        return
+    c.peak_bytes, c.device_bytes = int(a.peak_bytes), int(a.footprint_bytes)
+    c.fits = c.device_bytes <= budget
+    if a.time is not None:
+        _set_time(c, a.time)
+
+
+def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) -> bool:
+    """Fill in ``c``'s numbers from its traces at ``DEPTHS`` layers and the per-layer rule;
+    False when a trace failed or the traces do not follow the rule (then a full-depth trace
+    says what happened)."""
+    samples: list[Sample] = []
+    options = c.options()
+    for d in DEPTHS:
+        a = run(options, d)
+        if a.error is not None:  # the full depth fails the same way: not traced for nothing
+            c.error, c.traced_layers = failure_reason(a.error), (d,)
+            c._trace_full = lambda: run(options)
+            return True
+        if a.time is None:
+            return False
+        samples.append(sample(a, d))
+    full = extend(samples, layers, gpu, c.replicate * c.fsdp)
+    if full is None:
+        return False
+    c.peak_bytes, c.device_bytes = full.peak_bytes, full.least_device_bytes
+    c.traced_layers = DEPTHS
+    c._trace_full = lambda: run(options)
+    _set_time(c, full.time)
+    return True
+
+
+def failure_reason(error: Explanation) -> str:
+    """Why a candidate's trace failed, in words: the explanation's title and fix when the
+    error is one the explanations know (tensor parallelism alone: "A multi-tensor optimizer
+    step over DTensors and plain tensors. Pass foreach=False ..."), else the error's type and
+    first line. The whole error stays in the candidate's ``analysis.error``."""
+    if error.title != GENERIC_TITLE:
+        return f"{error.title}. {error.fix}"
+    first = error.message.strip().splitlines()[0] if error.message.strip() else ""
+    return f"{error.type}: {first}" if error.type else first
+
+
+def _set_time(c: Candidate, time: Any) -> None:
+    c.step_s, c.mfu = float(time.step_s), float(time.mfu)
+    c.tokens_per_s, c.samples_per_s = time.tokens_per_s, time.samples_per_s
+
+
+def _is_layout(error: Exception) -> bool:
+    """Whether ``analyze`` refused the parallel layout (not another option)."""
+    return isinstance(error, (ParallelError, LayoutError))
