@@ -13,6 +13,7 @@ import pytest
 import meta_widget as mw
 from meta_widget.explore import depth as depth_rule
 from meta_widget.explore import plan as plan_module
+from meta_widget.explore import plan_trace
 
 transformers = pytest.importorskip("transformers")
 
@@ -91,7 +92,7 @@ def test_traces_that_break_the_rule_are_traced_at_full_depth(monkeypatch: Any) -
     """Under FSDP the 1-layer trace is no 2-layer trace less a layer (the one layer is both the
     first and the last): with depths 1, 2, 3 the check on the third fails, and the candidate
     is traced at full depth."""
-    monkeypatch.setattr(plan_module, "DEPTHS", (1, 2, 3))
+    monkeypatch.setattr(plan_trace, "DEPTHS", (1, 2, 3))
     p = mw.plan(llama(), SIZE, **FSDP8)
     (c,) = p.candidates
     assert c.traced_layers == () and c._analysis is not None
