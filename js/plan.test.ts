@@ -93,7 +93,7 @@ describe("the plan view", () => {
     g.dispatchEvent(new MouseEvent("mouseenter"));
     const tip = el.querySelector(".mw-plan-tip")!.textContent!;
     expect(tip).toBe(`#${c.index} ${candidateText(c)}`);
-    expect(tip).toMatch(/^#0 fsdp=2 · no checkpointing · as given · 1 micro-batch: 620 MiB on the GPU \(peak 357 KiB\) · step 1.26 ms · MFU 0.0027%$/);
+    expect(tip).toMatch(/^#0 fsdp=2 · no checkpointing · as given · 1 micro-batch: 620 MiB on the GPU \(peak 357 KiB\) · step 1.28 ms · MFU 0.0027%$/);
   });
 
   it("asks the kernel for a clicked candidate's analysis and shows it below when it comes", () => {
