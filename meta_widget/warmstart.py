@@ -1,6 +1,10 @@
 """What the warm-up does (``meta_widget.warm`` runs it): PyTorch's first meta forward and
-backward, on a two-by-two layer, the package modules an analysis and its widget load, and
-transformers' common model module when transformers is installed.
+backward, on a two-by-two layer, and the package modules an analysis and its widget load.
+
+Not transformers' model modules: importing them imports what transformers integrates (torchao,
+when installed), which logs warnings on stderr ("Failed to load …_C_mxfp8…so"); from a
+background thread those land under whatever cell the user runs at that moment, one that may
+have nothing to do with transformers. They are paid where the user's own code asks for them.
 
 It touches nothing global: no module hooks, no dispatch mode, nothing the user's own code in
 the main thread could see. Started by ``%load_ext meta_widget`` and by ``import meta_widget``
@@ -10,7 +14,6 @@ in a Jupyter kernel; ``META_WIDGET_WARMUP=0`` turns it off.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 
 from . import heavy, warm
@@ -30,12 +33,6 @@ def warm_up() -> None:
     layer(x).sum().backward()
     for name in (*MODULES, *(WIDGET_MODULES if warm.in_kernel() else ())):
         importlib.import_module(name, "meta_widget")
-    if importlib.util.find_spec("transformers") is not None:
-        # what every transformers model class imports (modeling_utils, generation, the layer
-        # base: seconds), the first time an analysis builds a config's model
-        transformers = heavy.transformers()
-        for name in ("PreTrainedModel", "GenerationMixin", "GradientCheckpointingLayer"):
-            getattr(transformers, name, None)
 
 
 def enabled() -> bool:
