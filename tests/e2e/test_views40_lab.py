@@ -73,6 +73,8 @@ READ_PLAN = """() => {
   const ticks = [...svg.querySelectorAll('.mw-plan-tick, .mw-plan-label')]
     .map(t => parseFloat(getComputedStyle(t).fontSize) * scale);
   const hits = [...svg.querySelectorAll('.mw-plan-dot')].map(dot => {
+    // in the middle of the page: at an edge, JupyterLab's toolbar or status bar is on top
+    dot.scrollIntoView({block: 'center', inline: 'center'});
     const r = dot.getBoundingClientRect();
     const at = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
     const g = at && at.closest('.mw-plan-point');
