@@ -6,6 +6,8 @@ per node, ``plan(..., foo=1)``, ``micro_batches=[1, 5000]`` (before any trace), 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from torch import nn
 import meta_widget as mw
 from meta_widget.explore import checkpointing as checkpointing_module
 from meta_widget.explore import plan as plan_module
+from meta_widget.explore import plan_trace
 from meta_widget.options import MAX_BUDGET_BYTES
 
 HUGE = ["1e300GiB", 10**400, 2**64 + 1, "17000000TiB", 10**5000]
@@ -43,7 +46,7 @@ def no_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     def traced(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a trace ran before the options were checked")
 
-    monkeypatch.setattr(plan_module, "analyze", traced)
+    monkeypatch.setattr(plan_trace, "analyze", traced)
     monkeypatch.setattr(checkpointing_module, "analyze", traced)
 
 
@@ -114,7 +117,9 @@ def test_an_option_of_no_function_is_said_before_any_trace(no_trace: None) -> No
     with pytest.raises(mw.OptionTypeError, match="did you mean 'optimizer'") as info:
         mw.plan(llama(), (1, 8), gpu="H100", optimzer="adamw")
     assert "\n" not in str(info.value)
-    with pytest.raises(mw.OptionTypeError, match="'foo' is an option of neither plan_check"):
+    with pytest.raises(
+        mw.OptionTypeError, match="'foo' is an option of neither plan_checkpointing"
+    ):
         mw.plan_checkpointing(nn.Linear(4, 4), (2, 4), budget="1GiB", foo=1)
 
 
@@ -126,15 +131,15 @@ def test_too_many_micro_batches_are_refused_before_any_trace(no_trace: None) -> 
 
 def test_workers_are_capped_at_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     used: list[int] = []
-    share = plan_module.share
 
-    def recorded(items: Any, here: Any, job: Any, workers: int, on_done: Any) -> None:
-        used.append(workers)
-        share(items, here, job, 1, on_done)  # traced here: the count is what is checked
+    @contextlib.contextmanager
+    def recorded(processes: int) -> Iterator[None]:
+        used.append(processes)
+        yield None  # no pool: every candidate traced here, the count is what is checked
 
-    monkeypatch.setattr(plan_module, "share", recorded)
+    monkeypatch.setattr(plan_module, "local_pool", recorded)
     monkeypatch.setattr(plan_module, "cores", lambda: 2)
     p = mw.plan(
         llama(), (1, 8), gpu="H100", precisions=["as given"], micro_batches=[1], workers=10**9
     )
-    assert len(p.candidates) == 2 and used == [2]  # 2 cores, not 10**9 processes
+    assert len(p.candidates) == 2 and used == [1]  # 2 cores: 1 child, not 10**9 processes
