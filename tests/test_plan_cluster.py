@@ -6,6 +6,7 @@ group)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import re
@@ -52,7 +53,29 @@ def client() -> Iterator[Any]:
         distributed.Client(cluster) as client,
     ):
         yield client
-    assert children() == []
+    assert cluster_ended(), f"processes left after the cluster closed: {children()}"
+
+
+def cluster_ended() -> bool:
+    """Whether every process of the closed cluster has ended, waiting for that state: a
+    worker's nanny ends it after ``close()`` returns, and a trace the worker was running when
+    its task was cancelled runs to its end first (so the wait is bounded by a trace, not a
+    clock; the bound below only keeps a hung worker from hanging the suite)."""
+    import multiprocessing
+
+    import psutil
+
+    for _ in range(600):  # 0.2 s apart: two minutes at most for the slowest trace
+        multiprocessing.active_children()  # reaps the ended ones (no zombie counts as left)
+        left = children()
+        if not left:
+            return True
+        alive = []
+        for pid in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                alive.append(psutil.Process(pid))
+        psutil.wait_procs(alive, 0.2)
+    return False
 
 
 @pytest.fixture
