@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,20 @@ def trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """The task of an executor's worker: trace the candidates ``keys`` (``Candidate.key``,
     consecutive ones of a layout) of ``job``, one at a time in this process, and answer their
     numbers (``_NUMBERS`` and ``openable``), each with the traces it ran and the model's title.
-    A layout ``analyze`` refuses is traced once per run."""
+    A layout ``analyze`` refuses is traced once per run.
+
+    The traces run in a thread of their own, which the worker did not start: a worker's
+    sampling profiler (a Dask worker's reads the frames of the threads running its tasks every
+    10 ms) holds each frame it reads for a moment, and with it the tensors of a function that
+    returns meanwhile; their frees then land where the profiler lets go, two traces of one
+    candidate differ, and the per-layer rule failed at random (one candidate in four, on a
+    Dask worker). A thread the worker does not know of is not sampled."""
+    with ThreadPoolExecutor(1, thread_name_prefix="meta_widget-plan") as own:
+        return own.submit(_trace_run, job, keys).result()
+
+
+def _trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """:func:`trace_run`'s traces, in the thread they run in."""
     refused: dict[tuple[int, int, int], str] = {}
     answers = []
     with _ONE_AT_A_TIME, planning():
