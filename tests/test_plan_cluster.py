@@ -91,12 +91,6 @@ def group_left(group: int) -> list[str]:
     return describe([p.pid for p in members])
 
 
-def started_here() -> list[int]:
-    """This process's children but the cluster's process (the leader of a session of its
-    own)."""
-    return [pid for pid in children() if _group(pid) != pid]
-
-
 def _group(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -192,7 +186,7 @@ def test_a_worker_killed_mid_plan_changes_nothing(
     p = mw.plan(llama(), SIZE, executor=client.get_executor(), progress=kill_a_worker, **SPACE)
     assert killed, "no worker answered before the plan ended"
     assert p.to_dataframe().equals(local.to_dataframe())
-    assert started_here() == []  # the plan started no process: the cluster traced
+    assert children() == []  # the plan started no process: the cluster traced
     client.wait_for_workers(2)  # the nanny restarts it: the cluster is whole again
 
 
@@ -207,7 +201,7 @@ def test_ctrl_c_mid_plan_cancels_every_task(client: Any, remote: list[tuple[Any,
     # the scheduler forgets every task of the plan (a state waited for, not a time)
     client.sync(_no_task_left, client)
     assert all(f.cancelled() or f.done() for f in client.futures.values())
-    assert started_here() == []
+    assert children() == []
 
 
 async def _no_task_left(client: Any) -> None:

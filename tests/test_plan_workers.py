@@ -56,8 +56,11 @@ def llama() -> Any:
 
 
 def children() -> list[int]:
-    """This process's children, but for the standard library's resource tracker (one per
-    Python program, started by the first spawned pool's queues; it ends with the program)."""
+    """This process's children that a plan's pool could have started (processes spawned by
+    ``multiprocessing``, and any child ended but not reaped), but for the standard library's
+    resource tracker (one per Python program, started by the first spawned pool's queues; it
+    ends with the program). Others are the suite's own: Playwright's driver, a cluster's
+    process; they are neither counted nor killed here."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -70,7 +73,8 @@ def children() -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
         zombie = fields[0] == "Z"  # ended but not reaped: still left behind
-        if int(fields[1]) == os.getpid() and (zombie or b"resource_tracker" not in command):
+        spawned = b"multiprocessing" in command and b"resource_tracker" not in command
+        if int(fields[1]) == os.getpid() and (zombie or spawned):
             found.append(int(name))
     return found
 

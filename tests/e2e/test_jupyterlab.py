@@ -155,7 +155,8 @@ def wait_text(page: Any, selector: str, needles: list[str], nth: int = 0) -> str
 
 
 def wait_theme(page: Any, dark: bool) -> None:
-    """Wait until JupyterLab's theme switched and the widget's colors followed it."""
+    """Wait until JupyterLab's theme switched, its splash screen is gone and the widget's
+    colors followed it."""
     page.wait_for_function(
         """dark => {
           const lum = css => { const [r, g, b] = css.match(/\\d+/g).map(Number);
@@ -163,6 +164,9 @@ def wait_theme(page: Any, dark: bool) -> None:
           const root = document.querySelector('.mw-root');
           const name = root && root.querySelector('.mw-mname');
           if (document.body.dataset.jpThemeLight !== String(!dark) || !name) return false;
+          // JupyterLab shows its splash screen over the page while a theme loads, and takes it
+          // away some time after (it covered every plan point in CI under load)
+          if (document.getElementById('jupyterlab-splash')) return false;
           const bg = lum(getComputedStyle(root).backgroundColor);
           const fg = lum(getComputedStyle(name).color);
           return dark ? bg < 0.3 && fg > 0.3 : fg < 0.5;  // light: a root may be transparent
