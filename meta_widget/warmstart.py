@@ -1,20 +1,30 @@
 """What the warm-up does (``meta_widget.warm`` runs it): PyTorch's first meta forward and
-backward, on a two-by-two layer, and the package modules an analysis and its widget load.
+backward, on a two-by-two layer; the package modules an analysis and its widget load; and, when
+transformers is installed, its model base and the Llama family's modules (what a first analysis
+of a decoder config would import: ~1 s of the first analysis in a fresh kernel).
 
-Not transformers' model modules: importing them imports what transformers integrates (torchao,
-when installed), which logs warnings on stderr ("Failed to load …_C_mxfp8…so"); from a
-background thread those land under whatever cell the user runs at that moment, one that may
-have nothing to do with transformers. They are paid where the user's own code asks for them.
+Importing transformers' model base imports what it integrates (torchao, when installed), which
+logs warnings about kernels it cannot load on this machine ("Failed to load …_C_mxfp8…so") and
+torch's ``_pytree`` logs deprecations; from a background thread those would land under whatever
+cell the user runs at that moment. So the warm-up drops the log records of its own thread while
+it imports (:func:`quiet_logs`): records of the user's threads pass as before. (They concern
+running kernels on a GPU, which a meta trace never does.)
 
 It touches nothing global: no module hooks, no dispatch mode, nothing the user's own code in
-the main thread could see. Started by ``%load_ext meta_widget`` and by ``import meta_widget``
-in a Jupyter kernel; ``META_WIDGET_WARMUP=0`` turns it off.
+the main thread could see (a filter on the logging handlers, for the records of its own thread,
+while it runs). Started by ``%load_ext meta_widget`` and by ``import meta_widget`` in a Jupyter
+kernel; ``META_WIDGET_WARMUP=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import logging
 import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from . import heavy, warm
 
@@ -23,6 +33,8 @@ __all__ = ["start", "start_in_kernel", "warm_up"]
 #: the package modules the first analysis (and its widget, in a kernel) would load
 MODULES = (".pipeline", ".analysis")
 WIDGET_MODULES = (".views.widget",)
+#: transformers' modules a first analysis of a (Llama-family) decoder config imports
+TRANSFORMERS_MODULES = ("transformers.modeling_utils", "transformers.models.llama.modeling_llama")
 
 
 def warm_up() -> None:
@@ -33,6 +45,48 @@ def warm_up() -> None:
     layer(x).sum().backward()
     for name in (*MODULES, *(WIDGET_MODULES if warm.in_kernel() else ())):
         importlib.import_module(name, "meta_widget")
+    if importlib.util.find_spec("transformers") is not None:
+        with quiet_logs() as cover:
+            importlib.import_module("transformers.utils.logging")  # its handler, made at import
+            cover()
+            for name in TRANSFORMERS_MODULES:
+                importlib.import_module(name)
+
+
+class _OtherThreads(logging.Filter):
+    """Passes the log records of every thread but the one that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
+@contextmanager
+def quiet_logs() -> Iterator[Callable[[], None]]:
+    """The log records of this thread dropped by every handler (``logging.lastResort``, the
+    one that prints a library's warnings when nothing is configured, included); each handler
+    as it was after. The block gets a function that covers the handlers made since."""
+    quiet = _OtherThreads()
+    held: list[logging.Handler] = []
+
+    def cover() -> None:
+        loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+        handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
+        if logging.lastResort is not None:
+            handlers.add(logging.lastResort)
+        for handler in handlers - set(held):
+            handler.addFilter(quiet)
+            held.append(handler)
+
+    try:
+        cover()
+        yield cover
+    finally:
+        for handler in held:
+            handler.removeFilter(quiet)
 
 
 def enabled() -> bool:

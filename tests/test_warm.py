@@ -29,6 +29,7 @@ print(json.dumps({
     "seconds": warm.seconds,
     "params": a.total_params,
     "dynamo": "torch._dynamo" in sys.modules,
+    "transformers": "transformers.models.llama.modeling_llama" in sys.modules,
 }))
 """
 
@@ -67,6 +68,7 @@ def test_load_ext_warms_up_in_the_background_and_the_first_analysis_waits_for_it
     assert isinstance(out["seconds"], float) and out["seconds"] > 0
     assert out["params"] == 4 * 5 + 5
     assert out["dynamo"] is True  # PyTorch's first meta forward loaded it
+    assert out["transformers"] is True  # what a Llama config's first analysis would import
     assert stdout.strip().splitlines() == [stdout.strip().splitlines()[-1]]  # nothing printed
     # nor logged: from a background thread it would land under the user's running cell (the
     # import of transformers' models logged torchao's "Failed to load" lines there)
@@ -82,3 +84,35 @@ def test_a_failing_warm_up_is_logged_and_ignored() -> None:
     out, _, _ = run(FAILING)
     assert "warm-up failed" in str(out["log"]) and "no luck" in str(out["log"])
     assert out["params"] == 25 and out["running"] is False
+
+
+QUIET = """
+import io, json, logging, threading
+from meta_widget.warmstart import quiet_logs
+stream = io.StringIO()
+logging.getLogger("lib").addHandler(logging.StreamHandler(stream))
+shown = []
+def other():
+    logging.getLogger("lib").warning("from the user's thread")
+def warm_up():
+    with quiet_logs() as cover:
+        logging.getLogger("lib").warning("from the warm-up")  # dropped
+        logging.getLogger("elsewhere").warning("through lastResort")  # dropped
+        logging.getLogger("late").addHandler(logging.StreamHandler(stream))
+        cover()
+        logging.getLogger("late").warning("by a handler made meanwhile")  # dropped
+        t = threading.Thread(target=other); t.start(); t.join()
+t = threading.Thread(target=warm_up); t.start(); t.join()
+logging.getLogger("lib").warning("after")
+logging.getLogger("elsewhere").warning("through lastResort, after")
+handlers = [logging.lastResort, *logging.getLogger("lib").handlers]
+print(json.dumps({"lines": stream.getvalue().splitlines(),
+                  "filters": sum(len(h.filters) for h in handlers)}))
+"""
+
+
+def test_the_warm_up_drops_its_own_log_records_only_while_it_runs() -> None:
+    out, _, stderr = run(QUIET)
+    assert out["lines"] == ["from the user's thread", "after"]
+    assert out["filters"] == 0  # every handler as it was
+    assert stderr == "through lastResort, after\n"  # lastResort: only the record after
