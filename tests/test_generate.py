@@ -5,6 +5,7 @@ the CPU (random weights, greedy, ``min_new_tokens = max_new_tokens``): the cache
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -252,3 +253,16 @@ def test_generate_time_on_a_gpu_has_prefill_and_time_per_token() -> None:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     # each decode step reads every weight at least once: no faster than the HBM allows
     assert t.per_token_s >= weights / t.gpu.hbm_bytes_per_s
+
+
+def test_generate_with_a_batch_logs_no_warning_about_values_meta_has_not_got(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the eos check printed tensor(..., device='meta'); with a batch of 4, the attention mask
+    # and right-padding checks warned of a padding that a prompt of one length cannot have
+    config = T.LlamaConfig(**SMALL, **HEADS, architectures=["LlamaForCausalLM"])
+    with caplog.at_level(logging.WARNING, logger="transformers"):
+        a = mw.analyze(config, input_size=(4, PROMPT), mode="generate", new_tokens=NEW)
+    assert a.error is None and a.kv_cache is not None
+    generation = [r.getMessage() for r in caplog.records if r.name.startswith("transformers")]
+    assert generation == []

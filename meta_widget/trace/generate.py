@@ -121,13 +121,19 @@ def _returned_cache(output: Any) -> Any:
 
 
 class _MetaValueWarning(logging.Filter):
-    """Drops a warning of transformers' generation code that prints a meta tensor: a check of
-    a value meta has not got, answered by the trace's policy, not a problem of the model (every
-    run warned that ``eos_token_id`` "should consist of positive integers, but is
-    tensor(..., device='meta')" and "will not stop")."""
+    """Drops a warning of transformers' generation code about values meta has not got: a
+    check answered by the trace's policy, not a problem of the model. Every run warned that
+    ``eos_token_id`` "should consist of positive integers, but is tensor(..., device='meta')"
+    and "will not stop"; with a batch of more than one, that "the attention mask and the pad
+    token id were not set", that it "cannot be inferred from input", and that "right-padding
+    was detected" (the prompt's last tokens compared with the pad token: no values on meta,
+    and no padding in a prompt of one length; the trace generates no text to spoil)."""
+
+    PHRASES = ("device='meta'", "attention mask", "right-padding was detected")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "device='meta'" not in record.getMessage()
+        message = record.getMessage()
+        return not any(phrase in message for phrase in self.PHRASES)
 
 
 #: the logger of transformers' ``generate()`` (its warnings about the special tokens)
