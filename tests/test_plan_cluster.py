@@ -22,7 +22,6 @@ from parallel_truth import no_process_group_left  # noqa: F401  (an autouse fixt
 from test_plan_workers import SIZE, SPACE, children, llama
 
 import meta_widget as mw
-from meta_widget.explore import plan as plan_module
 
 distributed = pytest.importorskip("distributed")
 
@@ -109,20 +108,6 @@ def describe(pids: list[int]) -> list[str]:
         except OSError:
             out.append(f"{pid} (gone)")
     return out
-
-
-@pytest.fixture
-def remote(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """The keys of the candidates a worker traced, in the order their numbers arrived."""
-    keys: list[tuple[Any, ...]] = []
-    take = plan_module.take
-
-    def watched(c: plan_module.Candidate, numbers: dict[str, Any], *rest: Any) -> None:
-        keys.append(c.key)
-        take(c, numbers, *rest)
-
-    monkeypatch.setattr(plan_module, "take", watched)
-    return keys
 
 
 @pytest.fixture(scope="module")

@@ -79,20 +79,6 @@ def children() -> list[int]:
     return found
 
 
-@pytest.fixture
-def remote(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """The keys of the candidates a child traced, in the order their numbers arrived."""
-    keys: list[tuple[Any, ...]] = []
-    take = plan_module.take
-
-    def watched(c: plan_module.Candidate, numbers: dict[str, Any], *rest: Any) -> None:
-        keys.append(c.key)
-        take(c, numbers, *rest)
-
-    monkeypatch.setattr(plan_module, "take", watched)
-    return keys
-
-
 @pytest.fixture(scope="module")
 def alone() -> mw.Plan:
     """The plan in this process only: the truth the workers' plans are held to."""
