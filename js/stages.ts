@@ -361,7 +361,7 @@ export class StagesView {
         h(
           "div",
           "mw-muted mw-chart-note",
-          `step: the rank's forward and backward time stretched by its bubble, plus its optimizer step and exposed communication. The ranks step together: the pipeline's step is the longest, ${formatSeconds(slowest.stepS ?? 0)} (rank ${slowest.rank}); the header's step is rank ${s.shown}'s without its bubble.`,
+          `step: the rank's forward and backward time stretched by its bubble, plus its optimizer step and exposed communication. The ranks step together: the pipeline's step is the longest, ${formatSeconds(slowest.stepS ?? 0)} (rank ${slowest.rank}); the header's step is that one too, rank ${s.shown}'s own time and the time it waits.`,
         ),
       );
     }

@@ -60,6 +60,7 @@ describe("the step time in the header", () => {
     backwardS: 0.4,
     optimizerS: 0.07,
     commS: 0,
+    bubbleS: 0,
     mfu: 0.31,
     hfu: 0.31,
     tokensPerS: 12_000,
@@ -70,6 +71,13 @@ describe("the step time in the header", () => {
   it("says the HFU in the tooltip only where the recomputation makes it differ", () => {
     expect(stepTitle(time)).not.toContain("HFU");
     expect(stepTitle({ ...time, hfu: 0.4 })).toContain("HFU 40% with the recomputation");
+  });
+
+  it("says a pipeline rank's wait in the bubble in the tooltip, and nothing of it without one", () => {
+    expect(stepTitle(time)).not.toContain("bubble");
+    expect(decodeTime({ gpu: "X" })?.bubbleS).toBe(0); // older payloads: none
+    expect(decodeTime({ gpu: "X", bubble_s: 0.2 })?.bubbleS).toBe(0.2);
+    expect(stepTitle({ ...time, bubbleS: 0.2 })).toContain("waiting in the pipeline's bubble 0.20 s");
   });
 
   it("formats seconds and percentages", () => {

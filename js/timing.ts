@@ -15,6 +15,8 @@ export interface StepTime {
   backwardS: number;
   optimizerS: number;
   commS: number;
+  /** A pipeline rank (`pp > 1`): the time it waits in its schedule's idle slots, part of `stepS`. */
+  bubbleS: number;
   /** Model FLOPs utilisation: activation checkpointing's recomputation left out (PaLM's). */
   mfu: number;
   /** Hardware FLOPs utilisation: the recomputation counted; equal to `mfu` without it. */
@@ -50,6 +52,7 @@ export function decodeTime(raw: unknown): StepTime | undefined {
     backwardS: num(raw.backward_s),
     optimizerS: num(raw.optimizer_s),
     commS: num(raw.comm_s),
+    bubbleS: num(raw.bubble_s), // older payloads: none
     mfu: num(raw.mfu),
     hfu: typeof raw.hfu === "number" ? num(raw.hfu) : num(raw.mfu), // older payloads: no hfu
     tokensPerS: typeof raw.tokens_per_s === "number" ? raw.tokens_per_s : null,
@@ -83,7 +86,9 @@ export function stepTitle(t: StepTime): string {
   const rate = t.tokensPerS !== null ? `; ${Math.round(t.tokensPerS).toLocaleString("en-US")} tokens/s` : "";
   return (
     `estimated step time on ${t.gpu}: forward ${formatSeconds(t.forwardS)}, backward ${formatSeconds(t.backwardS)}, ` +
-    `optimizer ${formatSeconds(t.optimizerS)}, communication ${formatSeconds(t.commS)} (before overlap)${rate}. ` +
+    `optimizer ${formatSeconds(t.optimizerS)}, communication ${formatSeconds(t.commS)} (before overlap)` +
+    (t.bubbleS > 0 ? `, waiting in the pipeline's bubble ${formatSeconds(t.bubbleS)} (the pipeline's step: the ranks step together)` : "") +
+    `${rate}. ` +
     "MFU: the model's FLOPs (FlopCounterMode's, activation checkpointing's recomputation left out) " +
     "over the step time times the GPU's dense peak" +
     (t.hfu !== t.mfu ? `; HFU ${formatPercent(t.hfu)} with the recomputation.` : ".")

@@ -118,6 +118,19 @@ def test_step_time_stretches_each_stage_by_its_bubble_and_prices_the_sends() -> 
         assert stage.step_s > t.forward_s + t.backward_s + t.optimizer_s
         # sends and receives are priced with the other collectives
         assert t.comm_s > 0 and set(stage.analysis.comms.collective) == {"send", "recv"}
+    # the analysis's own time is the pipeline's step (the ranks step together): the shown
+    # rank's step alone plus the time it waits, its rates over that step
+    shown = next(s for s in a.stages if s.analysis.peak_bytes == a.peak_bytes)
+    alone = shown.analysis.time
+    assert a.time is not None and alone is not None
+    assert a.time.step_s == pytest.approx(max(s.step_s or 0 for s in a.stages))
+    assert a.time.bubble_s == pytest.approx(a.time.step_s - alone.step_s) and a.time.bubble_s > 0
+    assert a.time.mfu == pytest.approx(alone.mfu * alone.step_s / a.time.step_s)
+    for rate in ("tokens_per_s", "samples_per_s"):
+        if getattr(alone, rate) is not None:
+            scaled = getattr(alone, rate) * alone.step_s / a.time.step_s
+            assert getattr(a.time, rate) == pytest.approx(scaled)
+    assert "bubble" in repr(a.time) and "bubble" in a.summary()
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_map_only
 
 from ..choices import Phase
 from ..options import MESH_DIMS, SCHEDULES, LayoutError, Options, Parallel
+from ..timing.model import in_pipeline
 from ..trace.passes import default_loss
 from ..trace.recorder import Recorder
 from ..undo import Undo
@@ -460,4 +461,9 @@ def run_stages(
         f"Pipeline rank {worst} (stages {list(reports[worst].stages)}) has the highest peak of "
         f"the {plan.pp} ranks: this analysis is its; a.stages has every rank's."
     )
-    return replace(analyses[worst], stages=reports, notes=[*analyses[worst].notes, note])
+    shown = analyses[worst]
+    steps = [s.step_s for s in reports if s.step_s is not None]
+    timed = shown.time
+    if timed is not None and steps:  # the ranks step together: the pipeline's step is theirs
+        timed = in_pipeline(timed, max(steps))
+    return replace(shown, stages=reports, notes=[*shown.notes, note], time=timed)

@@ -65,7 +65,15 @@ from .efficiency import (
 )
 from .gpus import GPU
 
-__all__ = ["EFFICIENCY", "Efficiency", "StepTime", "generation_time", "step_time", "tokens_of"]
+__all__ = [
+    "EFFICIENCY",
+    "Efficiency",
+    "StepTime",
+    "generation_time",
+    "in_pipeline",
+    "step_time",
+    "tokens_of",
+]
 
 Cost = tuple[str, int, int, tuple[Any, ...]]
 _FORWARD, _BACKWARD, _OPTIMIZER = Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value
@@ -188,6 +196,9 @@ class StepTime:
     #: how the kernels were launched: ``"eager"`` (each op at least ``efficiency.kernel_s``)
     #: or ``"graphs"`` (CUDA graphs: no launch cost)
     launch: str = "eager"
+    #: a pipeline rank (``parallel=`` with ``pp > 1``): the time it waits in its schedule's
+    #: idle slots for the pipeline's step (part of ``step_s``; :func:`in_pipeline`)
+    bubble_s: float = 0.0
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -212,7 +223,8 @@ class StepTime:
         return (
             f"<StepTime on {self.gpu.name}: step {_ms(self.step_s)} (forward "
             f"{_ms(self.forward_s)}, backward {_ms(self.backward_s)}, optimizer "
-            f"{_ms(self.optimizer_s)}, exposed comm {_ms(self.exposed_comm_s)}), "
+            f"{_ms(self.optimizer_s)}, exposed comm {_ms(self.exposed_comm_s)}"
+            f"{f', bubble {_ms(self.bubble_s)}' if self.bubble_s else ''}), "
             f"MFU {self.mfu:.1%}{_hfu(self)}, {rate}>"
         )
 
@@ -242,6 +254,28 @@ class StepTime:
         if total == 0.0:  # no call ran an op (a container such as a ModuleList): nothing bounds it
             return total, ""
         return total, "compute" if compute >= memory else "memory"
+
+
+def in_pipeline(t: StepTime, step_s: float) -> StepTime:
+    """``t``, one pipeline rank's step alone, in the pipeline's step ``step_s`` (its slowest
+    rank's, the schedule's bubble included; at least ``t.step_s``): the difference is the time
+    the rank waits (``bubble_s``), and its rates (MFU, HFU, tokens and samples per second) are
+    over the longer step."""
+    step_s = max(step_s, t.step_s)
+    scale = t.step_s / step_s if step_s else 1.0
+
+    def rate(r: float | None) -> float | None:
+        return None if r is None else r * scale
+
+    return replace(
+        t,
+        step_s=step_s,
+        bubble_s=step_s - t.step_s,
+        mfu=t.mfu * scale,
+        hfu=t.hfu * scale,
+        tokens_per_s=rate(t.tokens_per_s),
+        samples_per_s=rate(t.samples_per_s),
+    )
 
 
 def _hfu(t: StepTime) -> str:

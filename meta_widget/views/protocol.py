@@ -86,7 +86,8 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
       "comms": {"point": [timeline index], "collective": [...], "bytes": [...], "group": [...],
                 "module": [...], "phase": [...]}  (only with analyze(..., parallel=...)),
       "time": {"gpu": str, "memory_bytes": int, "step_s", "forward_s", "backward_s",
-               "optimizer_s", "comm_s", "mfu", "hfu", "tokens_per_s": float | null,
+               "optimizer_s", "comm_s", "bubble_s" (a pipeline rank's wait, part of step_s),
+               "mfu", "hfu", "tokens_per_s": float | null,
                "modules": {"time_s": [float], "bound": ["compute" | "memory" | "comm" | ""]}}
               (only with analyze(..., gpu=...): meta_widget.timing.model.StepTime; per module
               row, its calls' time forward and backward and what bounds it),
@@ -436,6 +437,7 @@ def encode_time(a: Analyzed) -> dict[str, Any]:
         "backward_s": t.backward_s,
         "optimizer_s": t.optimizer_s,
         "comm_s": t.comm_s,
+        "bubble_s": t.bubble_s,
         "mfu": t.mfu,
         "hfu": t.hfu,
         "tokens_per_s": t.tokens_per_s,

@@ -229,6 +229,8 @@ def time_lines(time: Any) -> list[str]:
         parts.append(
             f"collectives {_seconds(time.comm_s)} ({_seconds(time.exposed_comm_s)} exposed)"
         )
+    if getattr(time, "bubble_s", 0.0):
+        parts.append(f"bubble {_seconds(time.bubble_s)} (waiting in the pipeline's schedule)")
     rate = (
         f"{time.tokens_per_s:,.0f} tokens/s"
         if time.tokens_per_s is not None
