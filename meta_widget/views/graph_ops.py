@@ -22,6 +22,7 @@ op nodes fold with it (``model.layers.0–79.<residual 2>``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 ATTENTION, RESIDUAL = "attention", "residual"
+_NONE: frozenset[int] = frozenset()
 #: the ops of a scaled-dot-product attention kernel (after ``_op_name``)
 _SDPA = ("scaled_dot_product", "flash_attention", "efficient_attention", "flex_attention")
 #: the ops that take scores to weights
@@ -77,7 +79,7 @@ def scores(ops: Sequence[str]) -> bool:
 
 
 def residual_stream(
-    found: Sequence[Mapping[int, tuple[str, ...]]], upstream: Mapping[int, set[int]]
+    found: Sequence[Mapping[int, tuple[str, ...]]], upstream: Mapping[int, AbstractSet[int]]
 ) -> int | None:
     """Which of an ``add``'s two operands (their sources) is the stream a residual add adds a
     branch to (0 or 1), or None: not a residual (two side-by-side branches, a shared source)."""
@@ -87,10 +89,8 @@ def residual_stream(
         stream, branch = set(found[k]), set(found[1 - k])
         if not stream or not branch or stream & branch:
             continue
-        above: set[int] = set()
-        for b in branch:
-            above |= upstream.get(b, set())
-        if stream <= above:
+        ups = [upstream.get(b, _NONE) for b in branch]
+        if all(any(s in up for up in ups) for s in stream):
             return k
     return None
 
