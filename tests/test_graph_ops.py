@@ -176,3 +176,25 @@ def test_the_payload_carries_the_op_nodes_and_edge_kinds(llama: Any) -> None:
     kinds = {strings[k] for k in five["kind"]}
     assert kinds == {"data", "residual", "cache"}
     assert -3 in five["nodes"]  # the cache
+
+
+def test_decode_steps_keep_the_spine() -> None:
+    # mode="generate": the prompt's pass, then one token at a time (other shapes, same code)
+    steps = 5
+    a = mw.analyze(
+        _config(num_hidden_layers=2), input_size=(1, 8), mode="generate", new_tokens=steps
+    )
+    g = a.graph(depth=5)
+    group = "model.layers.0–1"
+    assert spine(g) == [
+        ("model.embed_tokens", f"{group}.<residual 1>"),
+        (f"{group}.<residual 1>", f"{group}.<residual 2>"),
+    ]
+    nodes = g.nodes.set_index("module")
+    for name in ("<residual 1>", "<residual 2>", "self_attn.<attention>"):
+        assert nodes.loc[f"{group}.{name}", "calls"] == 2 * steps  # 2 layers, every step
+    e = edges(g)
+    assert e.loc[(f"{group}.<residual 1>", f"{group}.<residual 2>"), "count"] == 2 * steps
+    # the decode steps' adds are the residual nodes too: none is left on an edge
+    assert not [r for r in g.edges.itertuples() if "add" in r.ops and "residual" in r.dst]
+    assert not [r for r in g.edges.itertuples() if r.ops == ("add",)]

@@ -287,10 +287,10 @@ class _Walk:
                 kept = tuple(op for op in ops if op not in INNER)
                 info = self.info.get(src, _NO_INFO)
                 self.hand(src, key, info, kept, "residual" if src in stream else "data")
-        if key not in self.info:
-            first = next((s for o in (stream, *found) for s in o if s in self.info), None)
-            if first is not None:
-                self.info[key] = self.info[first]
+        # what it made, as its stream's (or first input's) source made it: this call's shapes
+        first = next((s for o in (stream, *found) for s in o if s in self.info and s != key), None)
+        if first is not None:
+            self.info[key] = self.info[first]
         for tid in made:
             if tid != UNKNOWN:
                 self.origin[tid] = {key: ()}
