@@ -21,8 +21,7 @@ op nodes fold with it (``model.layers.0–79.<residual 2>``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -35,7 +34,6 @@ __all__ = [
 ]
 
 ATTENTION, RESIDUAL = "attention", "residual"
-_NONE: frozenset[int] = frozenset()
 #: the ops of a scaled-dot-product attention kernel (after ``_op_name``)
 _SDPA = ("scaled_dot_product", "flash_attention", "efficient_attention", "flex_attention")
 #: the ops that take scores to weights
@@ -79,18 +77,18 @@ def scores(ops: Sequence[str]) -> bool:
 
 
 def residual_stream(
-    found: Sequence[Mapping[int, tuple[str, ...]]], upstream: Mapping[int, AbstractSet[int]]
+    found: Sequence[Mapping[int, tuple[str, ...]]], above: Callable[[int, int], bool]
 ) -> int | None:
     """Which of an ``add``'s two operands (their sources) is the stream a residual add adds a
-    branch to (0 or 1), or None: not a residual (two side-by-side branches, a shared source)."""
+    branch to (0 or 1), or None: not a residual (two side-by-side branches, a shared source).
+    ``above(s, b)``: whether node ``s`` is upstream of node ``b``."""
     if len(found) != 2:
         return None
     for k in (0, 1):
         stream, branch = set(found[k]), set(found[1 - k])
         if not stream or not branch or stream & branch:
             continue
-        ups = [upstream.get(b, _NONE) for b in branch]
-        if all(any(s in up for up in ups) for s in stream):
+        if all(any(above(s, b) for b in branch) for s in stream):
             return k
     return None
 
