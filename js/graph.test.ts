@@ -59,15 +59,17 @@ describe("foldGraph", () => {
     expect(g.nodes.filter((n) => n.type === "LlamaDecoderLayer").map((n) => n.openGroup)).toEqual([group, group, group, group]);
   });
 
-  it("inside the layers, edges carry the residual add and, in training, gradient bytes", () => {
+  it("inside the layers, the residual adds are nodes and edges carry gradient bytes in training", () => {
     const g = at(4);
     const attn = g.nodes.find((n) => n.type === "LlamaAttention");
     expect(attn?.repeats).toBe(4);
-    const skip = g.edges.find((e) => e.src === attn?.key && e.dst.endsWith("post_attention_layernorm"));
-    expect(skip?.ops).toEqual(["add"]);
-    expect(skip?.shape).toEqual([1, 8, 32]);
-    expect(skip?.bytes).toBe(1 * 8 * 32 * 4);
-    expect(skip?.gradBytes).toBe(1 * 8 * 32 * 4);
+    const add = g.nodes.find((n) => n.label === "model.layers.0–3.<residual 1>");
+    const branch = g.edges.find((e) => e.src === attn?.key && e.dst === add?.key);
+    expect(branch?.ops).toEqual([]);
+    expect(branch?.kind).toBe("data");
+    expect(branch?.shape).toEqual([1, 8, 32]);
+    expect(branch?.bytes).toBe(1 * 8 * 32 * 4);
+    expect(branch?.gradBytes).toBe(1 * 8 * 32 * 4);
     const input = g.edges.find((e) => e.src === "<input>");
     expect(input?.dtype).toBe("int64");
     expect(input?.gradBytes).toBe(0); // token ids need no gradient

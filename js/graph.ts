@@ -5,12 +5,15 @@
  * one member to the next left out) except the groups opened in place, and sums each node's
  * FLOPs and memory.
  */
-import type { Analysis, Dictionaries, GraphEdgeInfo, GraphLevel } from "./protocol";
+import type { Analysis, Dictionaries, GraphEdgeInfo, GraphLevel, GraphOpNode } from "./protocol";
 import { groupLabels, type Aggregate, type Tree } from "./tree";
 
-/** The node rows of the model's inputs and outputs. */
+/** The node rows of the model's inputs, its outputs and the KV cache it returns. */
 export const INPUT = -1;
 export const OUTPUT = -2;
+export const CACHE = -3;
+/** The first op node's (an attention, a residual add) key in a level: `level.ops[-4 - key]`. */
+export const FIRST_OP = -4;
 
 type Obj = Record<string, unknown>;
 const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
@@ -32,10 +35,16 @@ export function decodeGraph(raw: unknown, dict: Dictionaries): GraphLevel[] {
     const dst = nums(l.dst);
     const tensor = nums(l.tensor);
     const count = nums(l.count);
-    const tied = nums(l.tied);
+    const kind = nums(l.kind);
     const ops = Array.isArray(l.ops) ? l.ops : [];
+    const opnodes: GraphOpNode[] = (Array.isArray(l.opnodes) ? l.opnodes : []).map((o) => {
+      const [row, k, name, detail, flops] = nums(o);
+      const text = (i: number | undefined): string => dict.strings[i ?? -1] ?? "";
+      return { row: row ?? -1, kind: text(k), name: text(name) || "<op>", detail: text(detail), flops: flops ?? 0 };
+    });
     const edges: GraphEdgeInfo[] = src.map((s, i) => {
       const t = dict.tensors[tensor[i] ?? -1];
+      const k = dict.strings[kind[i] ?? -1] ?? "data";
       return {
         src: s,
         dst: dst[i] ?? 0,
@@ -44,10 +53,11 @@ export function decodeGraph(raw: unknown, dict: Dictionaries): GraphLevel[] {
         requiresGrad: t ? t[3] === 1 : false,
         ops: nums(ops[i]).map((o) => dict.strings[o] ?? "?"),
         count: count[i] ?? 1,
-        tied: tied[i] === 1,
+        tied: k === "tied",
+        kind: k,
       };
     });
-    out.push({ depth, nodes: nums(l.nodes), calls: nums(l.calls), edges });
+    out.push({ depth, nodes: nums(l.nodes), calls: nums(l.calls), edges, ops: opnodes });
   }
   return out;
 }
@@ -73,6 +83,10 @@ export interface GNode {
   peak: boolean;
   /** A "… N more" node (graphcap.ts): the path of the module whose children it hides; or null. */
   more: string | null;
+  /** "module", "input", "output", "cache", or an op node's: "attention", "residual". */
+  kind: string;
+  /** An op node's: the attention's kernel, the residual's branch ("+ self_attn"); or "". */
+  detail: string;
 }
 
 export interface GEdge {
@@ -85,6 +99,8 @@ export interface GEdge {
   ops: string[];
   count: number;
   tied: boolean;
+  /** "data", "tied", "residual" (the residual stream: the spine) or "cache" (the KV cache). */
+  kind: string;
   /** In a training step: the gradient the backward pass hands back along it (0: none). */
   gradBytes: number;
 }
@@ -181,17 +197,35 @@ function peakRows(a: Analysis): Set<number> {
   return out;
 }
 
+/** The nodes that are no module: their name (the key is `<name>`) and type line. */
+const IO: Record<number, [string, string]> = {
+  [INPUT]: ["input", "the model's inputs"],
+  [OUTPUT]: ["output", "what the model returns"],
+  [CACHE]: ["cache", "the KV cache it returns"],
+};
+/** An op node's type line, by kind. */
+const OP_TYPES: Record<string, string> = { attention: "attention", residual: "residual add" };
+
 /** The graph to draw: `level` folded as the tree, except the groups in `open`. */
 export function foldGraph(tree: Tree, level: GraphLevel, open: ReadonlySet<string>, aggs: readonly Aggregate[]): GraphModel {
   const a = tree.analysis;
   const { labels, pos } = treeFacts(tree);
   const peak = peakRows(a);
   const fold = new Map<number, Folding>();
+  const ops = level.ops ?? [];
   const at = (row: number): Folding => {
     let f = fold.get(row);
     if (!f) {
-      const name = row === INPUT ? "input" : "output";
-      f = row < 0 ? { key: `<${name}>`, label: name, member: [], group: null, openGroup: null } : folding(tree, row, open, labels, pos);
+      const op = row <= FIRST_OP ? ops[FIRST_OP - row] : undefined;
+      if (op) {
+        // an op node: its module's folding, its own name under the module's path
+        const m = op.row >= 0 ? folding(tree, op.row, open, labels, pos) : null;
+        const join = (p: string | undefined): string => (p ? `${p}.${op.name}` : op.name);
+        f = { key: join(m?.key), label: join(m?.label), member: m?.member ?? [], group: m?.group ?? null, openGroup: null };
+      } else if (row < 0) {
+        const name = IO[row]?.[0] ?? "?";
+        f = { key: `<${name}>`, label: name, member: [], group: null, openGroup: null };
+      } else f = folding(tree, row, open, labels, pos);
       fold.set(row, f);
     }
     return f;
@@ -199,20 +233,22 @@ export function foldGraph(tree: Tree, level: GraphLevel, open: ReadonlySet<strin
   const nodes = new Map<string, GNode>();
   level.nodes.forEach((row, k) => {
     const f = at(row);
-    const m = a.modules[row];
-    const agg = aggs[row];
+    const op = row <= FIRST_OP ? ops[FIRST_OP - row] : undefined;
+    const m = op ? undefined : a.modules[row];
+    const agg = op ? undefined : aggs[row];
     let n = nodes.get(f.key);
     if (!n) {
-      const io = row === INPUT ? "the model's inputs" : "what the model returns";
-      n = { key: f.key, rows: [], label: f.label, type: m ? m.type : io, repeats: 0, calls: 0, flops: 0, memory: 0, group: f.group, openGroup: f.openGroup, peak: false, more: null };
+      const type = op ? OP_TYPES[op.kind] ?? op.kind : m ? m.type : IO[row]?.[1] ?? "?";
+      const kind = op ? op.kind : m ? "module" : IO[row]?.[0] ?? "?";
+      n = { key: f.key, rows: [], label: f.label, type, repeats: 0, calls: 0, flops: 0, memory: 0, group: f.group, openGroup: f.openGroup, peak: false, more: null, kind, detail: op?.detail ?? "" };
       nodes.set(f.key, n);
     }
-    n.rows.push(row);
+    n.rows.push(op ? op.row : row);
     n.repeats += 1;
     n.calls += level.calls[k] ?? 0;
-    n.flops += agg ? agg.flops : 0;
+    n.flops += op ? op.flops : agg ? agg.flops : 0;
     n.memory += (m ? m.paramBytes : 0) + (agg ? agg.activationBytes : 0);
-    if (peak.has(row)) n.peak = true;
+    if (!op && peak.has(row)) n.peak = true;
   });
   const training = a.mode === "training";
   const edges = new Map<string, GEdge>();
@@ -237,6 +273,7 @@ export function foldGraph(tree: Tree, level: GraphLevel, open: ReadonlySet<strin
       ops: [...e.ops],
       count: e.count,
       tied: e.tied,
+      kind: e.kind,
       gradBytes: training && e.requiresGrad && !e.tied ? bytes : 0,
     });
   }
@@ -252,7 +289,8 @@ function crossesRepeats(src: [string, number][], dst: [string, number][]): boole
 /** The node that shows module row `row`: the one holding it or its nearest ancestor. */
 export function nodeOfRow(g: GraphModel, a: Analysis, row: number): GNode | null {
   const byRow = new Map<number, GNode>();
-  for (const n of g.nodes) for (const r of n.rows) byRow.set(r, n);
+  // (an op node's rows are the modules running it: never the node showing them)
+  for (const n of g.nodes) if (!OP_TYPES[n.kind]) for (const r of n.rows) byRow.set(r, n);
   for (let r = row; r >= 0; r = a.modules[r]?.parent ?? -1) {
     const n = byRow.get(r);
     if (n) return n;

@@ -9,9 +9,9 @@ import { capSiblings, moreKey, showMore, STEP } from "./graphcap";
 import { broadcasters, chains, layoutGraph, RANK_SEP } from "./graphlayout";
 
 const node = (key: string, row: number, flops = 1): GNode => ({
-  key, rows: [row], label: key, type: key.startsWith("<") ? "io" : "Block", repeats: 1, calls: 1, flops, memory: 2, group: null, openGroup: null, peak: false, more: null,
+  key, rows: [row], label: key, type: key.startsWith("<") ? "io" : "Block", repeats: 1, calls: 1, flops, memory: 2, group: null, openGroup: null, peak: false, more: null, kind: key.startsWith("<") ? "input" : "module", detail: "",
 });
-const edge = (src: string, dst: string): GEdge => ({ src, dst, shape: [2, 4], dtype: "float32", bytes: 32, ops: [], count: 1, tied: false, gradBytes: 0 });
+const edge = (src: string, dst: string): GEdge => ({ src, dst, shape: [2, 4], dtype: "float32", bytes: 32, ops: [], count: 1, tied: false, kind: "data", gradBytes: 0 });
 
 /** input → k[0] → k[1] → ... → output. */
 function chainOf(keys: string[]): GraphModel {

@@ -44,7 +44,7 @@ function hiddenUnder(key: string, order: Map<string, Map<string, number>>, shown
 }
 
 function moreNode(prefix: string): GNode {
-  return { key: moreKey(prefix), rows: [], label: "", type: "", repeats: 0, calls: 0, flops: 0, memory: 0, group: null, openGroup: null, peak: false, more: prefix };
+  return { key: moreKey(prefix), rows: [], label: "", type: "", repeats: 0, calls: 0, flops: 0, memory: 0, group: null, openGroup: null, peak: false, more: prefix, kind: "more", detail: "" };
 }
 
 /**

@@ -6,6 +6,7 @@
  * lays out in the time of its branches. DOM-free.
  */
 import dagre from "@dagrejs/dagre";
+import { straighten } from "./graphspine";
 
 export interface Point {
   x: number;
@@ -44,7 +45,12 @@ const FAN = 4;
 interface Ends {
   src: string;
   dst: string;
+  /** "residual": the residual stream, kept straight (the spine). */
+  kind?: string;
 }
+
+/** How much more dagre straightens a residual stream's edge than another (its spine). */
+const SPINE_WEIGHT = 8;
 
 /** Nodes that feed `FAN` or more others (a rotary embedding or a mask every layer reads). */
 export function broadcasters(edges: readonly Ends[]): Set<string> {
@@ -158,7 +164,9 @@ export function layoutGraph(widths: ReadonlyMap<string, number>, edges: readonly
   const wide = broadcasters(edges);
   const first = chains(keys, edges, wide);
   const fans = feeding(first, edges, wide);
-  const runs = fans.size === wide.size ? first : chains(keys, edges, fans);
+  // the residual stream's adds stand alone: they move into the spine's column (graphspine.ts)
+  const spine = new Set(edges.filter((e) => e.kind === "residual" && e.src !== e.dst).map((e) => e.dst));
+  const runs = apart(fans.size === wide.size ? first : chains(keys, edges, fans), spine);
   const head = new Set(runs.map((r) => r[0] as string));
   const holder = new Map<string, string>();
   const shapes = new Map<string, { rows: number; cols: number }>();
@@ -183,7 +191,7 @@ export function layoutGraph(widths: ReadonlyMap<string, number>, edges: readonly
     if (e.src === e.dst) return;
     if (fans.has(e.src) && d !== e.dst && !head.has(e.dst)) stubs.add(i); // into a chain's middle
     else if (s === d && s !== e.src) inside.add(i);
-    else g.setEdge(s, d, {}, String(i));
+    else g.setEdge(s, d, e.kind === "residual" ? { weight: SPINE_WEIGHT } : {}, String(i));
   });
   if (g.nodeCount() === 1 && g.edgeCount() === 0) place(g, g.nodes()[0] as string);
   else dagre.layout(g); // (its first call compiles: tens of ms, spared for one straight chain)
@@ -207,5 +215,26 @@ export function layoutGraph(widths: ReadonlyMap<string, number>, edges: readonly
     return pts;
   });
   const bounds = g.graph() as { width?: number; height?: number };
-  return { boxes, points, width: bounds.width ?? 0, height: bounds.height ?? 0 };
+  const width = straighten(spine, boxes, edges, points, bounds.width ?? 0, RANK_SEP, MARGIN) ?? bounds.width ?? 0;
+  return { boxes, points, width, height: bounds.height ?? 0 };
+}
+
+/** `runs` with each of `alone` a run of its own (the runs around it split). */
+function apart(runs: string[][], alone: ReadonlySet<string>): string[][] {
+  if (alone.size === 0) return runs;
+  const out: string[][] = [];
+  for (const run of runs) {
+    let part: string[] = [];
+    for (const k of run) {
+      if (!alone.has(k)) {
+        part.push(k);
+        continue;
+      }
+      if (part.length) out.push(part);
+      out.push([k]);
+      part = [];
+    }
+    if (part.length) out.push(part);
+  }
+  return out;
 }

@@ -218,7 +218,7 @@ export class GraphView {
     }
     const folded = this.model.nodes.filter((n) => n.repeats > 1 && n.more === null).length;
     const hidden = this.model.nodes.reduce((s, n) => s + (n.more === null ? 0 : n.rows.length), 0);
-    this.note.textContent = `Modules at depth ${level.depth} (and shallower leaves) and the tensors between them: an edge runs from the module call that made a tensor to each one that read it, through the ops listed on it (a residual add, a cat). ${folded ? `${folded} folded node${folded > 1 ? "s stand" : " stands"} for repeated layers (“+” opens one in place). ` : ""}${hidden ? `${formatCount(hidden)} module${hidden > 1 ? "s" : ""} not drawn stand in “… more” nodes (click one to draw more). ` : ""}Shaded by ${this.metric === "flops" ? "FLOPs" : "memory (parameters + output mem)"}; ▲ marks the peak's module. Hover an edge for its tensor; click a node to select it; drag to pan. ${ZOOM_HINT}`;
+    this.note.textContent = `Modules at depth ${level.depth} (and shallower leaves) and the tensors between them: an edge runs from the module call that made a tensor to each one that read it, through the ops listed on it (a cat, a mask). The residual stream is the thick line through the residual adds (“<residual>” nodes: the stream plus a branch's output); each attention is a node (“<attention>”: q, k and v in); the KV cache the model returns is the node “cache”. ${folded ? `${folded} folded node${folded > 1 ? "s stand" : " stands"} for repeated layers (“+” opens one in place). ` : ""}${hidden ? `${formatCount(hidden)} module${hidden > 1 ? "s" : ""} not drawn stand in “… more” nodes (click one to draw more). ` : ""}Shaded by ${this.metric === "flops" ? "FLOPs" : "memory (parameters + output mem)"}; ▲ marks the peak's module. Hover an edge for its tensor; click a node to select it; drag to pan. ${ZOOM_HINT}`;
   }
 
   private layoutAndDraw(t0: number): void {
@@ -230,8 +230,9 @@ export class GraphView {
     const edgeLayer = svg("g", { class: "mw-graph-edges" });
     const nodeLayer = svg("g", { class: "mw-graph-nodes" });
     this.root.append(edgeLayer, nodeLayer);
+    const names = new Map(m.nodes.map((n) => [n.key, n.label]));
     m.edges.forEach((e, i) => {
-      if (e.src !== e.dst) edgeLayer.append(this.edgeEl(e, lay.points[i] ?? []));
+      if (e.src !== e.dst) edgeLayer.append(this.edgeEl(e, lay.points[i] ?? [], names));
     });
     for (const n of m.nodes) {
       const p = lay.boxes.get(n.key) as Box;
@@ -274,15 +275,20 @@ export class GraphView {
     return grp;
   }
 
-  private edgeEl(e: GEdge, pts: { x: number; y: number }[]): SVGGElement {
-    const grp = svg("g", { class: `mw-graph-edge${e.tied ? " mw-tied" : ""}` });
+  private edgeEl(e: GEdge, pts: { x: number; y: number }[], names: ReadonlyMap<string, string>): SVGGElement {
+    const grp = svg("g", { class: `mw-graph-edge${e.tied ? " mw-tied" : ""}${EDGE_CLASS[e.kind] ?? ""}` });
+    grp.dataset.kind = e.kind;
     const d = pts.map((p, i) => `${i ? "L" : "M"}${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(" ");
+    // the tree's names (a folded group's "layers.0–3"), never the fold's internal keys
+    const src = names.get(e.src) ?? e.src;
+    const dst = names.get(e.dst) ?? e.dst;
+    const what = e.kind === "cache" ? "KV cache entries returned by the model: " : e.kind === "residual" ? "the residual stream: " : "";
     const text = e.tied
-      ? `${e.src} → ${e.dst}: tied weight ${formatShape(e.shape)} ${e.dtype} (${formatBytes(e.bytes)})`
-      : `${e.src} → ${e.dst}: ${formatShape(e.shape)} ${e.dtype} · ${formatBytes(e.bytes)}${e.count > 1 ? ` · ${e.count} tensors` : ""}${e.ops.length ? ` · via ${e.ops.join(", ")}` : ""}`;
+      ? `${src} → ${dst}: tied weight ${formatShape(e.shape)} ${e.dtype} (${formatBytes(e.bytes)})`
+      : `${src} → ${dst}: ${what}${formatShape(e.shape)} ${e.dtype} · ${formatBytes(e.bytes)}${e.count > 1 ? ` · ${e.count} tensors` : ""}${e.ops.length ? ` · via ${e.ops.join(", ")}` : ""}`;
     const title = svg("title");
-    title.textContent = text + (e.gradBytes ? `\nbackward: ${formatBytes(e.gradBytes)} of gradient back to ${e.src}` : "");
-    grp.append(title, svg("path", { d, class: "mw-graph-hit" }), svg("path", { d, class: "mw-graph-line", "marker-end": `url(#${this.uid}-arrow)` }));
+    title.textContent = text + (e.gradBytes ? `\nbackward: ${formatBytes(e.gradBytes)} of gradient back to ${src}` : "");
+    grp.append(title, svg("path", { d, class: "mw-graph-hit" }), svg("path", { d, class: "mw-graph-line", "marker-end": `url(#${this.uid}-${e.kind === "residual" ? "spine" : "arrow"})` }));
     if (e.gradBytes) {
       const back = pts.slice().reverse().map((p, i) => `${i ? "L" : "M"}${(p.x + 4).toFixed(1)},${p.y.toFixed(1)}`).join(" ");
       grp.append(svg("path", { d: back, class: "mw-graph-grad", "marker-end": `url(#${this.uid}-grad)` }));
@@ -290,7 +296,7 @@ export class GraphView {
     const mid = pts[Math.floor(pts.length / 2)];
     if (mid) {
       const label = svg("text", { x: mid.x + 6, y: mid.y, class: "mw-graph-elabel" });
-      label.textContent = e.tied ? "tied" : `${formatShape(e.shape)}${e.ops.length ? ` ${e.ops.slice(0, 2).join(",")}` : ""}`;
+      label.textContent = e.tied ? "tied" : `${e.kind === "cache" ? "KV cache " : ""}${formatShape(e.shape)}${e.ops.length ? ` ${e.ops.slice(0, 2).join(",")}` : ""}`;
       grp.append(label);
       if (e.gradBytes) {
         const gl = svg("text", { x: mid.x + 6, y: mid.y + 12, class: "mw-graph-glabel" });
@@ -305,17 +311,23 @@ export class GraphView {
     const x = p.x - p.width / 2;
     const y = p.y - p.height / 2;
     const io = n.rows[0] !== undefined && n.rows[0] < 0;
-    const grp = svg("g", { class: `mw-graph-node${io ? " mw-io" : ""}${n.peak ? " mw-peak" : ""}`, transform: `translate(${x.toFixed(1)},${y.toFixed(1)})` });
+    const op = n.kind === "attention" || n.kind === "residual";
+    const grp = svg("g", { class: `mw-graph-node${io ? " mw-io" : ""}${op ? ` mw-op mw-${n.kind}` : ""}${n.kind === "cache" ? " mw-cache" : ""}${n.peak ? " mw-peak" : ""}`, transform: `translate(${x.toFixed(1)},${y.toFixed(1)})` });
     grp.dataset.key = n.key;
     grp.dataset.label = n.label;
+    grp.dataset.kind = n.kind;
     grp.dataset.row = String(n.rows[0] ?? -1);
     const title = svg("title");
-    title.textContent = `${n.label} · ${n.type}${n.repeats > 1 ? ` × ${n.repeats}` : ""}\n${formatCount(n.calls)} call${n.calls === 1 ? "" : "s"} · ${formatFlops(n.flops)} · ${formatBytes(n.memory)} (parameters + output mem)${loops.length ? `\nreads its own output (${loops.map((l) => l.ops.join(", ") || "directly").join("; ")})` : ""}`;
-    const rect = svg("rect", { width: p.width, height: p.height, rx: io ? 20 : 4, class: "mw-graph-box" });
+    title.textContent = op
+      ? `${n.label} · ${typeLine(n)}\n${OP_TIPS[n.kind] ?? ""}${n.flops ? `\n${formatFlops(n.flops)}` : ""}\nClick to select the module that runs it`
+      : n.kind === "cache"
+        ? `${n.label}: the KV cache the model returns (each layer's keys and values, kept for the next tokens)`
+        : `${n.label} · ${n.type}${n.repeats > 1 ? ` × ${n.repeats}` : ""}\n${formatCount(n.calls)} call${n.calls === 1 ? "" : "s"} · ${formatFlops(n.flops)} · ${formatBytes(n.memory)} (parameters + output mem)${loops.length ? `\nreads its own output (${loops.map((l) => l.ops.join(", ") || "directly").join("; ")})` : ""}`;
+    const rect = svg("rect", { width: p.width, height: p.height, rx: io || n.kind === "residual" ? 20 : op ? 10 : 4, class: "mw-graph-box" });
     const name = svg("text", { x: 8, y: 16, class: "mw-graph-name" });
     name.textContent = clip(n.label, p.width);
     const type = svg("text", { x: 8, y: 31, class: "mw-graph-type" });
-    type.textContent = clip(`${n.type}${n.repeats > 1 ? ` × ${n.repeats}` : ""}${n.calls > n.repeats ? ` · ${n.calls} calls` : ""}`, p.width);
+    type.textContent = clip(typeLine(n), p.width);
     grp.append(title, rect, name, type);
     if (n.peak) {
       const mark = svg("text", { x: p.width - 14, y: 31, class: "mw-graph-peak" });
@@ -397,8 +409,9 @@ export class GraphView {
 
   private enableZoom(): void {
     const defs = svg("defs");
-    for (const [id, cls] of [["arrow", "mw-graph-arrow"], ["grad", "mw-graph-arrow-grad"]] as const) {
-      const marker = svg("marker", { id: `${this.uid}-${id}`, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" });
+    // (a marker scales with its line's width: the spine's, 3.5 px wide, is drawn smaller)
+    for (const [id, cls, size] of [["arrow", "mw-graph-arrow", 7], ["grad", "mw-graph-arrow-grad", 7], ["spine", "mw-graph-arrow-spine", 3]] as const) {
+      const marker = svg("marker", { id: `${this.uid}-${id}`, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: size, markerHeight: size, orient: "auto-start-reverse" });
       marker.append(svg("path", { d: "M0,0 L10,5 L0,10 z", class: cls }));
       defs.append(marker);
     }
@@ -493,11 +506,26 @@ export class GraphView {
 /** How to zoom: the wheel scrolls the page until the graph is clicked (or with Ctrl / ⌘). */
 export const ZOOM_HINT = "To zoom: Ctrl (⌘) + wheel, or click the graph first, then wheel; the wheel scrolls the page otherwise.";
 
+/** The classes of the edges that are no plain tensor. */
+const EDGE_CLASS: Record<string, string> = { residual: " mw-residual", cache: " mw-cache" };
+
+/** What an op node is, in its tooltip. */
+const OP_TIPS: Record<string, string> = {
+  attention: "Attention: q·kᵀ, softmax, times v (the products and softmax the module's body runs); q, k and v come in, its output goes on.",
+  residual: "Residual add: the residual stream (the thick line) plus the output of the branch it feeds; the stream runs on from here.",
+};
+
+/** A node's second line: its type, the residual's branch, repeats and calls. */
+function typeLine(n: GNode): string {
+  const detail = n.kind === "residual" && n.detail ? ` (${n.detail})` : "";
+  return `${n.type}${detail}${n.repeats > 1 ? ` × ${n.repeats}` : ""}${n.calls > n.repeats ? ` · ${n.calls} calls` : ""}`;
+}
+
 /** The second line of a "… N more" node. */
 const moreLine = (n: GNode): string => `${n.type} · click for more`;
 
 function nodeWidth(n: GNode): number {
-  const type = n.more === null ? n.type.length + (n.repeats > 1 ? 6 : 0) : moreLine(n).length;
+  const type = n.more === null ? typeLine(n).length : moreLine(n).length;
   const text = Math.max(n.label.length, type);
   return Math.max(90, Math.min(260, text * CHAR_W + 30));
 }

@@ -334,14 +334,31 @@ export interface GraphEdgeInfo {
   count: number;
   /** `dst` holds a parameter `src` owns (tied weights). */
   tied: boolean;
+  /** "data", "tied", "residual" (the stream into a residual add: the spine) or "cache" (an
+   * entry of the KV cache the model returns). */
+  kind: string;
 }
 
-/** The graph of module rows at one depth (-1: the model's inputs, -2: its outputs). */
+/** A node of the graph that is no module: an op of module `row`'s body (graph_ops.py). */
+export interface GraphOpNode {
+  row: number;
+  /** "attention" or "residual". */
+  kind: string;
+  /** Its name under the module's path: "<attention>", "<residual 2>". */
+  name: string;
+  /** The attention's kernel; the residual's branch ("+ self_attn"). */
+  detail: string;
+  flops: number;
+}
+
+/** The graph of module rows at one depth (-1: the model's inputs, -2: its outputs, -3: the KV
+ * cache it returns, -4, -5, ...: `ops[0]`, `ops[1]`, ...). */
 export interface GraphLevel {
   depth: number;
   nodes: number[];
   calls: number[];
   edges: GraphEdgeInfo[];
+  ops: GraphOpNode[];
 }
 
 export interface StartMessage {

@@ -10,6 +10,8 @@
 - ``js/fixtures/pipeline-llama.json``: the payload of a pipeline-parallel training step of a
   tiny Llama (two pipeline ranks, 1F1B over four micro-batches, timed on an H100): its
   ``stages``.
+- ``js/fixtures/graph-llama.json``: the payload of a training step of a 4-layer Llama with tied
+  embeddings (input (1, 8)): its ``graph``, the Graph tab's tests' model.
 - ``js/fixtures/choices.json``: the fixed name sets (``meta_widget.choices``) the front end's
   constants must equal.
 """
@@ -97,8 +99,13 @@ def samples() -> dict[str, Any]:
         gpu="H100",
         parallel=mw.Parallel(pp=2, microbatches=4),
     )
+    config = llama_config()
+    config.num_hidden_layers = 4
+    config.tie_word_embeddings = True
+    graph = mw.analyze(config, input_size=(1, 8), mode="training")
     return {
         "llama-generate.json": generate.to_payload(),
+        "graph-llama.json": graph.to_payload(),
         "gpt2-tiny.json": a.to_payload(),
         "gpt2-tiny.messages.json": capture.sent,
         "failing.json": failing.to_payload(),

@@ -74,19 +74,26 @@ class ResBlock(nn.Module):
         return (self.conv2(self.conv1(x).relu()) + x).relu()
 
 
-def test_resnet_block_skip_edge() -> None:
+def test_resnet_block_skip_is_a_residual_node() -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 1), ResBlock(), ResBlock(), nn.Conv2d(4, 2, 1))
     a = mw.analyze(model, input_size=(1, 3, 8, 8))
-    edges = a.graph(depth=2, fold=False).edges.set_index(["src", "dst"])
-    # the first block's output is relu(conv2(...) + x): both reach the next block's conv1
-    assert edges.loc[("0", "2.conv1")]["ops"] == ("add", "relu")
-    assert edges.loc[("1.conv2", "2.conv1")]["ops"] == ("add", "relu")
-    # the second block's skip starts at the first block's last conv (x's latest source)
-    assert edges.loc[("1.conv2", "3")]["ops"] == ("add", "relu")
-    assert edges.loc[("2.conv2", "3")]["ops"] == ("add", "relu")
-    assert ("0", "3") not in edges.index
-    folded = a.graph(depth=2).nodes.set_index("module")  # the two blocks fold
+    g = a.graph(depth=2, fold=False)
+    edges = g.edges.set_index(["src", "dst"])
+    # each block's conv2(...) + x is a node: the stream x and the branch conv2 meet there
+    assert edges.loc[("0", "1.<residual>")]["kind"] == "residual"
+    assert edges.loc[("1.conv2", "1.<residual>")]["kind"] == "data"
+    # the stream runs from one block's add to the next's through the relu, and on to the head
+    assert edges.loc[("1.<residual>", "2.<residual>")]["ops"] == ("relu",)
+    assert edges.loc[("1.<residual>", "2.<residual>")]["kind"] == "residual"
+    assert edges.loc[("1.<residual>", "2.conv1")]["ops"] == ("relu",)
+    assert edges.loc[("2.<residual>", "3")]["ops"] == ("relu",)
+    assert ("0", "3") not in edges.index and ("0", "2.conv1") not in edges.index
+    folded = a.graph(depth=2).nodes.set_index("module")  # the two blocks fold, their adds too
     assert folded.loc["1–2.conv1", "repeats"] == 2
+    assert folded.loc["1–2.<residual>", "repeats"] == 2
+    assert folded.loc["1–2.<residual>", "kind"] == "residual"
+    block = [m.path for m in a.modules].index("1")
+    assert folded.loc["1–2.<residual>", "row"] == block  # the module whose body adds
 
 
 def _block(cin: int, cout: int) -> nn.Module:
@@ -199,15 +206,21 @@ def test_decoder_layers_fold_into_one_group(llama12: Any) -> None:
     assert int(group.flops.iloc[0]) == int(members.flops.sum())
 
 
-def test_inside_the_layers_residual_edges_carry_the_add(llama12: Any) -> None:
+def test_inside_the_layers_the_residual_stream_is_a_chain_of_adds(llama12: Any) -> None:
     config, a = llama12
     g = a.graph(depth=4, fold=False)
     edges = g.edges.set_index(["src", "dst"])
-    # h = x + attn(norm(x)); mlp(norm(h)); the next layer reads h + mlp(...)
-    skip = edges.loc[("model.layers.0.self_attn", "model.layers.1.input_layernorm")]
-    assert skip["ops"] == ("add",)
-    assert ("model.layers.0.mlp", "model.layers.1.input_layernorm") in edges.index
-    assert ("model.embed_tokens", "model.layers.1.input_layernorm") not in edges.index
+    # h = x + attn(norm(x)); out = h + mlp(norm(h)); the next layer reads out
+    layer = "model.layers.{}.".format
+    for i in range(config.num_hidden_layers - 1):
+        assert edges.loc[(layer(i) + "<residual 2>", layer(i + 1) + "<residual 1>")]["kind"] == (
+            "residual"
+        )
+        assert (layer(i) + "<residual 2>", layer(i + 1) + "input_layernorm") in edges.index
+    assert edges.loc[(layer(0) + "<residual 1>", layer(0) + "<residual 2>")]["kind"] == "residual"
+    assert edges.loc[(layer(0) + "self_attn", layer(0) + "<residual 1>")]["kind"] == "data"
+    assert edges.loc[(layer(0) + "mlp", layer(0) + "<residual 2>")]["kind"] == "data"
+    assert ("model.embed_tokens", layer(1) + "input_layernorm") not in edges.index
     folded = a.graph(depth=4)
     assert set(folded.nodes.repeats) == {1, config.num_hidden_layers}
     # folding leaves out the edges from one layer to the next

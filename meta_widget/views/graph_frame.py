@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 from .. import heavy
 from ..errors import MetaWidgetError
 from .graph import (
+    CACHE,
     INPUT,
     OUTPUT,
     GraphData,
     RowEdge,
     fold_keys,
     folded_graph,
+    keyed,
     nbytes,
     row_graph,
     tied_edges,
@@ -30,9 +32,20 @@ if TYPE_CHECKING:
 
 __all__ = ["Graph", "GraphDependencyError", "graph_of", "graph_rows"]
 
-#: the names of the model's inputs and outputs in ``Graph.nodes.module``
-INPUT_NAME, OUTPUT_NAME = "<input>", "<output>"
-NODE_COLUMNS = ("module", "type", "calls", "flops", "activation_bytes", "params", "repeats", "row")
+#: the names of the model's inputs, outputs and returned KV cache in ``Graph.nodes.module``
+INPUT_NAME, OUTPUT_NAME, CACHE_NAME = "<input>", "<output>", "<cache>"
+NODE_COLUMNS = (
+    "module", "type", "calls", "flops", "activation_bytes", "params", "repeats", "row", "kind",
+)  # fmt: skip
+#: ``Graph.nodes.type`` of the nodes that are no module
+_TYPES = {
+    INPUT: "input",
+    OUTPUT: "output",
+    CACHE: "KV cache",
+    "attention": "attention",
+    "residual": "residual add",
+}
+_KINDS = {INPUT: "input", OUTPUT: "output", CACHE: "cache"}
 EDGE_COLUMNS = ("src", "dst", "shape", "dtype", "bytes", "ops", "count", "grad_bytes", "kind")
 
 
@@ -52,20 +65,29 @@ class Graph:
     ----------
     nodes : pandas.DataFrame
         One row per module at ``depth`` (and shallower leaves), plus ``<input>`` and ``<output>``
-        (the model's inputs and what it returns). Columns: ``module`` (its path; a folded node's
-        path names its run, ``model.layers.0–11``), ``type``, ``calls`` (a module called twice
-        is one node with 2), ``flops`` (forward, sub-modules included, summed over calls and
-        repeats), ``activation_bytes`` (new storage its outputs hold, summed), ``params``
-        (summed over repeats), ``repeats`` (how many identical siblings a folded node stands
-        for; 1 otherwise) and ``row`` (the row in ``Analysis.modules`` of its first member;
-        -1 for ``<input>``, -2 for ``<output>``).
+        (the model's inputs and what it returns), ``<cache>`` (the KV cache it returns, when it
+        does) and the ops of the bodies above them drawn as nodes: each attention
+        (``...self_attn.<attention>``) and each residual add (``model.layers.0–11.<residual>``,
+        ``<residual 2>``: the residual stream runs through them). Columns: ``module`` (its path;
+        a folded node's path names its run, ``model.layers.0–11``), ``type`` (its class;
+        ``"attention"``, ``"residual add"``), ``calls`` (a module called twice is one node with
+        2), ``flops`` (forward, sub-modules included, summed over calls and repeats; an
+        attention's: its products and softmax), ``activation_bytes`` (new storage its outputs
+        hold, summed), ``params`` (summed over repeats), ``repeats`` (how many identical
+        siblings a folded node stands for; 1 otherwise), ``row`` (the row in
+        ``Analysis.modules`` of its first member, an op node's module's; -1 for ``<input>``, -2
+        for ``<output>``, -3 for ``<cache>``) and ``kind`` (``"module"``, ``"input"``,
+        ``"output"``, ``"cache"``, ``"attention"``, ``"residual"``).
     edges : pandas.DataFrame
         One row per (``src``, ``dst``) pair of ``nodes.module``. ``shape``, ``dtype``, ``bytes``:
         of the first tensor it carries; ``count``: tensors carried in all (calls x tensors);
         ``ops``: the functional ops between the two modules (a tuple, first seen first, e.g.
         ``("add",)``); ``grad_bytes``: in a training step, the gradient the backward pass hands
-        back along it (0 where the tensor needs none); ``kind``: ``"data"``, or ``"tied"`` for a
-        module that holds a parameter ``src`` owns (tied weights).
+        back along it (0 where the tensor needs none); ``kind``: ``"data"``, ``"tied"`` for a
+        module that holds a parameter ``src`` owns (tied weights), ``"residual"`` for the stream
+        into a residual add (the spine), ``"cache"`` for the KV cache entries ``src`` made. An
+        edge into an op node carries the tensor its source made (the ops on the way may reshape
+        it).
     depth : int
         The depth of the nodes (the root is 0).
     fold : bool
@@ -115,12 +137,15 @@ class Graph:
             label = _LINE.join(_label_text(str(t)) for t in (rec["module"], rec["type"]))
             if rec["repeats"] > 1:
                 label += f" ×{int(rec['repeats'])}"
-            lines.append(f'  {dot_string(str(rec["module"]))} [label="{label}"];')
+            shape = _DOT_SHAPES.get(str(rec["kind"]), "")
+            lines.append(f'  {dot_string(str(rec["module"]))} [label="{label}"{shape}];')
         for rec in self.edges.to_dict("records"):
             label = "×".join(str(int(s)) for s in rec["shape"])
+            if rec["kind"] == "cache":
+                label += _LINE + "KV cache"
             if rec["ops"]:
                 label += _LINE + _label_text(", ".join(str(op) for op in rec["ops"]))
-            style = ", style=dashed" if rec["kind"] == "tied" else ""
+            style = _DOT_STYLES.get(str(rec["kind"]), "")
             lines.append(
                 f"  {dot_string(str(rec['src']))} -> {dot_string(str(rec['dst']))} "
                 f'[label="{label}"{style}];'
@@ -129,6 +154,14 @@ class Graph:
         return "\n".join(lines) + "\n"
 
 
+#: how DOT draws the nodes that are no module, and the edges that are no plain tensor: the
+#: residual stream bold, the KV cache and tied weights dashed
+_DOT_SHAPES = {
+    "residual": ", shape=ellipse",
+    "attention": ", style=rounded",
+    "cache": ", style=dashed",
+}
+_DOT_STYLES = {"tied": ", style=dashed", "cache": ", style=dashed", "residual": ", style=bold"}
 #: a line break inside a DOT label (an escString's ``\n``)
 _LINE = "\\n"
 
@@ -179,8 +212,13 @@ def graph_of(a: Analyzed, depth: int = 1, fold: bool = True) -> Graph:
         )
     rows = graph_rows(a, depth)
     keys = fold_keys(a.modules)
-    data = folded_graph(rows, keys) if fold else _keyed(rows, [m.path for m in a.modules])
+    paths = [m.path for m in a.modules]
+    data = folded_graph(rows, keys) if fold else keyed(rows, paths.__getitem__, _never)
     return _frames(a, data, depth, fold)
+
+
+def _never(src: int, dst: int) -> bool:
+    return False
 
 
 def graph_rows(a: Analyzed, depth: int) -> GraphData:
@@ -205,24 +243,13 @@ def _ancestor_at(a: Analyzed, depth: int) -> Any:
     return at
 
 
-def _keyed(rows: GraphData, paths: list[str]) -> GraphData:
-    """``rows`` keyed by path (unfolded)."""
-
-    def key(row: int) -> Any:
-        return row if row < 0 else paths[row]
-
-    return GraphData(
-        nodes={key(r): m for r, m in rows.nodes.items()},
-        edges={(key(s), key(d)): e for (s, d), e in rows.edges.items()},
-        calls={key(r): n for r, n in rows.calls.items()},
-    )
-
-
 def _name(key: Any, a: Analyzed) -> str:
     if key == INPUT:
         return INPUT_NAME
     if key == OUTPUT:
         return OUTPUT_NAME
+    if key == CACHE:
+        return CACHE_NAME
     return str(key) or a.title
 
 
@@ -231,23 +258,31 @@ def _frames(a: Analyzed, data: GraphData, depth: int, fold: bool) -> Graph:
     training = a.mode == "training"
     nodes = []
     for key, members in data.nodes.items():
+        op = data.ops.get(key)
+        if op is not None:  # an attention or a residual add: its module's row, its numbers
+            calls = data.calls.get(key, 0)
+            rec = (_name(key, a), _TYPES[op.kind], calls, op.flops, 0, 0, len(members), op.row)
+            nodes.append((*rec, op.kind))
+            continue
         mods = [a.modules[r] for r in members if r >= 0]
+        kind = _KINDS.get(members[0], "module") if not mods else "module"
         nodes.append(
             (
                 _name(key, a),
-                mods[0].type if mods else _name(key, a).strip("<>"),
+                mods[0].type if mods else _TYPES.get(members[0], "?"),
                 data.calls.get(key, 0),
                 sum(c.flops for m in mods for c in m.calls),
                 sum(c.activation_bytes for m in mods for c in m.calls),
                 sum(m.params for m in mods),
                 max(len(mods), 1),
                 members[0],
+                kind,
             )
         )
     edges = []
     for (src, dst), e in data.edges.items():
         size = nbytes(e.info)
-        grad = size if training and e.info.requires_grad and e.kind == "data" else 0
+        grad = size if training and e.info.requires_grad and e.kind != "tied" else 0
         edges.append(
             (
                 _name(src, a),
@@ -280,20 +315,24 @@ def encode_graph(a: Analyzed, tensor: Any, string: Any) -> dict[str, Any]:
     front end folds it as its tree, and opens a folded group in place), while small
     (``PAYLOAD_EDGES``; a level with the same nodes as the one above is ``{"depth", "as"}``:
     that level's depth); ``tensor(info)`` and ``string(text)`` intern into the payload's
-    dictionaries."""
+    dictionaries. A level's op nodes (keys -4, -5, ...) are ``ops``: ``[module row, kind,
+    name, detail, FLOPs]`` each, the strings interned."""
     levels: list[dict[str, Any]] = []
     deepest = max((m.depth for m in a.modules), default=0)
     total = 0
+    last: GraphData | None = None
     for depth in range(1, min(deepest, PAYLOAD_DEPTHS) + 1):
         rows = graph_rows(a, depth)
         full = [level for level in levels if "nodes" in level]
-        if full and rows.nodes.keys() == set(full[-1]["nodes"]):
+        if full and last is not None and _same(rows, last):
             levels.append({"depth": depth, "as": full[-1]["depth"]})
             continue  # the same nodes as the level above (a ModuleList is never called)
         total += len(rows.edges)
         if levels and total > PAYLOAD_EDGES:
             break
+        last = rows
         edges = list(rows.edges.items())
+        ops = [rows.ops[k] for k in sorted(rows.ops, reverse=True)]  # -4, -5, ...
         levels.append(
             {
                 "depth": depth,
@@ -304,7 +343,18 @@ def encode_graph(a: Analyzed, tensor: Any, string: Any) -> dict[str, Any]:
                 "tensor": [tensor(e.info) for _, e in edges],
                 "ops": [[string(op) for op in e.ops] for _, e in edges],
                 "count": [e.count for _, e in edges],
-                "tied": [int(e.kind == "tied") for _, e in edges],
+                "kind": [string(e.kind) for _, e in edges],
+                "opnodes": [
+                    [o.row, string(o.kind), string(o.name), string(o.detail), o.flops] for o in ops
+                ],
             }
         )
     return {"levels": levels}
+
+
+def _same(rows: GraphData, above: GraphData) -> bool:
+    """Whether a level draws what the level above does (its nodes and op nodes)."""
+    if rows.nodes.keys() != above.nodes.keys():
+        return False
+    mine = [(o.row, o.kind, o.name) for o in rows.ops.values()]
+    return mine == [(o.row, o.kind, o.name) for o in above.ops.values()]

@@ -103,10 +103,13 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                                           # param dtype, parallel layout, micro-batches,
                                           # checkpointing (encode_settings); [] by default
       "graph": {"levels": [{"depth": int, "nodes": [row], "calls": [int],   # -1 the inputs,
-                 "src": [row], "dst": [row], "tensor": [tensor_id],       # -2 the outputs
-                 "ops": [[op_sid]], "count": [int], "tied": [0 | 1]}
+                 "src": [row], "dst": [row], "tensor": [tensor_id],       # -2 the outputs,
+                 "ops": [[op_sid]], "count": [int],                       # -3 the KV cache,
+                 "kind": [sid],   # "data" | "tied" | "residual" | "cache"  -4... op nodes:
+                 "opnodes": [[row, kind_sid, name_sid, detail_sid, flops]]}  # -4, -5, ...
                  or {"depth": int, "as": int}]}   # the same graph as depth "as"
-              (the graph of module rows at depth 1, 2, ... unfolded, while small:
+              (the graph of module rows at depth 1, 2, ... unfolded, while small, with the
+              attentions and residual adds as op nodes of the module running them:
               graph_frame.encode_graph; the front end folds it as the tree),
       "notes": [str],
       "assumptions": [{"kind", "op", "value", "module", "call", "file", "line", "code",

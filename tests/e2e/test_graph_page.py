@@ -56,7 +56,7 @@ def node_names(page: Any) -> list[str]:
 
 def python_names(a: Any, depth: int) -> list[str]:
     names = list(a.graph(depth=depth).nodes.module)
-    return [{"<input>": "input", "<output>": "output"}.get(n, n) for n in names]
+    return [{"<input>": "input", "<output>": "output", "<cache>": "cache"}.get(n, n) for n in names]
 
 
 def test_graph_tab_draws_the_python_graph(page: Any, llama: Any, llama_html: Path) -> None:

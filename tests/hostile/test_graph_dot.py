@@ -155,5 +155,9 @@ def test_a_plain_graph_reads_as_before() -> None:
             return self.head(self.left(x) + x)
 
     dot = mw.analyze(Two(), input_size=(2, 8)).graph().to_dot()
-    assert '"left" -> "head" [label="2×8\\nadd"];' in dot
+    # head(left(x) + x): the add of the stream x and its branch left(x) is a node
+    assert '"<input>" -> "<residual>" [label="2×8", style=bold];' in dot
+    assert '"left" -> "<residual>" [label="2×8"];' in dot
+    assert '"<residual>" -> "head" [label="2×8"];' in dot
+    assert '"<residual>" [label="<residual>\\nresidual add", shape=ellipse];' in dot
     assert '"head" [label="head\\nLinear"];' in dot
