@@ -275,8 +275,9 @@ def test_stream_save_and_reopen(page: Any, jupyter_lab: dict[str, Any], artifact
     n_calls = int(page.locator(".jp-OutputArea-output pre").last.inner_text().split()[1])
     progress = page.locator(".mw-root .mw-progress").first.inner_text()
     assert f"{n_calls} calls recorded in" in progress, progress
-    # the cell built the model before the trace: the line says how long it all took too
-    assert " s in all" in progress, progress
+    # (how long the whole cell took is said only when it ran 50 ms past the trace: with the
+    # warm-up having imported transformers, building this model takes less; js/streaming.test.ts
+    # holds the line's two forms)
     for nth in (0, 1):
         check_tree(page, nth)
     n_params = expected_params()
