@@ -100,10 +100,11 @@ def _stages(
     given_notes: list[str],
     gpu: GPU | None,
     make: Callable[..., R],
-    view: MetaWidget | None,
+    view: Any,
     listeners: Sequence[Callable[[CallRecord], None]],
 ) -> R:
-    """The pipeline after its checks: build, trace, assemble; ``view`` told each state."""
+    """The pipeline after its checks: build, trace, assemble; ``view`` (a ``MetaWidget`` or
+    None; it shows the ``R`` made here) told each state."""
     # the warm-up started by %load_ext (meta_widget.warm) is this analysis's first meta forward,
     # paid ahead: wait for it rather than import the same modules beside it
     if view is not None:
@@ -160,8 +161,8 @@ def _stages(
             time_step,
         )
         if view is not None:  # its stages are traced one by one, without a stream
-            view.analysis = staged  # type: ignore[assignment]
-            view.show(staged)  # type: ignore[arg-type]
+            view.analysis = staged
+            view.show(staged)
             view.update_live_display()
         return staged
     tree = walk(module)  # one walk for the tree and the trace

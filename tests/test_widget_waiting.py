@@ -161,3 +161,15 @@ def test_the_widget_says_it_waits_for_the_warm_up() -> None:
     assert first["text"] == waiting.WARM_UP_TEXT and first["elapsed_s"] >= 0
     assert (build["state"], start["type"], trace["state"]) == ("build", "start", "trace")
     assert trace["text"] == waiting.TRACE_TEXT
+
+
+def test_a_pipeline_layout_shows_its_result_in_the_widget() -> None:
+    from parallel_truth import tiny_llama_config
+
+    view, sent = captured()
+    x = torch.randint(0, 100, (4, 16))
+    a = mw.analyze(
+        tiny_llama_config(), input_data=x, mode="training", parallel={"pp": 2}, widget=view
+    )
+    assert kinds(sent) == ["waiting:build"]  # the stages are traced without a stream
+    assert view.analysis is a and view.payload["status"] == "done"
