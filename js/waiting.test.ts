@@ -115,6 +115,11 @@ describe("the table while waiting", () => {
     expect(cells.filter((c) => c.classList.contains("mw-td-pending")).map((c) => c.textContent)).toEqual(["…", "…", "…", "…"]);
     expect(cells.some((c) => !c.classList.contains("mw-td-pending") && /\d/.test(c.textContent ?? ""))).toBe(true);
     expect(el.querySelector(".mw-progress")?.textContent).toContain(TRACE);
+    // the root's details: its structure, and no zeros for the numbers the trace has not made
+    const details = el.querySelector(".mw-details")?.textContent ?? "";
+    expect(details).toContain("Not traced yet");
+    expect(details).not.toContain("0 FLOPs (0)");
+    expect(details).not.toContain("output mem (its");
     cleanup();
   });
 });
