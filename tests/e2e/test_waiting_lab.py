@@ -42,8 +42,10 @@ def cells(warm_gate: Path, trace_gate: Path) -> list[str]:
         # the kernel's own warm-up off: this one, which the test holds, takes its place
         "import os, pathlib, threading\n"
         "os.environ['META_WIDGET_WARMUP'] = '0'\n"
-        "import torch\nfrom torch import nn\nimport meta_widget as mw\nfrom meta_widget import warm\n"
-        f"warm_gate, trace_gate = pathlib.Path({str(warm_gate)!r}), pathlib.Path({str(trace_gate)!r})\n"
+        "import torch\nfrom torch import nn\n"
+        "import meta_widget as mw\nfrom meta_widget import warm\n"
+        f"warm_gate = pathlib.Path({str(warm_gate)!r})\n"
+        f"trace_gate = pathlib.Path({str(trace_gate)!r})\n"
         "tick = threading.Event()\n"
         "def hold(gate):\n"
         "    while not gate.exists():\n"
