@@ -122,8 +122,13 @@ def test_a_failure_before_the_trace_is_sent_as_an_error() -> None:
 def test_a_rerun_says_its_states_too() -> None:
     view, sent = captured()
     a = mw.analyze(model(), input_size=(2, 4), widget=view)
+    assert view.last_done is not None
     sent.clear()
+    ended: list[object] = []  # what a view mounting at each message would be told ended
+    send = view.send
+    view.send = lambda m: (ended.append(view.last_done), send(m))  # type: ignore[method-assign]
     view.rerun(mode="training")
+    assert ended[0] is None  # from its first state on, the last analysis is not "done"
     assert kinds(sent)[:3] == ["waiting:build", "start", "waiting:trace"]
     assert kinds(sent)[-2:] == ["waiting:analyze", "done"]
     assert view.analysis is not None and view.analysis is not a

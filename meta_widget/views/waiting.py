@@ -19,10 +19,8 @@ from ..choices import WaitState
 
 __all__ = ["TRACE_TEXT", "WARM_UP_TEXT", "analyze_text", "build_text"]
 
-WARM_UP_TEXT = (
-    "waiting for PyTorch's meta kernels to load (the warm-up started when meta_widget was "
-    "loaded; the analysis waits for it rather than load them beside it)"
-)
+#: (the analysis waits for the warm-up rather than import the same modules beside it)
+WARM_UP_TEXT = "waiting for PyTorch's meta kernels to load (meta_widget's warm-up, started at load)"
 
 #: the words for the model's build, by the source that builds it (``sources.models.SOURCES``)
 BUILD_TEXTS = {
