@@ -90,9 +90,12 @@ export function rerunUnanswered(s: Session, now: number): boolean {
   return s.rerunning && s.analysis?.status !== "running" && now - s.rerunAt >= RERUN_WAIT_MS;
 }
 
-/** True when the session can ask for a re-run now: a kernel answered and nothing is running. */
+/**
+ * True when the session can ask for a re-run now: a kernel answered and nothing is running (no
+ * trace, and no analysis waiting for its model or the warm-up).
+ */
 export function canRerun(s: Session, kernel: boolean): boolean {
-  return kernel && s.kernelAlive && !s.rerunning && s.analysis?.status !== "running";
+  return kernel && s.kernelAlive && !s.rerunning && s.analysis?.status !== "running" && !s.wait;
 }
 
 /** The next session after `event`, at time `now` (milliseconds, any monotonic clock). */

@@ -9,7 +9,7 @@ import { decodeMessage, decodePayload } from "./decode";
 import { renderProgress } from "./header";
 import type { Message } from "./protocol";
 import { emptyText, layerProgress } from "./rows";
-import { initialSession, reduce, type Session } from "./session";
+import { canRerun, initialSession, reduce, type Session } from "./session";
 import { tiny } from "./testdata";
 import { fakeModel } from "./testmodel";
 import { aggregate, buildTree } from "./tree";
@@ -62,6 +62,13 @@ describe("the waiting states", () => {
     s = reduce(s, msg({ type: "done", elapsed_s: 2.4 }), 3_000);
     expect(s.wait).toBeNull();
     expect(progress(s, 3_000)).toBe("5 calls recorded in 2.40 s");
+  });
+
+  it("keep the switches off: nothing to re-run while the analysis waits", () => {
+    let s = reduce(initialSession, msg({ type: "ready" }), 0);
+    expect(canRerun(s, true)).toBe(true);
+    s = reduce(s, waiting("build", BUILD), 0);
+    expect(canRerun(s, true)).toBe(false);
   });
 
   it("end with a structural analysis's payload, which has no done", () => {

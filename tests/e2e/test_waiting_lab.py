@@ -127,6 +127,10 @@ def test_the_widget_says_what_it_waits_for_and_shows_the_tree_before_the_first_c
         assert re.search(r"· \d+\.\d s so far$", warming["progress"]), warming
         assert warming["names"] == [], warming
         assert warming["empty"] == "The module tree shows here as soon as the model is built."
+        # nothing to re-run yet: the mode switch is off while the analysis waits
+        modes = page.locator(".mw-root .mw-mode button")
+        assert modes.count() >= 2, modes.count()
+        assert all(modes.nth(i).is_disabled() for i in range(modes.count()))
         shoot(page, artifacts, "warm-up-1400-light")
         warm_gate.touch()
         # held 2: the model built, its forward held in its first module: the tree, pending
