@@ -15,7 +15,7 @@ import { Header, ProgressLine, renderBanner } from "./header";
 import { Panels, type PanelContext } from "./panels";
 import { precisionOf, type Precision } from "./precision";
 import type { Analysis, Message, ModuleInfo, RerunMessage } from "./protocol";
-import { computeScales, describeRow, emptyText, reachedModules, type Scales } from "./rows";
+import { computeScales, describeRow, emptyText, layerProgress, reachedModules, type Scales } from "./rows";
 import { initialSession, reduce, type Session, type SessionEvent } from "./session";
 import { Switches } from "./switches";
 import { watchTheme } from "./theme";
@@ -60,7 +60,10 @@ export class App {
   private toolbar: Toolbar;
   private banner = h("div", "mw-banner");
   private checkpointEl = h("div", "mw-checkpoint");
-  private progress = new ProgressLine(() => this.session);
+  private progress = new ProgressLine(
+    () => this.session,
+    () => (this.tree && this.analysis?.status === "running" ? layerProgress(this.tree, this.aggs) : null),
+  );
   private tableWrap = h("div", "mw-table-wrap");
   private emptyEl = h("div", "mw-table-empty");
   private view: TreeView;
@@ -211,9 +214,10 @@ export class App {
     const a = this.session.analysis;
     if (a !== prev.analysis) this.showAnalysis(prev.analysis, a);
     else if (event.type === "payload" && a) this.showAnalysis(a, a);
-    if (event.type === "start") this.progress.start();
+    // the clock runs from the first state the kernel says it waits in until the analysis ends
+    if (event.type === "start" || (event.type === "waiting" && !prev.wait)) this.progress.start();
     if (event.type === "rerun") this.progress.watchRerun();
-    if (a?.status !== "running") this.progress.stop();
+    if (a?.status !== "running" && !this.session.wait) this.progress.stop();
     if (event.type !== "phase" && event.type !== "rerun") this.chartsDirty = true;
     this.schedule(event.type === "payload" || event.type === "start");
   }
@@ -303,7 +307,7 @@ export class App {
     renderBanner(this.banner, a, (module) => this.selectModule(module));
     renderCheckpoint(this.checkpointEl, a?.checkpoint ?? null, this.ckpt.size > 0);
     this.progress.render();
-    this.emptyEl.textContent = emptyText(a, this.rows.length, s.filter);
+    this.emptyEl.textContent = emptyText(a, this.rows.length, s.filter, Boolean(this.session.wait));
     this.emptyEl.style.display = this.emptyEl.textContent ? "" : "none";
     const ctx = this.panelContext();
     this.panels.renderDetails(ctx);
@@ -335,11 +339,11 @@ export class App {
       this.scaleCache = null;
     }
     const aggs = this.aggs;
+    // while streaming, every module is a row from the start (the module table came with
+    // `start`): its name, type and parameters shown, its other cells pending until its calls come
     this.rows = flatten(this.tree, {
       expanded: this.state.expanded,
       filter: this.state.filter,
-      // while streaming, rows appear as their module's calls arrive
-      keep: a.status === "running" ? (m) => (aggs[m.index]?.calls ?? 0) > 0 : undefined,
       sort: this.state.sort,
       aggs,
       paramBytes: this.paramBytes,

@@ -16,6 +16,9 @@ export interface Cell {
   fraction?: number;
 }
 
+/** What a cell shows while the trace runs and its module's calls have not arrived. */
+export const PENDING_TEXT = "…";
+
 export interface RowCells {
   name: string;
   type: string;
@@ -24,8 +27,10 @@ export interface RowCells {
   error: boolean;
   /** Its numbers rest on an assumption the trace made. */
   assumed: boolean;
-  /** Not called yet (while streaming) or never called. */
+  /** Never called (the trace is over). */
   dim: boolean;
+  /** The trace runs and this module's calls have not arrived: its cells are pending. */
+  pending?: boolean;
   /** Checkpoint problems of its parameters (missing, mis-shaped): the marker's tooltip; "" none. */
   checkpoint?: string;
   group: boolean;

@@ -15,6 +15,7 @@ import { decodeTime } from "./timing";
 import {
   STATUSES,
   VERSION,
+  WAIT_STATES,
   type Analysis,
   type Assumption,
   type CallColumns,
@@ -34,6 +35,7 @@ import {
   type Status,
   type TensorInfo,
   type Totals,
+  type WaitState,
   type WireNamedTensor,
   type WireTensor,
 } from "./protocol";
@@ -436,6 +438,11 @@ export function decodeMessage(raw: unknown): Message | null {
     }
     case "ready":
       return { type: "ready" };
+    case "waiting": {
+      const state = str(raw.state);
+      if (!(WAIT_STATES as readonly string[]).includes(state)) return null;
+      return { type: "waiting", state: state as WaitState, text: str(raw.text), elapsedS: num(raw.elapsed_s, 0) };
+    }
     default:
       return null;
   }

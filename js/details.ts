@@ -231,7 +231,8 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
     ["parameters", `${formatCount(v.params)} (${formatExact(v.params)})`],
     [`parameter memory (${ctx.dtypeLabel})`, formatBytes(v.paramBytes)],
   ];
-  if (traced) {
+  // while the trace runs, a module not called yet has no numbers but its structure's
+  if (traced && !(a.status === "running" && v.calls === 0)) {
     rows.push(
       ["output mem (its outputs' new storage)", formatBytes(v.activationBytes)],
       ["FLOPs", `${formatFlops(v.flops)} (${formatExact(v.flops)})`],
@@ -306,7 +307,7 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
         a.status === "structural"
           ? "No forward pass recorded: this analysis is structural (no inputs were given)."
           : a.status === "running"
-            ? "Not called yet."
+            ? "Not traced yet: its shapes, output memory and FLOPs come with its calls."
             : "This module was not called during the forward pass.",
       ),
     );

@@ -8,6 +8,7 @@ import { formatBytes, formatCount, formatExact, formatFlops } from "./format";
 import { PeakLine } from "./peakline";
 import type { Analysis } from "./protocol";
 import { servingNote, servingTotals } from "./serving";
+import type { LayerProgress } from "./rows";
 import { RERUN_WAIT_MS, rerunUnanswered, type Session } from "./session";
 import { stepText, stepTitle } from "./timing";
 import type { Aggregate } from "./tree";
@@ -134,16 +135,32 @@ const NO_ANSWER =
   ` No answer from the kernel in ${RERUN_WAIT_MS / 1000} s: it is busy with another cell, or gone ` +
   "(restarted, or this notebook was reopened without it). Still waiting; if nothing comes, run the cell again.";
 
-/** The progress line: calls recorded while tracing, the phase, a re-run waiting, the time taken. */
-export function renderProgress(el: HTMLElement, s: Session, now: number): void {
+/** Seconds since `since` (a `now`), as the progress line writes them. */
+const seconds = (now: number, since: number): string => `${(Math.max(0, now - since) / 1000).toFixed(1)} s`;
+
+/**
+ * The progress line: what the analysis waits for before its trace (the warm-up, the model's
+ * build), the calls and layers recorded while tracing, the phase, the analysis of the trace, a
+ * re-run waiting, the time taken. `layers`: how far the trace is through the repeated layers.
+ */
+export function renderProgress(el: HTMLElement, s: Session, now: number, layers: LayerProgress | null = null): void {
   const a = s.analysis;
   el.textContent = "";
+  el.title = "";
   const running = a?.status === "running";
+  const wait = s.wait ?? null;
+  // before the trace: the kernel said what it waits for (no module tree yet)
+  const before = !running && wait !== null;
   const waiting = s.rerunning && !running;
-  el.style.display = running || waiting || s.rerunError || s.elapsedS !== null ? "" : "none";
+  el.style.display = running || waiting || before || s.rerunError || s.elapsedS !== null ? "" : "none";
   el.classList.toggle("mw-rerunning", s.rerunning);
-  const stalled = rerunUnanswered(s, now);
+  const stalled = rerunUnanswered(s, now) && !before;
   el.classList.toggle("mw-rerun-stalled", stalled);
+  if (before) {
+    const text = `${s.rerunning ? "Re-running · " : ""}${wait.text} · ${seconds(now, wait.since)} so far`;
+    el.append(h("span", "mw-spinner"), h("span", "mw-waiting", text));
+    return;
+  }
   if (waiting) {
     el.append(h("span", "mw-spinner"), h("span", "", `Re-running (${s.mode})…`));
     if (stalled) el.append(h("span", "mw-rerun-error", NO_ANSWER));
@@ -155,23 +172,32 @@ export function renderProgress(el: HTMLElement, s: Session, now: number): void {
   }
   if (!a) return;
   if (running) {
-    const elapsed = (now - s.startedAt) / 1000;
     const n = a.callCount;
     const m = s.expectedCalls;
     // `expected_calls` is estimated before the trace (one call per module that is not a
     // container): modules never called or called several times make the real count differ;
     // after the forward pass of a training step, the line says which phase runs now
     const step = s.phase === "optimizer" ? "optimizer step" : `${s.phase} pass`;
-    const done = s.phase
-      ? `forward pass done (${formatExact(n)} calls) · ${step}…`
-      : `${formatExact(n)} calls recorded${m ? ` / ${formatExact(m)} expected (estimate)` : ""}`;
-    const text = `${s.rerunning ? "Re-running · " : ""}${done} · ${elapsed.toFixed(1)} s`;
-    el.title = m
-      ? "Expected calls are estimated before the trace as one per module; modules never called or called several times make the real count differ."
-      : "";
+    const recorded = `${formatExact(n)} calls recorded`;
+    const layersDone = layers && layers.total > 1 ? `${layers.done} of ${layers.total} layers traced · ` : "";
+    const done =
+      wait?.state === "analyze"
+        ? `${wait.text} · ${recorded}`
+        : s.phase
+          ? `forward pass done (${formatExact(n)} calls) · ${step}…`
+          : n === 0 && wait?.state === "trace"
+            ? wait.text
+            : `tracing: ${layersDone}${recorded}${m ? ` / ${formatExact(m)} expected (estimate)` : ""}`;
+    const text = `${s.rerunning ? "Re-running · " : ""}${done} · ${seconds(now, s.startedAt)}`;
+    el.title = [
+      m ? "Expected calls are estimated before the trace as one per module; modules never called or called several times make the real count differ." : "",
+      layersDone && layers ? `Layers of ${layers.label} whose forward call has ended.` : "",
+    ]
+      .filter(Boolean)
+      .join(" ");
     const bar = h("div", "mw-progress-bar");
     const fill = h("div", "mw-progress-fill");
-    fill.style.width = s.phase ? "100%" : m ? `${Math.min(100, (100 * n) / m).toFixed(1)}%` : "0%";
+    fill.style.width = s.phase || wait?.state === "analyze" ? "100%" : m ? `${Math.min(100, (100 * n) / m).toFixed(1)}%` : "0%";
     bar.append(fill);
     el.append(h("span", "mw-spinner"), h("span", "", text), bar);
   } else if (s.elapsedS !== null) {
@@ -192,7 +218,8 @@ export function renderProgress(el: HTMLElement, s: Session, now: number): void {
 }
 
 /**
- * The progress line and its clocks: redrawn every 250 ms while a trace runs (`start`), and once
+ * The progress line and its clocks: redrawn every 250 ms while an analysis runs (from its first
+ * `waiting` or its `start`: the clock runs in the page, the kernel sends each state once), and once
  * when a re-run has gone unanswered for `RERUN_WAIT_MS` (`watchRerun`).
  */
 export class ProgressLine {
@@ -200,11 +227,14 @@ export class ProgressLine {
   private timer: ReturnType<typeof setInterval> | null = null;
   private rerunTimer: ReturnType<typeof setTimeout> | null = null;
 
-  /** `session`: the session to draw, read at each redraw. */
-  constructor(private session: () => Session) {}
+  /** `session`: the session to draw, read at each redraw; `layers`: the trace's layers so far. */
+  constructor(
+    private session: () => Session,
+    private layers: () => LayerProgress | null = () => null,
+  ) {}
 
   render(): void {
-    renderProgress(this.el, this.session(), performance.now());
+    renderProgress(this.el, this.session(), performance.now(), this.layers());
   }
 
   start(): void {

@@ -395,8 +395,19 @@ export interface ErrorMessage {
 export interface ReadyMessage {
   type: "ready";
 }
+/**
+ * What a running analysis waits for now (`meta_widget/views/waiting.py`): `text` in words, the
+ * state entered `elapsedS` seconds before it was sent (the warm-up: since the warm-up started).
+ * The view counts the seconds on itself; the kernel sends a state once, when it enters it.
+ */
+export interface WaitingMessage {
+  type: "waiting";
+  state: WaitState;
+  text: string;
+  elapsedS: number;
+}
 /** Kernel -> front end (`choices.KernelMessage`; `decodeMessage` decodes each). */
-export type Message = StartMessage | CallsMessage | PhaseMessage | DoneMessage | ErrorMessage | ReadyMessage;
+export type Message = StartMessage | CallsMessage | PhaseMessage | DoneMessage | ErrorMessage | ReadyMessage | WaitingMessage;
 
 /** Front end -> kernel. */
 /** Sent once by a view with a kernel when it mounts; the kernel-side widget answers `ready`. */
@@ -414,7 +425,10 @@ export const MODES = ["inference", "training"] as const;
 export const PRECISIONS = ["fp32", "bf16", "fp16", "int8", "int4"] as const;
 export type PrecisionName = (typeof PRECISIONS)[number];
 /** Message types of each direction (`choices.KernelMessage`, `choices.ViewMessage`). */
-export const KERNEL_MESSAGE_TYPES = ["start", "calls", "phase", "done", "error", "ready"] as const;
+export const KERNEL_MESSAGE_TYPES = ["start", "calls", "phase", "done", "error", "ready", "waiting"] as const;
+/** What a running analysis can wait for, in the order it goes through them (`choices.WaitState`). */
+export const WAIT_STATES = ["warm-up", "build", "trace", "analyze"] as const;
+export type WaitState = (typeof WAIT_STATES)[number];
 export const VIEW_MESSAGE_TYPES = ["hello", "select", "rerun"] as const;
 /** The exploration widget's views (`choices.ExploreKind`; `explore.ts`). */
 export const EXPLORE_KINDS = ["fit", "compare", "plan"] as const;

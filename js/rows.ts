@@ -7,8 +7,8 @@ import type { DtypeChoice } from "./charts";
 import { checkpointMarker } from "./checkpoint";
 import { NONE, formatBytes, formatCount, formatExact, formatFlops, formatShapes } from "./format";
 import type { Analysis, CallInfo, ModuleInfo } from "./protocol";
-import { nodeName, nodeType, nodeValues, type Aggregate, type Row, type Tree } from "./tree";
-import type { Cell, RowCells, TimeCell } from "./columns";
+import { nodeName, nodeType, nodeValues, type Aggregate, type GroupNode, type Row, type Tree } from "./tree";
+import { PENDING_TEXT, type Cell, type RowCells, type TimeCell } from "./columns";
 import { formatSeconds } from "./timing";
 
 /** The largest value of each column: its inline bars are fractions of it. */
@@ -78,6 +78,12 @@ function shapesCell(calls: CallInfo[], which: "inputs" | "outputs"): Cell {
 }
 
 const CONTAINER_HINT = "not called itself (a container): see its children";
+/** Containers without a `forward` (`CONTAINERS` in `views/widget.py`): never called themselves. */
+const CONTAINER_TYPES = new Set(["ModuleList", "ModuleDict", "ParameterList", "ParameterDict"]);
+export const PENDING_HINT = "not traced yet: its shapes, FLOPs and output memory come with its calls";
+
+/** A pending cell: the trace runs and this module's calls have not arrived. */
+const pendingCell = (): Cell => ({ text: PENDING_TEXT, title: PENDING_HINT, fraction: 0 });
 
 /**
  * The Time cell of a node: its seconds on the GPU and what bounds it (a folded group: the
@@ -110,8 +116,12 @@ export function describeRow(ctx: RowContext, row: Row): RowCells {
   const m = a.modules[mi] as ModuleInfo;
   const calls = m.calls.map((j) => a.calls[j]).filter((c): c is CallInfo => c !== undefined);
   const traced = a.status !== "structural";
+  // while the trace runs, a module whose calls have not arrived is pending (its structure,
+  // parameters included, is known; its shapes and costs are not), unless it is a container
+  // without `forward` with a called child
+  const pending = a.status === "running" && v.calls === 0 && !(ctx.reached[mi] === true && CONTAINER_TYPES.has(m.type));
   // a container that is never called itself (ModuleList): its numbers are in its children
-  const container = traced && v.calls === 0 && ctx.reached[mi] === true;
+  const container = traced && v.calls === 0 && ctx.reached[mi] === true && !pending;
   const name = nodeName(tree, node);
   const type = nodeType(tree, node);
   const shown = traced && !container;
@@ -122,43 +132,75 @@ export function describeRow(ctx: RowContext, row: Row): RowCells {
     calls: node.kind === "module" ? v.calls : Math.round(v.calls / node.members.length),
     error: v.error,
     assumed: v.assumed,
-    dim: traced && v.calls === 0 && !container,
+    dim: traced && v.calls === 0 && !container && !pending,
+    pending,
     checkpoint: checkpointMarker(ctx.checkpoint, a, node, row.hasChildren && !row.expanded),
     group: node.kind === "group",
-    inputs: shapesCell(calls, "inputs"),
-    outputs: shapesCell(calls, "outputs"),
+    inputs: pending ? pendingCell() : shapesCell(calls, "inputs"),
+    outputs: pending ? pendingCell() : shapesCell(calls, "outputs"),
     params: { text: v.params ? formatCount(v.params) : NONE, title: `${formatExact(v.params)} parameters`, fraction: v.params / s.params },
     paramBytes: {
       text: v.paramBytes ? formatBytes(v.paramBytes) : NONE,
       title: `${formatExact(v.paramBytes)} bytes`,
       fraction: v.paramBytes / s.paramBytes,
     },
-    activationBytes: {
-      text: shown && out ? formatBytes(out) : NONE,
-      title: container
-        ? CONTAINER_HINT
-        : `${formatExact(out)} bytes (outputs' new storage, ${a.mode === "generate" ? "its largest call: generate() runs the model once per token" : "summed over calls"}${ctx.dtype === "recorded" ? "" : `, at ${ctx.dtype}`})`,
-      fraction: v.activationBytes / s.acts,
-    },
-    flops: {
-      text: shown && v.flops ? formatFlops(v.flops) : NONE,
-      title: container
-        ? CONTAINER_HINT
-        : v.backwardFlops
-          ? `${formatExact(v.flops)} FLOPs: forward ${formatExact(v.flops - v.backwardFlops)} + backward ${formatExact(v.backwardFlops)}`
-          : `${formatExact(v.flops)} FLOPs`,
-      fraction: v.flops / s.flops,
-    },
+    activationBytes: pending
+      ? pendingCell()
+      : {
+          text: shown && out ? formatBytes(out) : NONE,
+          title: container
+            ? CONTAINER_HINT
+            : `${formatExact(out)} bytes (outputs' new storage, ${a.mode === "generate" ? "its largest call: generate() runs the model once per token" : "summed over calls"}${ctx.dtype === "recorded" ? "" : `, at ${ctx.dtype}`})`,
+          fraction: v.activationBytes / s.acts,
+        },
+    flops: pending
+      ? pendingCell()
+      : {
+          text: shown && v.flops ? formatFlops(v.flops) : NONE,
+          title: container
+            ? CONTAINER_HINT
+            : v.backwardFlops
+              ? `${formatExact(v.flops)} FLOPs: forward ${formatExact(v.flops - v.backwardFlops)} + backward ${formatExact(v.backwardFlops)}`
+              : `${formatExact(v.flops)} FLOPs`,
+          fraction: v.flops / s.flops,
+        },
     time: timeCell(a, node.kind === "module" ? [node.module] : node.members, v.time, shown, s.time),
   };
 }
 
-
-/** What the table says when it has no rows ("" when it has some). */
-export function emptyText(a: Analysis | null, rows: number, filter: string): string {
-  if (!a) return "Nothing analyzed yet.";
+/**
+ * What the table says when it has no rows ("" when it has some); `waiting`: the kernel said
+ * what the analysis waits for (the model is not built yet, so there is no tree to show).
+ */
+export function emptyText(a: Analysis | null, rows: number, filter: string, waiting = false): string {
+  if (!a) return waiting ? "The module tree shows here as soon as the model is built." : "Nothing analyzed yet.";
   if (rows > 0) return "";
   if (filter.trim()) return `No module name, type or path matches “${filter.trim()}”.`;
-  if (a.status === "running") return "Waiting for the first calls…";
+  if (a.status === "running") return "Waiting for the module tree…";
+  if (a.status === "error" && a.modules.length === 0) return "No module tree: the analysis stopped before the model was built.";
   return "This model has no modules.";
+}
+
+/** How far the trace is through the model's repeated layers. */
+export interface LayerProgress {
+  /** The group's path and range ("model.layers.0–79"). */
+  label: string;
+  /** Members whose own call arrived (a call arrives when it ends: the layer is traced). */
+  done: number;
+  total: number;
+}
+
+/**
+ * The largest run of repeated siblings (a decoder's layers) and how many of them have been
+ * traced: null when the model has none. Calls arrive as they end, so a layer counts once its
+ * forward is over.
+ */
+export function layerProgress(tree: Tree, aggs: readonly Aggregate[]): LayerProgress | null {
+  let best: GroupNode | null = null;
+  for (const node of tree.nodes) {
+    for (const c of node?.children ?? []) if (c.kind === "group" && (!best || c.members.length > best.members.length)) best = c;
+  }
+  if (!best) return null;
+  const done = best.members.filter((i) => (aggs[i]?.calls ?? 0) > 0).length;
+  return { label: nodeName(tree, best), done, total: best.members.length };
 }

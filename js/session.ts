@@ -1,5 +1,6 @@
 /**
- * The session: what the kernel's messages (`start`, `calls`, `phase`, `done`, `error`), a new
+ * The session: what the kernel's messages (`waiting`, `start`, `calls`, `phase`, `done`,
+ * `error`), a new
  * payload from the synced trait, and the user's re-run requests do to the state the view shows.
  *
  * `reduce(session, event, now)` returns the next session. It touches no DOM, timer or clock
@@ -12,11 +13,21 @@
  * (`start`, a payload) replaces the object, so "is it a new model?" is `prev.analysis !==
  * next.analysis`.
  */
-import { type Analysis, type Message, type Mode, type RerunMessage } from "./protocol";
+import { type Analysis, type Message, type Mode, type RerunMessage, type WaitState } from "./protocol";
 import { applyCalls, emptyAnalysis } from "./decode";
+
+/** What the running analysis said it waits for (`waiting`), and since when. */
+export interface Waiting {
+  readonly state: WaitState;
+  readonly text: string;
+  /** When the state began (a `now`): its arrival less the seconds it had lasted then. */
+  readonly since: number;
+}
 
 export interface Session {
   readonly analysis: Analysis | null;
+  /** What the analysis waits for now; null when it said nothing or has ended. */
+  readonly wait?: Waiting | null;
   /** Calls the running trace expects: an estimate sent with `start`, never exact. */
   readonly expectedCalls: number;
   /** What a running training step does after its forward pass (`backward`, `optimizer`). */
@@ -79,9 +90,12 @@ export function rerunUnanswered(s: Session, now: number): boolean {
   return s.rerunning && s.analysis?.status !== "running" && now - s.rerunAt >= RERUN_WAIT_MS;
 }
 
-/** True when the session can ask for a re-run now: a kernel answered and nothing is running. */
+/**
+ * True when the session can ask for a re-run now: a kernel answered and nothing is running (no
+ * trace, and no analysis waiting for its model or the warm-up).
+ */
 export function canRerun(s: Session, kernel: boolean): boolean {
-  return kernel && s.kernelAlive && !s.rerunning && s.analysis?.status !== "running";
+  return kernel && s.kernelAlive && !s.rerunning && s.analysis?.status !== "running" && !s.wait;
 }
 
 /** The next session after `event`, at time `now` (milliseconds, any monotonic clock). */
@@ -92,14 +106,19 @@ export function reduce(s: Session, event: SessionEvent, now: number): Session {
   switch (event.type) {
     case "ready":
       return s;
-    case "payload":
-      return withAnalysis(s, event.analysis);
+    case "payload": {
+      // a finished analysis in the trait (a structural one has no `done`): nothing to wait for
+      const ended = event.analysis !== null && event.analysis.status !== "running";
+      return withAnalysis(ended && s.wait ? { ...s, wait: null } : s, event.analysis);
+    }
+    case "waiting":
+      return { ...s, wait: { state: event.state, text: event.text, since: now - event.elapsedS * 1000 } };
     case "rerun":
       return { ...s, mode: event.mode, rerunning: true, rerunAt: now, rerunError: "" };
     case "start": {
       const next = withAnalysis(s, event.payload ?? emptyAnalysis());
       (next.analysis as Analysis).status = "running";
-      return { ...next, expectedCalls: event.expectedCalls, phase: null, startedAt: now, elapsedS: null };
+      return { ...next, expectedCalls: event.expectedCalls, phase: null, startedAt: now, elapsedS: null, wait: null };
     }
     case "calls": {
       const analysis = s.analysis ?? emptyAnalysis();
@@ -110,8 +129,17 @@ export function reduce(s: Session, event: SessionEvent, now: number): Session {
       return { ...s, phase: event.phase };
     case "done":
       if (s.analysis?.status === "running") s.analysis.status = "done";
-      return { ...s, rerunning: false, reran: s.reran || s.rerunning, phase: null, elapsedS: event.elapsedS, totalS: event.totalS };
+      return {
+        ...s,
+        rerunning: false,
+        reran: s.reran || s.rerunning,
+        phase: null,
+        elapsedS: event.elapsedS,
+        totalS: event.totalS,
+        wait: null,
+      };
     case "error":
+      s = s.wait ? { ...s, wait: null } : s;
       if (s.rerunning && s.analysis?.status !== "running") {
         // the kernel refused the re-run before starting it (no model in this kernel): the
         // analysis shown is still valid, so the view says why instead of marking it failed
@@ -125,8 +153,16 @@ export function reduce(s: Session, event: SessionEvent, now: number): Session {
       if (s.analysis) {
         s.analysis.error = event.error;
         s.analysis.status = "error";
+        return { ...s, rerunning: false };
       }
-      return { ...s, rerunning: false };
+      // the analysis stopped before its module tree was sent (the model did not build): an
+      // empty analysis carries the error, so the banner says why instead of a wait that never ends
+      {
+        const failed = emptyAnalysis();
+        failed.status = "error";
+        failed.error = event.error;
+        return { ...withAnalysis(s, failed), rerunning: false };
+      }
   }
 }
 

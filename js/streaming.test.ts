@@ -25,7 +25,11 @@ describe("a streamed analysis", () => {
     const msgs = messages as { type: string; calls?: { module: number[] } }[];
     model.emit("msg:custom", msgs[0]);
     app.render();
-    expect(el.querySelector(".mw-table-empty")?.textContent).toBe("Waiting for the first calls…");
+    // the start's module table: every module is a row at once, its shapes and costs pending
+    expect(el.querySelector<HTMLElement>(".mw-table-empty")?.style.display).toBe("none");
+    expect(visibleRows(el)).toBeGreaterThan(1);
+    expect(el.querySelectorAll(".mw-row.mw-pending").length).toBeGreaterThan(0);
+    expect(el.querySelector(".mw-row.mw-pending .mw-td-pending")?.textContent).toBe("…");
     // the start's module table has the parameters: the header counts them already
     const totals = el.querySelector(".mw-totals")?.textContent ?? "";
     expect(totals).not.toMatch(/params0(?![.\d])/);

@@ -5,7 +5,7 @@
  * The view knows nothing about payloads: the app hands it the flattened rows and a `describe`
  * function that returns the text of a row's cells. Every string goes through `textContent`.
  */
-import { COLUMNS, DROP_ORDER, DROPPED_LABELS, cellValues, columnLayout, type Cell, type RowCells } from "./columns";
+import { COLUMNS, DROP_ORDER, DROPPED_LABELS, PENDING_TEXT, cellValues, columnLayout, type Cell, type RowCells } from "./columns";
 import { visibleWindow, type Row, type SortColumn } from "./tree";
 
 export { OUTPUT_MEM_HINT, columnLayout, type Cell, type RowCells } from "./columns";
@@ -453,6 +453,7 @@ export class TreeView {
     el.classList.toggle("mw-selected", i === this.selected);
     el.classList.toggle("mw-error-row", d.error);
     el.classList.toggle("mw-dim", d.dim);
+    el.classList.toggle("mw-pending", d.pending === true);
     el.classList.toggle("mw-group", d.group);
     el.classList.toggle("mw-unmatched", !row.matched);
     el.classList.toggle("mw-highlight", this.highlighted.has(i));
@@ -481,6 +482,9 @@ export class TreeView {
       const c = r.cells[k] as RowEl["cells"][number];
       const v = values[k] as Cell;
       setText(c, v.text);
+      // a cell waiting for its module's calls (the trace runs): muted, the known ones are not
+      const waits = d.pending === true && v.text === PENDING_TEXT;
+      if (c.el.classList.contains("mw-td-pending") !== waits) c.el.classList.toggle("mw-td-pending", waits);
       // a tooltip shown before (see onOver) follows the new value
       if (c.el.hasAttribute("title")) c.el.title = v.title ?? v.text;
       if (c.bar) {

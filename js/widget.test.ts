@@ -150,18 +150,23 @@ describe("widget", () => {
     expect(details).toContain("if mask.all():");
   });
 
-  it("streams: progress, rows as calls arrive, then the final payload", () => {
+  it("streams: the module rows at once, their cells as calls arrive, then the final payload", () => {
     const fx = tiny();
     const { model, app } = setup({});
     expect(el.querySelectorAll(".mw-row:not([style*='none'])").length).toBe(0);
     model.emit("msg:custom", fx.messages[0]);
     app.render();
     expect(el.querySelector(".mw-progress")?.textContent).toContain("0 calls recorded / 12 expected");
+    // the module tree from the start: every row, each pending
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]);
+    expect(el.querySelectorAll(".mw-row.mw-pending").length).toBe(5);
     model.emit("msg:custom", fx.messages[1]);
     app.render();
     expect(el.querySelector(".mw-progress")?.textContent).toContain("5 calls recorded / 12 expected");
     // embed, layers.0 (fc, act) and layers.1.fc have been called: head not yet
-    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2"]);
+    expect(rowTexts(el)).toEqual(["TinyNet", "embed", "layers", "0–2", "head"]);
+    const pending = [...el.querySelectorAll<HTMLElement>(".mw-row.mw-pending")].map((r) => r.querySelector(".mw-mname")?.textContent);
+    expect(pending).toEqual(["TinyNet", "head"]);
     model.emit("msg:custom", fx.messages[2]);
     model.traits.payload = fx.payload;
     model.emit("msg:custom", fx.messages[3]);

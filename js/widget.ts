@@ -3,7 +3,7 @@
  *
  * Traits: `payload` (the analysis; `{}` until there is one), `selected` (module row, set here),
  * `depth` (optional: how deep the tree opens at first).
- * Custom messages from the kernel (`start`, `calls`, `done`, `error`) stream a trace in;
+ * Custom messages from the kernel (`waiting`, `start`, `calls`, `done`, `error`) stream a trace in;
  * `{type: "select", module}` goes back when the user selects a row.
  *
  * The kernel sends `start` (the module table) as soon as it displays the widget, before any view
@@ -42,13 +42,18 @@ export interface Streamed {
 }
 
 /** The messages a stream's backlog keeps: the start, then what follows it until `done`. */
-const AFTER_START = new Set(["calls", "phase", "error"]);
+const AFTER_START = new Set(["calls", "phase", "error", "waiting"]);
 
-/** Add `content`, a message from the kernel that arrived `at`, to a stream's backlog `log`. */
+/**
+ * Add `content`, a message from the kernel that arrived `at`, to a stream's backlog `log`.
+ * Before the `start` (the model not built yet) only the latest `waiting` matters, and an
+ * `error` after it (the analysis stopped there): a view mounting then says the same.
+ */
 export function keepStreamed(log: Streamed[], content: unknown, at = performance.now()): void {
   const type = typeOf(content);
-  if (type === "start" || type === "done") log.splice(0, log.length, { content, at });
-  else if (AFTER_START.has(type) && typeOf(log[0]?.content) === "start") log.push({ content, at });
+  const first = typeOf(log[0]?.content);
+  if (type === "start" || type === "done" || (type === "waiting" && first !== "start")) log.splice(0, log.length, { content, at });
+  else if (AFTER_START.has(type) && (first === "start" || first === "waiting")) log.push({ content, at });
 }
 
 function typeOf(content: unknown): string {

@@ -24,6 +24,7 @@ __all__ = [
     "Precision",
     "Status",
     "ViewMessage",
+    "WaitState",
     "choose",
 ]
 
@@ -132,6 +133,17 @@ class KernelMessage(_Choice):
     DONE = "done"
     ERROR = "error"
     READY = "ready"
+    WAITING = "waiting"
+
+
+class WaitState(_Choice):
+    """What a running analysis waits for (the ``waiting`` message's ``state``): the warm-up
+    ``%load_ext`` started, the model's build on meta, the trace, the analysis of the trace."""
+
+    WARM_UP = "warm-up"
+    BUILD = "build"
+    TRACE = "trace"
+    ANALYZE = "analyze"
 
 
 class ViewMessage(_Choice):

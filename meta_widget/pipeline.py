@@ -18,6 +18,7 @@ import torch
 
 from . import heavy, warm
 from .checkpoints import CheckpointDiff, checkpoint_diff, inspect_checkpoint
+from .choices import WaitState
 from .data.flatten import named_tensors
 from .data.records import CallRecord
 from .data.tree import ModuleNode, build_tree
@@ -27,7 +28,7 @@ from .memory.moe import BALANCED_NOTE, find_moe
 from .memory.report import memory_report
 from .options import EP_NOTE, OptionError, Options, check_buildable, check_listeners
 from .sources.inputs import make_inputs
-from .sources.models import MetaModel, check_tree, to_meta
+from .sources.models import MetaModel, check_tree, source_of, to_meta
 from .sources.precision import cast_inputs, with_param_dtype
 from .timing.gpus import GPU, resolve_gpu
 from .timing.model import StepTime, generation_time, step_time, tokens_of
@@ -36,6 +37,7 @@ from .trace.explain import Explanation, explain
 from .trace.generate import check_generates
 from .trace.passes import Trace, pause_gc, trace
 from .undo import Undo
+from .views import waiting
 
 if TYPE_CHECKING:
     from .views.widget import MetaWidget
@@ -81,9 +83,35 @@ def _pipeline(
     gpu = resolve_gpu(options.gpu) if options.gpu is not None else None  # unknown: OptionError
     listeners = check_listeners(listeners)
     check_buildable(model)
+    # the widget is shown now, before the model is built: it says what the analysis waits for
+    # (meta_widget.views.waiting), then shows the module tree as soon as there is one
+    view = _resolve_widget(widget, options)
+    try:
+        return _stages(model, options, given_notes, gpu, make, view, listeners)
+    except BaseException as exc:
+        if view is not None and view.last_done is None:  # no result reached the views
+            view.fail(explain(exc))
+        raise
+
+
+def _stages(
+    model: Any,
+    options: Options,
+    given_notes: list[str],
+    gpu: GPU | None,
+    make: Callable[..., R],
+    view: Any,
+    listeners: Sequence[Callable[[CallRecord], None]],
+) -> R:
+    """The pipeline after its checks: build, trace, assemble; ``view`` (a ``MetaWidget`` or
+    None; it shows the ``R`` made here) told each state."""
     # the warm-up started by %load_ext (meta_widget.warm) is this analysis's first meta forward,
     # paid ahead: wait for it rather than import the same modules beside it
-    warm.wait()
+    if view is not None:
+        warm.wait(lambda: view.waiting(WaitState.WARM_UP, waiting.WARM_UP_TEXT, warm.so_far()))
+        view.waiting(WaitState.BUILD, waiting.build_text(source_of(model)))
+    else:
+        warm.wait()
     start = time.perf_counter()
     meta = source = _build(model)
     if options.param_dtype is not None:
@@ -118,7 +146,7 @@ def _pipeline(
     if options.parallel is not None and options.parallel.pp > 1 and not inputs.empty:
         from .distributed import pipelining  # every pipeline rank traced in turn
 
-        return pipelining.run_stages(  # type: ignore[no-any-return]
+        staged: R = pipelining.run_stages(
             meta,
             inputs,
             options,
@@ -132,10 +160,14 @@ def _pipeline(
             _assemble,
             time_step,
         )
+        if view is not None:  # its stages are traced one by one, without a stream
+            view.analysis = staged
+            view.show(staged)
+            view.update_live_display()
+        return staged
     tree = walk(module)  # one walk for the tree and the trace
     nodes = build_tree(module, tree)
     input_tensors = [t for _, t in named_tensors((inputs.args, inputs.kwargs))]
-    view = _resolve_widget(widget, options)
     if view is not None:  # its "done" says how long all of it took, the model's build included
         view.run_started = start
     stream = None
@@ -149,6 +181,7 @@ def _pipeline(
             stream = view.stream(
                 nodes, title=type(module).__name__, source=meta.source, mode=options.mode
             )
+            stream.waiting(WaitState.TRACE, waiting.TRACE_TEXT)
         spec = options.trace_spec()
         observers: dict[str, Any] = dict(
             listeners=[*listeners, stream.add] if stream is not None else list(listeners),
@@ -163,6 +196,11 @@ def _pipeline(
             world = wrapped.world_for(options.parallel, meta.wrapping)
             rank = ranks.trace_rank(world, module, inputs.args, inputs.kwargs, spec, **observers)
             result, traced, comms = rank.trace, rank.module, rank.comms
+        if stream is not None:
+            stream.waiting(
+                WaitState.ANALYZE,
+                waiting.analyze_text(gpu.name if gpu is not None else None, options.training),
+            )
     fields = _assemble(meta, nodes, input_tensors, kept, notes, diff, result, traced)
     analysis = make(
         **fields,

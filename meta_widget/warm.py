@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["in_kernel", "running", "start", "wait"]
+__all__ = ["in_kernel", "running", "so_far", "start", "wait"]
 
 LOG = logging.getLogger("meta_widget.warm")
 
@@ -31,14 +31,17 @@ _thread: threading.Thread | None = None
 _done = threading.Event()
 #: how long the warm-up took, once done (seconds); None before
 seconds: float | None = None
+#: when the warm-up started (``time.perf_counter()``); None before
+started: float | None = None
 
 
 def start(job: Callable[[], object]) -> bool:
     """Run ``job`` once per process in a daemon thread; False when one already started."""
-    global _thread
+    global _thread, started
     with _lock:
         if _thread is not None:
             return False
+        started = time.perf_counter()
         _thread = threading.Thread(
             target=_run, args=(job,), name="meta_widget-warm-up", daemon=True
         )
@@ -64,6 +67,11 @@ def running() -> bool:
     """A warm-up started and has not finished (False inside the warm-up itself)."""
     thread = _thread
     return thread is not None and not _done.is_set() and thread is not threading.current_thread()
+
+
+def so_far() -> float:
+    """Seconds since the warm-up started (0.0 when none did)."""
+    return 0.0 if started is None else time.perf_counter() - started
 
 
 def wait(on_wait: Callable[[], None] | None = None) -> float:

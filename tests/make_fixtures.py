@@ -58,6 +58,7 @@ def choices() -> dict[str, list[str]]:
         "explore_kinds": [k.value for k in c.ExploreKind],
         "kernel_messages": [m.value for m in c.KernelMessage],
         "view_messages": [m.value for m in c.ViewMessage],
+        "wait_states": [s.value for s in c.WaitState],
         "compare_numbers": list(NUMBERS),
     }
 

@@ -90,6 +90,11 @@ def to_meta(obj: Any) -> MetaModel:
     )
 
 
+def source_of(obj: Any) -> str | None:
+    """The name of the source :func:`to_meta` builds ``obj`` with (None: no source takes it)."""
+    return next((name for name, (accepts, _) in SOURCES.items() if accepts(obj)), None)
+
+
 def check_tree(module: torch.nn.Module) -> None:
     """Refuse a module tree PyTorch's own walks cannot take (:func:`~.walk.tree_fault`): a
     submodule named ``""``, ``"a.b"`` or not by a string, an entry of ``_modules`` that is not a

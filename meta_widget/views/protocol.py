@@ -126,7 +126,16 @@ Tensor names in ``inputs``/``outputs`` are paths into the Python structure: ``"a
 
 Messages, kernel -> front end (custom messages, while tracing)
 -------------------------------------------------------------
-- ``{"type": "start", "expected_calls": int, "payload": <payload, status "running", no calls>}``
+- ``{"type": "waiting", "state": "warm-up" | "build" | "trace" | "analyze", "text": str,
+  "elapsed_s": float}``: what the running analysis waits for now, in words
+  (``meta_widget.views.waiting``), sent once as the pipeline enters each state; ``elapsed_s``:
+  how long the state had lasted when sent (the warm-up: since it started). The view counts the
+  seconds on itself. ``warm-up`` and ``build`` come before ``start`` (no module tree yet),
+  ``trace`` right after it, ``analyze`` after the trace's last ``calls``. An analysis that stops
+  before its ``start`` (the model did not build, an option does not fit it) sends ``error``.
+- ``{"type": "start", "expected_calls": int, "payload": <payload, status "running", no calls>}``:
+  the module tree (names, types, parameters: known without a trace). The view shows every
+  module as a row at once, its shapes, output memory and FLOPs pending until its calls arrive.
 - ``{"type": "calls", "strings": [...], "shapes": [...], "tensors": [...],
   "calls": {"index": [int], ...the call columns above...}}``: the dictionaries are *appended* to
   the ones already received (ids continue), then the calls are added at their ``index`` rows.

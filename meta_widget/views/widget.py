@@ -18,7 +18,7 @@ import anywidget
 import traitlets
 from IPython.display import display
 
-from ..choices import Device, KernelMessage, Mode, Optimizer, Status
+from ..choices import Device, KernelMessage, Mode, Optimizer, Status, WaitState
 from .fallback import fallback_html
 from .protocol import (
     MESSAGE_TYPES_FROM_JS,
@@ -32,6 +32,7 @@ from .protocol import (
 if TYPE_CHECKING:
     from ..data.records import CallRecord
     from ..data.tree import ModuleNode
+    from ..trace.explain import Explanation
     from .analyzed import Analyzed
 
 STATIC = pathlib.Path(__file__).parent.parent / "static"
@@ -228,6 +229,24 @@ class MetaWidget(anywidget.AnyWidget):  # type: ignore[misc]
         if handle is not None and self.analysis is not None:
             handle.update(static_bundle(self.analysis), raw=True)
 
+    def waiting(self, state: WaitState, text: str, elapsed_s: float = 0.0) -> None:
+        """Say what the analysis waits for now (``waiting``: ``meta_widget.views.waiting``),
+        ``elapsed_s`` into that state; the views count the seconds on from there themselves."""
+        self.last_done = None  # a view mounting now must not see the last analysis finished
+        self.send(
+            {
+                "type": KernelMessage.WAITING.value,
+                "state": WaitState(state).value,
+                "text": text,
+                "elapsed_s": round(max(0.0, elapsed_s), 3),
+            }
+        )
+
+    def fail(self, error: Explanation) -> None:
+        """The analysis stopped before it had a result (its model did not build, an option did
+        not fit the model, an interrupt): the views say why instead of waiting on."""
+        self.send({"type": KernelMessage.ERROR.value, "error": encode_error(error)})
+
     def stream(
         self, nodes: Sequence[ModuleNode], *, title: str, source: str, mode: str
     ) -> CallStream:
@@ -305,6 +324,11 @@ class CallStream:
         self.widget.send({"type": "calls", **self.dictionary.take_new(), "calls": calls})
         self.pending.clear()
         self.last = time.perf_counter()
+
+    def waiting(self, state: WaitState, text: str) -> None:
+        """The trace entered ``state`` (``MetaWidget.waiting``): its calls so far first."""
+        self.flush()
+        self.widget.waiting(state, text)
 
     def phase(self, name: str) -> None:
         """A training step moved on to ``name`` (backward, optimizer): say so, calls first."""
