@@ -429,19 +429,26 @@ def test_streamed_calls_show_progress_then_the_result(
 ) -> None:
     msgs = gpt2_stream["messages"]
     kinds = [m["type"] for m in msgs]
-    assert kinds[0] == "start" and kinds[-1] == "done" and kinds.count("calls") >= 2
+    start, first_calls = kinds.index("start"), kinds.index("calls")
+    # what the analysis waits for comes first (the build), then the module table
+    assert set(kinds[:start]) == {"waiting"} and start < first_calls
+    assert kinds[-1] == "done" and kinds.count("calls") >= 2
     page.goto(live_page(tmp_path).as_uri())
     page.wait_for_selector(".mw-root")
-    page.evaluate("m => window.live.message(m)", msgs[0])
-    page.evaluate("m => window.live.message(m)", msgs[1])
+    for m in msgs[: first_calls + 1]:
+        page.evaluate("m => window.live.message(m)", m)
     settle(page)
-    first = len(msgs[1]["calls"]["index"])
-    expected = msgs[0]["expected_calls"]
+    first = len(msgs[first_calls]["calls"]["index"])
+    expected = msgs[start]["expected_calls"]
     assert f"{first} calls recorded / {expected} expected" in page.inner_text(".mw-progress")
-    partial = visible_rows(page)
-    assert partial and "lm_head" not in partial  # lm_head runs last: not called yet
+    # every module is a row from the start; lm_head runs last: its cells still pending
+    assert "lm_head" in visible_rows(page)
+    pending = page.eval_on_selector_all(
+        ".mw-row.mw-pending", "rows => rows.map(r => r.querySelector('.mw-mname').textContent)"
+    )
+    assert "lm_head" in pending
     page.screenshot(path=str(artifacts / "standalone-streaming.png"), full_page=True)
-    for m in msgs[2:-1]:
+    for m in msgs[first_calls + 1 : -1]:
         page.evaluate("m => window.live.message(m)", m)
     page.evaluate("p => window.live.set('payload', p)", gpt2_stream["payload"])
     page.evaluate("m => window.live.message(m)", msgs[-1])
@@ -449,6 +456,7 @@ def test_streamed_calls_show_progress_then_the_result(
     total = len(gpt2_stream["payload"]["calls"]["module"])
     assert f"{total} calls recorded in" in page.inner_text(".mw-progress")
     assert "lm_head" in visible_rows(page)
+    assert page.locator(".mw-row.mw-pending").count() == 0  # every row traced
     assert not page.errors, page.errors
 
 
