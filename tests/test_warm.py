@@ -116,3 +116,31 @@ def test_the_warm_up_drops_its_own_log_records_only_while_it_runs() -> None:
     assert out["lines"] == ["from the user's thread", "after"]
     assert out["filters"] == 0  # every handler as it was
     assert stderr == "through lastResort, after\n"  # lastResort: only the record after
+
+
+USER_HOOK = """
+import json, threading
+import torch
+from torch.nn.modules.module import register_module_forward_hook
+from meta_widget import warm, warmstart
+seen = []
+handle = register_module_forward_hook(lambda m, i, o: seen.append(threading.current_thread().name))
+assert warmstart.global_module_hooks()
+assert warmstart.start()
+warm.wait()
+handle.remove()
+hooked = list(seen)
+assert not warmstart.global_module_hooks()
+warmstart.run_tiny_decoder()  # with no hook: runs here, leaves no mode on this thread
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+print(json.dumps({"seen": hooked, "modes": len(_get_current_dispatch_mode_stack()),
+                  "seconds": warm.seconds}))
+"""
+
+
+def test_the_warm_up_runs_no_module_while_the_user_has_a_global_module_hook() -> None:
+    # its tiny decoder's module calls would reach the user's hook from the warm-up's thread
+    out, _, stderr = run(USER_HOOK)
+    assert out["seen"] == [] and out["modes"] == 0
+    assert isinstance(out["seconds"], float)
+    assert stderr == "", stderr
