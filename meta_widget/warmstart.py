@@ -19,8 +19,9 @@ It touches nothing global: no module hooks, no dispatch mode but one of its own 
 stacks are per thread), nothing the user's own code in the main thread could see (a filter on
 the logging handlers, for the records of its own thread, while it runs). Modules run in it only
 while no global module hook is registered (``register_module_forward_hook`` and its kin: the
-user's would be called from this thread); with one, the first analysis pays those first calls. Started by ``%load_ext meta_widget`` and by ``import meta_widget`` in a Jupyter
-kernel; ``META_WIDGET_WARMUP=0`` turns it off.
+user's would be called from this thread); with one, the first analysis pays those first calls.
+Started by ``%load_ext meta_widget`` and by ``import meta_widget`` in a Jupyter kernel;
+``META_WIDGET_WARMUP=0`` turns it off.
 """
 
 from __future__ import annotations
