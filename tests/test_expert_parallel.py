@@ -23,7 +23,7 @@ from parallel_truth import (
 )
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import meta_widget as mw
@@ -107,12 +107,73 @@ def test_an_ep2_rank_is_a_real_ranks_peak_and_all_to_alls(factor: float | None) 
     assert a.param_bytes == pytest.approx(full / 2, rel=0.001)
 
 
+def ep_within_fsdp(model: nn.Module, replicate: int, fsdp: int, ep: int) -> None:
+    """torchtitan's layout, by hand: ``fsdp`` split into ``fsdp / ep`` x ``ep`` (the ep ranks
+    innermost); rank 0's slice of the experts over the ``ep`` ranks, each experts module
+    ``fully_shard``-ed over the ranks holding the same experts (and the replicas: HSDP), the
+    rest of the model over ``replicate`` x ``fsdp`` as without experts."""
+    split = init_device_mesh(
+        "cpu", (replicate, fsdp // ep, ep), mesh_dim_names=("replicate", "efsdp", "ep")
+    )
+    whole = init_device_mesh("cpu", (replicate, fsdp), mesh_dim_names=("replicate", "dp"))
+    group = split["ep"].get_group()
+    same = split["replicate", "efsdp"] if replicate > 1 else split["efsdp"]
+    rest = whole if replicate > 1 else whole["dp"]
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        experts = layer.mlp.experts
+        n = experts.gate_up_proj.shape[0] // ep
+        for name in ("gate_up_proj", "down_proj"):
+            setattr(experts, name, nn.Parameter(getattr(experts, name).detach()[:n].clone()))
+        experts.forward = _ep_forward(experts, group)
+        fully_shard(experts, mesh=same)
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        fully_shard(layer, mesh=rest)
+    fully_shard(model, mesh=rest)
+
+
+@pytest.mark.parametrize(
+    ("replicate", "fsdp", "ep"),
+    [(1, 4, 2), (2, 2, 2), (2, 4, 2)],
+)
+def test_ep_within_fsdp_and_with_replicas_is_a_real_ranks_peak(
+    replicate: int, fsdp: int, ep: int
+) -> None:
+    """ep below fsdp (the experts FSDP-sharded over the ranks that hold the same ones) and
+    under HSDP (their gradients all-reduced over the replicas), against real ranks."""
+    config = tiny_mixtral()
+    torch.manual_seed(0)
+    x = torch.randint(0, 32000, (2, 128))
+    truth = real_rank_peak(
+        lambda: transformers.MixtralForCausalLM(config),
+        x,
+        fsdp=replicate * fsdp,
+        wrap=lambda model, _: ep_within_fsdp(model, replicate, fsdp, ep),
+        steps=3,
+    )
+    layout = {"replicate": replicate, "fsdp": fsdp, "ep": ep}
+    a = mw.analyze(config, input_data=x, mode="training", device="cpu", parallel=layout)
+    assert a.error is None, a.error
+    assert a.peak_bytes == pytest.approx(truth["Steady"], rel=TOLERANCE)
+    assert a.memory.first_step_peak_bytes == pytest.approx(truth["Total"], rel=TOLERANCE)
+    comms = a.comms.groupby(["collective", "group"]).bytes.sum().to_dict()
+    assert comms[("all_to_all", "ep")] == 8 * 2 * 128 * 2 * 256 * 4  # as with ep = fsdp
+    if fsdp > ep:  # the experts' own FSDP: gathered over the ranks holding the same ones
+        assert ("all_gather", "efsdp") in comms and ("reduce_scatter", "efsdp") in comms
+    if replicate > 1:
+        assert ("all_reduce", "replicate") in comms
+    # the rank's parameters: its experts' share, over fsdp / ep; the rest over fsdp
+    full = transformers.MixtralForCausalLM(config)
+    expert = sum(p.numel() for n, p in full.named_parameters() if ".experts." in n)
+    other = sum(p.numel() for n, p in full.named_parameters() if ".experts." not in n)
+    assert a.param_bytes == pytest.approx(4 * (expert / fsdp + other / fsdp), rel=0.001)
+
+
 @pytest.mark.parametrize(
     ("model", "layout", "match"),
     [
         ("llama", {"fsdp": 2, "ep": 2}, "has no stacked experts"),
         ("mixtral", {"fsdp": 8, "ep": 8}, "does not divide the 4 experts"),
-        ("mixtral", {"fsdp": 4, "ep": 2}, "traced with fsdp=2 alone"),
+        ("mixtral", {"fsdp": 2, "tp": 2, "ep": 2}, "not yet with tensor or pipeline"),
     ],
 )
 def test_an_ep_the_model_cannot_take_is_a_layout_error(

@@ -16,9 +16,16 @@ parameters become the rank's slice of experts (``[r * E / ep, (r + 1) * E / ep)`
 Routing depends on values a trace does not have; the assumption is **balanced routing**: every
 expert receives the same number of token copies (``tokens * top_k / E``), every rank sends each
 rank the same share (``tokens * top_k / ep``). Its all-to-all bytes are then exact: the dispatch
-and the combine each move ``tokens * top_k * hidden`` elements per rank. Experts are not
-sharded by FSDP2 as well (``ep`` equal to ``fsdp``: every FSDP rank holds other experts; the
-other parameters are sharded as usual, the experts left out as ``ignored_params``).
+and the combine each move ``tokens * top_k * hidden`` elements per rank.
+
+Where the experts' ranks come from, as torchtitan lays them out: ``ep`` borrows the innermost
+``ep`` of the ``fsdp`` ranks (the ``fsdp`` dimension unflattened into ``fsdp / ep`` x ``ep``,
+:func:`expert_meshes`). With ``ep == fsdp`` and no replicas every FSDP rank holds other experts:
+FSDP2 leaves them alone (``ignored_params``) and shards the other parameters as usual. With
+``ep < fsdp`` each experts module is ``fully_shard``-ed over the other ``fsdp / ep`` ranks (the
+ranks holding the same experts), and with ``replicate`` > 1 over those and the replicas (HSDP:
+sharded over the first, their gradients all-reduced over the second); the rest of the model as
+without experts.
 
 With ``Parallel.capacity_factor`` (GShard's, Megatron's padded dispatch), each expert's buffer
 holds ``capacity = ceil(capacity_factor * tokens * top_k / E)`` token copies: a rank sends each
@@ -42,7 +49,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from ..options import LayoutError, Parallel
 
-__all__ = ["capacity", "check_experts", "expert_modules", "shard_experts"]
+__all__ = ["capacity", "check_experts", "expert_meshes", "expert_modules", "shard_experts"]
 
 
 def expert_modules(module: nn.Module) -> list[tuple[str, Any]]:
@@ -57,8 +64,8 @@ def expert_modules(module: nn.Module) -> list[tuple[str, Any]]:
 
 
 def check_experts(plan: Parallel, module: nn.Module) -> None:
-    """``ep`` against the model: a mixture of experts, whose experts ``ep`` divides, with
-    ``ep`` equal to ``fsdp`` (the ranks it borrows), no tensor or pipeline parallelism."""
+    """``ep`` against the model: a mixture of experts, whose experts ``ep`` divides, without
+    tensor or pipeline parallelism (``ep`` dividing ``fsdp`` is the layout's own check)."""
     name = type(module).__name__
     experts = expert_modules(module)
     if not experts:
@@ -72,11 +79,24 @@ def check_experts(plan: Parallel, module: nn.Module) -> None:
             f"parallel ep={plan.ep} does not divide the {count} experts of {name}: give an ep "
             f"that divides {count}."
         )
-    if plan.fsdp != plan.ep or plan.tp > 1 or plan.pp > 1 or plan.replicate > 1:
+    if plan.tp > 1 or plan.pp > 1:
         raise LayoutError(
-            f"parallel ep={plan.ep} is traced with fsdp={plan.ep} alone (every FSDP rank "
-            "holding other experts); give {'fsdp': %d, 'ep': %d}." % (plan.ep, plan.ep)
+            f"parallel ep={plan.ep} is traced with FSDP and HSDP (replicate x fsdp, ep within "
+            "fsdp), not yet with tensor or pipeline parallelism: give e.g. "
+            "{'fsdp': %d, 'ep': %d} or {'replicate': 2, 'fsdp': %d, 'ep': %d}."
+            % (plan.ep, plan.ep, plan.ep, plan.ep)
         )
+
+
+def expert_meshes(mesh: DeviceMesh, plan: Parallel) -> tuple[DeviceMesh, DeviceMesh | None]:
+    """The mesh of the ``ep`` ranks a rank's tokens go to (the innermost ``ep`` of its ``fsdp``
+    ranks), and the one FSDP2 shards its experts over: the other ``fsdp / ep`` ranks, with the
+    replicas as HSDP's outer dimension; None when there is none (``ep == fsdp``, no replicas)."""
+    outer = plan.fsdp // plan.ep
+    if outer == 1 and plan.replicate == 1:
+        return mesh["fsdp"], None
+    split = mesh._unflatten("fsdp", (outer, plan.ep), ("efsdp", "ep"))
+    return split["ep"], split["replicate", "efsdp"] if plan.replicate > 1 else split["efsdp"]
 
 
 def shard_experts(module: nn.Module, plan: Parallel, mesh: DeviceMesh) -> list[nn.Parameter]:

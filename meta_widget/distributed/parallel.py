@@ -175,16 +175,28 @@ class World:
         assert self.mesh is not None
         if self.plan.tp > 1:
             parallelize_module(copied, self.mesh["tp"], tp_plan(copied, self.plan))
+        mp = self.plan.mp  # FSDP2's own mixed precision, as the user's fully_shard takes it
+        policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
         experts: set[nn.Parameter] = set()
-        if self.plan.ep > 1:  # each rank its experts, reached by all-to-all (not FSDP-sharded)
-            from .experts import shard_experts
+        extra: dict[str, tuple[str, int]] = {}
+        if self.plan.ep > 1:  # each rank its experts, reached by all-to-all
+            from .experts import expert_meshes, expert_modules, shard_experts
 
-            experts = set(shard_experts(copied, self.plan, self.mesh["fsdp"]))
+            ep_mesh, experts_mesh = expert_meshes(self.mesh, self.plan)
+            experts = set(shard_experts(copied, self.plan, ep_mesh))
+            if experts_mesh is not None:  # over the ranks holding the same experts (see there)
+                for _, module in expert_modules(copied):
+                    fully_shard(module, mesh=experts_mesh, mp_policy=policy)
+                experts = set()  # FSDP2's now: the outer fully_shard calls skip them
+                extra = {
+                    str(m.get_group(i).group_name): (name, m.size(i))
+                    for m in (ep_mesh, experts_mesh)
+                    for i, name in enumerate(m.mesh_dim_names or ())
+                    if m.size(i) > 1
+                }
         if self.plan.fsdp > 1 or self.plan.replicate > 1:
             # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second
             mesh = self.mesh["replicate", "fsdp"] if self.plan.replicate > 1 else self.mesh["fsdp"]
-            mp = self.plan.mp  # FSDP2's own mixed precision, as the user's fully_shard takes it
-            policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
             ignored = experts or None
             for block in fsdp_blocks(copied, self.plan.blocks):
                 fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
@@ -194,7 +206,7 @@ class World:
             for name, size in zip(MESH_DIMS, self.plan.sizes, strict=True)
             if size > 1
         }
-        self.watcher = CommWatcher(groups)
+        self.watcher = CommWatcher({**groups, **extra})
 
     def attach(self, recorder: Recorder, undo: Undo) -> None:
         """Give ``recorder`` what a parallel trace adds (see ``passes.trace``'s ``attach``)."""
