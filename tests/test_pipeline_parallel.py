@@ -247,3 +247,20 @@ def test_activation_checkpointing_picks_each_stages_layers() -> None:
     )  # fmt: skip
     assert saved.stages[1].peak_bytes < plain.stages[1].peak_bytes
     assert saved.stages[1].analysis.total_flops > plain.stages[1].analysis.total_flops
+
+
+def test_a_pipeline_of_a_mixture_of_experts_finds_its_stages_tensors() -> None:
+    """The stages run on meta to find the tensors between them (``stage_shapes``), outside the
+    trace: a Mixtral's experts run ``_grouped_mm``, whose meta kernel refuses float32 where the
+    devices do not; that run takes meta_widget's fix too (it raised a bare RuntimeError)."""
+    config = transformers.MixtralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, num_local_experts=4, num_experts_per_tok=2,
+        architectures=["MixtralForCausalLM"],
+    )  # fmt: skip
+    x = tokens()[:, :16] % 128
+    whole = mw.analyze(config, input_data=x, mode="training", device="cpu")
+    a = analyze_pipeline(config, x, pp=2)
+    assert [s.modules[-1] for s in a.stages] == ["model.layers.1", "lm_head"]
+    assert sum(s.analysis.param_bytes for s in a.stages) == whole.param_bytes
+    assert a.stages[0].send_bytes == a.stages[1].recv_bytes > 0

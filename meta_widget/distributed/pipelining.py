@@ -47,6 +47,7 @@ from torch.utils._pytree import tree_map_only
 from ..choices import Phase
 from ..options import MESH_DIMS, SCHEDULES, LayoutError, Options, Parallel
 from ..timing.model import in_pipeline
+from ..trace.assume import MetaFixes
 from ..trace.passes import default_loss
 from ..trace.recorder import Recorder
 from ..undo import Undo
@@ -356,7 +357,7 @@ def stage_shapes(plan: Parallel, module: nn.Module, args: tuple[Any, ...]) -> li
     last = plan.stages - 1
     h = torch.empty((x.shape[0] // m, *x.shape[1:]), dtype=x.dtype, device="meta")
     shapes = []
-    with torch.no_grad():
+    with torch.no_grad(), MetaFixes():
         for i, (lo, hi) in enumerate(ranges):
             out = DecoderStage(module, lo, hi, i == 0, i == last)(h)
             shapes.append(((h,), (out,)))

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import MetaWidgetError
 from .bounds import bound_for, run_bound
@@ -299,6 +300,26 @@ META_FIXES: dict[Any, Callable[..., Any]] = {
     aten._grouped_mm.default: _grouped_mm,
     aten.native_batch_norm.default: _native_batch_norm,
 }
+
+
+class MetaFixes(TorchDispatchMode):
+    """Runs the ops of ``META_FIXES`` by their fix, outside a trace (a pipeline's stages run on
+    meta to find the tensors between them: a mixture of experts' ``_grouped_mm`` in float32
+    among them)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as the recorder's mode: nothing here is compiled
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return META_FIXES.get(func, func)(*args, **(kwargs or {}))
+
 
 #: ops whose result depends on values: handled by the policy when it is on
 DATA_DEPENDENT = frozenset(
