@@ -209,3 +209,25 @@ def test_an_ep_rank_steps_a_multi_tensor_optimizer() -> None:
     a = mw.analyze(tiny_mixtral(), input_data=x, mode="training", parallel={"fsdp": 2, "ep": 2})
     assert a.error is None, a.error
     assert a.memory.optimizer_state_bytes > 0
+
+
+def test_the_expert_ranks_share_a_node_and_the_ranks_holding_the_same_experts_do_not() -> None:
+    """fsdp 16 as 4 x 4 on H100s (8 to a node): the all-to-all's 4 expert ranks are the
+    innermost, on one node's NVLink; the experts' own FSDP group joins 4 ranks 4 apart, across
+    the network, as the whole FSDP group does. Each collective is priced by its group's place."""
+    from meta_widget.timing.gpus import resolve_gpu
+    from meta_widget.timing.model import collective_seconds, mesh_strides
+
+    gpu = resolve_gpu("H100")
+    a = mw.analyze(
+        tiny_mixtral(), input_size=(1, 64), mode="training", gpu=gpu,
+        parallel={"fsdp": 16, "ep": 4},
+    )  # fmt: skip
+    assert a.error is None, a.error
+    strides = mesh_strides(list(a.comms.itertuples()))
+    assert (strides["ep"], strides["efsdp"]) == (1, 4)
+    for c in a.comms.itertuples():
+        seconds = collective_seconds(c, gpu, strides)
+        on_nvlink = c.group_size * strides.get(c.group, 1) <= gpu.gpus_per_node
+        assert on_nvlink == (c.group == "ep"), c
+        assert seconds > 0

@@ -449,10 +449,11 @@ def generation_time(
 
 def mesh_strides(comms: Sequence[CommLike]) -> dict[str, int]:
     """How far apart a group's ranks are, by mesh dimension (replicate, fsdp, tp: tensor
-    parallelism innermost), from the group sizes the collectives ran on."""
+    parallelism innermost; expert parallelism's ``ep`` the innermost ranks of ``fsdp``, and
+    ``efsdp`` the rest of them), from the group sizes the collectives ran on."""
     size = {c.group: c.group_size for c in comms}
-    tp, fsdp = size.get("tp", 1), size.get("fsdp", 1)
-    return {"tp": 1, "fsdp": tp, "replicate": fsdp * tp}
+    tp, fsdp, ep = size.get("tp", 1), size.get("fsdp", 1), size.get("ep", 1)
+    return {"tp": 1, "fsdp": tp, "ep": tp, "efsdp": ep * tp, "replicate": fsdp * tp}
 
 
 def _communication(
