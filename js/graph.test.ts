@@ -129,3 +129,21 @@ describe("GraphView", () => {
     expect(view.el.querySelectorAll(".mw-graph-node").length).toBe(at(2).nodes.length + 3);
   });
 });
+
+describe("shortLabels", () => {
+  it("shows a node's last two path parts, more where two nodes would read the same", async () => {
+    const { shortLabels } = await import("./graphview");
+    const folded = at(5);
+    const shown = shortLabels(folded.nodes);
+    const label = (path: string): string | undefined => shown.get(folded.nodes.find((n) => n.label === path)?.key ?? "");
+    expect(label("model.layers.0–3.self_attn.q_proj")).toBe("self_attn.q_proj");
+    expect(label("model.embed_tokens")).toBe("model.embed_tokens");
+    expect(new Set(shown.values()).size).toBe(folded.nodes.length);
+    // the group opened in place: four layers of the same modules, told apart by their index
+    const opened = at(5, [tree.groupOf[row("model.layers.0")] as string]);
+    const names = shortLabels(opened.nodes);
+    expect(new Set(names.values()).size).toBe(opened.nodes.length);
+    const q = opened.nodes.filter((n) => n.label.endsWith(".self_attn.q_proj")).map((n) => names.get(n.key));
+    expect(q).toEqual(["0.self_attn.q_proj", "1.self_attn.q_proj", "2.self_attn.q_proj", "3.self_attn.q_proj"]);
+  });
+});

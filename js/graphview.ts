@@ -62,12 +62,16 @@ export class GraphView {
   private open = new Set<string>();
   /** How many children each module path shows before its "… N more" node (graphcap.ts). */
   private shown = new Map<string, number>();
+  /** The name each node shows in its box (`shortLabels`), by node key. */
+  private labels = new Map<string, string>();
   private metric: Metric = "flops";
   private backward = false;
   private model: GraphModel | null = null;
   private selectedRow = -1;
   private nodeEls = new Map<string, SVGGElement>();
   private view = { x: 0, y: 0, k: 1 };
+  /** The user zoomed or dragged since the last fit: a resize keeps their view. */
+  private moved = false;
   private size = { w: 1, h: 1 };
   private uid = `mw-g${++views}`;
   private timer: ReturnType<typeof setTimeout> | null = null;
@@ -132,11 +136,30 @@ export class GraphView {
     }
     this.tree = tree;
     this.aggs = aggs;
-    this.size = { w: Math.max(320, width), h: Math.max(360, Math.min(720, Math.round(width * 0.6))) };
-    this.svgEl.setAttribute("width", String(this.size.w));
-    this.svgEl.setAttribute("height", String(this.size.h));
+    const resized = this.setSize(width);
     if (fresh || !this.model || this.timer !== null) this.drawSoon();
-    else this.draw(false);
+    else {
+      this.draw(false);
+      if (resized && !this.moved) this.fit();
+    }
+  }
+
+  /**
+   * The tab's box is `width` wide (a narrower page, Lab's file browser opened): the view the
+   * user has not moved is fit to it again; one they zoomed or dragged is kept.
+   */
+  resize(width: number): void {
+    if (this.setSize(width) && this.model && !this.moved) this.fit();
+  }
+
+  /** The view's size for a tab `width` wide; whether it changed. */
+  private setSize(width: number): boolean {
+    const size = { w: Math.max(320, width), h: Math.max(360, Math.min(720, Math.round(width * 0.6))) };
+    const changed = size.w !== this.size.w || size.h !== this.size.h;
+    this.size = size;
+    this.svgEl.setAttribute("width", String(size.w));
+    this.svgEl.setAttribute("height", String(size.h));
+    return changed;
   }
 
   /**
@@ -223,7 +246,8 @@ export class GraphView {
 
   private layoutAndDraw(t0: number): void {
     const m = this.model as GraphModel;
-    const lay = layoutGraph(new Map(m.nodes.map((n) => [n.key, nodeWidth(n)])), m.edges, NODE_H, this.size.w / this.size.h);
+    this.labels = shortLabels(m.nodes);
+    const lay = layoutGraph(new Map(m.nodes.map((n) => [n.key, nodeWidth(n, this.shownLabel(n))])), m.edges, NODE_H, this.size.w / this.size.h);
     const t1 = performance.now();
     this.root.replaceChildren();
     this.nodeEls.clear();
@@ -257,7 +281,7 @@ export class GraphView {
     title.textContent = `${n.label} (${n.type}): ${formatCount(n.rows.length)} module${n.rows.length === 1 ? "" : "s"} not drawn · ${formatFlops(n.flops)} · ${formatBytes(n.memory)}\nClick to draw more of them`;
     const rect = svg("rect", { width: p.width, height: p.height, rx: 4, class: "mw-graph-box" });
     const name = svg("text", { x: 8, y: 16, class: "mw-graph-name" });
-    name.textContent = clip(n.label, p.width);
+    name.textContent = clip(this.shownLabel(n), p.width);
     const type = svg("text", { x: 8, y: 31, class: "mw-graph-type" });
     type.textContent = clip(moreLine(n), p.width - (n.peak ? 14 : 0));
     grp.append(title, rect, name, type);
@@ -325,7 +349,7 @@ export class GraphView {
         : `${n.label} · ${n.type}${n.repeats > 1 ? ` × ${n.repeats}` : ""}\n${formatCount(n.calls)} call${n.calls === 1 ? "" : "s"} · ${formatFlops(n.flops)} · ${formatBytes(n.memory)} (parameters + output mem)${loops.length ? `\nreads its own output (${loops.map((l) => l.ops.join(", ") || "directly").join("; ")})` : ""}`;
     const rect = svg("rect", { width: p.width, height: p.height, rx: io || n.kind === "residual" ? 20 : op ? 10 : 4, class: "mw-graph-box" });
     const name = svg("text", { x: 8, y: 16, class: "mw-graph-name" });
-    name.textContent = clip(n.label, p.width);
+    name.textContent = clip(this.shownLabel(n), p.width);
     const type = svg("text", { x: 8, y: 31, class: "mw-graph-type" });
     type.textContent = clip(typeLine(n), p.width);
     grp.append(title, rect, name, type);
@@ -383,12 +407,17 @@ export class GraphView {
     for (const [key, el] of this.nodeEls) el.classList.toggle("mw-selected", node !== null && key === node.key);
   }
 
+  private shownLabel(n: GNode): string {
+    return this.labels.get(n.key) ?? n.label;
+  }
+
   private fit(): void {
     const w = Number(this.root.dataset.width ?? 0) || 1;
     const hh = Number(this.root.dataset.height ?? 0) || 1;
     // a long graph starts readable at its top (drag or wheel for the rest), not shrunk to dust
     const k = Math.max(Math.min(MIN_FIT, this.size.w / w), Math.min(1.5, this.size.w / w, this.size.h / hh));
     this.view = { k, x: (this.size.w - w * k) / 2, y: Math.max(0, (this.size.h - hh * k) / 2) };
+    this.moved = false;
     this.applyView();
   }
 
@@ -434,6 +463,7 @@ export class GraphView {
       const f = Math.exp(-ev.deltaY * 0.0015);
       const k = Math.max(0.05, Math.min(8, this.view.k * f));
       this.view = { k, x: px - ((px - this.view.x) * k) / this.view.k, y: py - ((py - this.view.y) * k) / this.view.k };
+      this.moved = true;
       this.applyView();
     }, { passive: false });
     let drag: { x: number; y: number; vx: number; vy: number } | null = null;
@@ -445,6 +475,7 @@ export class GraphView {
     this.svgEl.addEventListener("pointermove", (ev) => {
       if (!drag) return;
       this.view = { ...this.view, x: drag.vx + ev.clientX - drag.x, y: drag.vy + ev.clientY - drag.y };
+      this.moved = true;
       this.applyView();
     });
     const end = (): void => {
@@ -524,10 +555,42 @@ function typeLine(n: GNode): string {
 /** The second line of a "… N more" node. */
 const moreLine = (n: GNode): string => `${n.type} · click for more`;
 
-function nodeWidth(n: GNode): number {
+function nodeWidth(n: GNode, label: string): number {
   const type = n.more === null ? typeLine(n).length : moreLine(n).length;
-  const text = Math.max(n.label.length, type);
+  const text = Math.max(label.length, type);
   return Math.max(90, Math.min(260, text * CHAR_W + 30));
+}
+
+/**
+ * The name each node shows in its box: the last two parts of its path ("self_attn.v_proj" for
+ * "model.layers.0–3.self_attn.v_proj"), more where two nodes would read the same (an opened
+ * layer beside its neighbours: "1.self_attn.q_proj"). The whole path is the node's tooltip and
+ * `data-label`, and the tree's selection; the boxes are narrower, so a graph fits a narrow view
+ * at a larger, readable scale.
+ */
+export function shortLabels(nodes: readonly GNode[]): Map<string, string> {
+  const parts = new Map(nodes.map((n) => [n.key, n.label.split(".")]));
+  const take = new Map(nodes.map((n) => [n.key, 2]));
+  const shown = (key: string): string => {
+    const p = parts.get(key) ?? [];
+    return p.slice(Math.max(0, p.length - (take.get(key) ?? 2))).join(".");
+  };
+  for (let round = 0; round < 64; round++) {
+    const byText = new Map<string, string[]>();
+    for (const n of nodes) (byText.get(shown(n.key)) ?? byText.set(shown(n.key), []).get(shown(n.key)))?.push(n.key);
+    let grew = false;
+    for (const keys of byText.values()) {
+      if (keys.length < 2) continue;
+      for (const k of keys) {
+        if ((take.get(k) ?? 2) < (parts.get(k)?.length ?? 0)) {
+          take.set(k, (take.get(k) ?? 2) + 1);
+          grew = true;
+        }
+      }
+    }
+    if (!grew) break;
+  }
+  return new Map(nodes.map((n) => [n.key, shown(n.key)]));
 }
 
 /** `text` cut to fit `width` pixels, its middle elided (the ends say most). */

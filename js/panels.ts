@@ -65,6 +65,8 @@ export class Panels {
   /** The Graph tab (graphview.ts): made when first shown. */
   graph: GraphView | null = null;
   private graphEl = h("div", "mw-graph-tab");
+  /** The panel's width when last laid out (``width()``). */
+  private knownWidth = 0;
   /** The Stages tab (stages.ts): a pipeline's ranks; its button shows only for one. */
   private stages = new StagesView();
 
@@ -172,14 +174,21 @@ export class Panels {
     return this.memoryChart?.barCenters() ?? [];
   }
 
+  /**
+   * The charts' and the graph's width: the panel's, or the last one seen while it is not laid
+   * out (hidden, detached for a moment by the host: 0 wide), never a guess over a known width.
+   */
   width(): number {
-    return Math.max(320, (this.el.clientWidth || 800) - 24);
+    const now = this.el.clientWidth;
+    if (now) this.knownWidth = now;
+    return Math.max(320, (this.knownWidth || 800) - 24);
   }
 
   resize(): void {
     this.memoryChart?.resize(this.width());
     this.timelineChart?.resize(this.width());
     this.stages.resize(this.width());
+    this.graph?.resize(this.width());
   }
 
   destroy(): void {

@@ -99,6 +99,18 @@ def check(page: Any) -> None:
     assert attn.get_attribute("data-label") == f"{GROUP}.self_attn.<attention>"
 
 
+def fits_its_box(page: Any) -> None:
+    """The drawn graph lies inside the tab's box (its view fit to the box after a resize)."""
+    box = page.evaluate(
+        """sel => { const svg = document.querySelector(sel + ' .mw-graph-svg');
+        const s = svg.getBoundingClientRect(), g = svg.querySelector('g').getBoundingClientRect();
+        return [s.left, s.right, g.left, g.right]; }""",
+        GRAPH,
+    )
+    left, right, g_left, g_right = box
+    assert left - 1 <= g_left and g_right <= right + 1, str(box)
+
+
 def shoot(page: Any, artifacts: Path, label: str) -> None:
     page.locator(GRAPH).scroll_into_view_if_needed()
     settle(page)
@@ -126,6 +138,7 @@ def test_graph_spine_names_attention_cache_in_lab(
     wait_theme(page, dark=True)
     check(page)
     shoot(page, artifacts, "900-dark")
+    fits_its_box(page)
     page.set_viewport_size({"width": 1400, "height": 1100})
     shoot(page, artifacts, "1400-dark")
     command(page, "apputils:change-theme", {"theme": "JupyterLab Light"})
