@@ -99,7 +99,7 @@ describe("the plan view", () => {
   it("names a pipeline's degrees, schedule and stages a rank; the plan's own fixture has none", () => {
     expect(plan.candidates.every((c) => c.pp === 1 && c.schedule === null)).toBe(true);
     const piped = { ...raw.candidates[0], fsdp: 2, tp: 1, pp: 4, schedule: "interleaved-1F1B", virtualStages: 2 };
-    const decoded = decodePlan({ ...raw, candidates: [piped] })!.candidates[0];
+    const decoded = decodePlan({ ...raw, candidates: [piped] })!.candidates[0]!;
     expect(layoutText(decoded)).toBe("fsdp=2 pp=4 interleaved-1F1B x2");
     expect(candidateText(decoded)).toMatch(/^fsdp=2 pp=4 interleaved-1F1B x2 · /);
   });

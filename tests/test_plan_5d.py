@@ -248,3 +248,15 @@ def test_an_executor_gives_the_plan_of_one_process(
         p = plan_5d(executor=executor)
     assert len(remote) == 8  # every candidate traced, on the executor
     same_rows(alone, p)
+
+
+def test_every_pipeline_rank_counts_the_steps_tokens() -> None:
+    """Each micro-batch passes every stage: any rank's rates are the step's whole batch (the
+    worst rank, whose analysis a pipeline shows, need not be rank 0, which holds the input)."""
+    a = analyzed((4, 32), {"pp": 2, "fsdp": 2})
+    assert a.stages and a.time is not None
+    for s in a.stages:
+        t = s.analysis.time
+        assert t is not None and t.tokens_per_s is not None and t.samples_per_s is not None
+        assert t.tokens_per_s * t.step_s == pytest.approx(2 * 4 * 32)  # 2 data-parallel ranks
+        assert t.samples_per_s * t.step_s == pytest.approx(2 * 4)

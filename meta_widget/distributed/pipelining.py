@@ -432,8 +432,11 @@ def run_stages(
         fields = assemble(rank_meta, nodes, tensors, kept, notes, diff, rank.trace, rank.module)
         timed = None
         if gpu is not None and rank.trace is not None:
+            # every rank steps the pipeline's whole batch (each micro-batch passes every stage):
+            # its tokens and samples are the step's, rank 0's input, for the worst rank too
+            step_inputs = [t for t in inputs.args if isinstance(t, torch.Tensor)]
             timed = time_step(
-                rank.trace.calls, rank.trace.orphan_costs, rank.comms, gpu, list(tensors),
+                rank.trace.calls, rank.trace.orphan_costs, rank.comms, gpu, step_inputs,
                 options, fields["total_flops"],
             )  # fmt: skip
         analysis = make(
