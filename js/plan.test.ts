@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { draw } from "./explore";
 import training from "./fixtures/gpt2-tiny.training.json";
 import { decodePlan, planVerdict, sortCandidates } from "./plan";
-import { candidateText, isDrawn, labelBox, paretoFront, ticks, xRange } from "./planchart";
+import { candidateText, isDrawn, labelBox, layoutText, paretoFront, ticks, xRange } from "./planchart";
 import type { PlanCandidate } from "./protocol";
 import { fakeModel } from "./testmodel";
 
@@ -94,6 +94,14 @@ describe("the plan view", () => {
     const tip = el.querySelector(".mw-plan-tip")!.textContent!;
     expect(tip).toBe(`#${c.index} ${candidateText(c)}`);
     expect(tip).toMatch(/^#0 fsdp=2 · no checkpointing · as given · 1 micro-batch: 620 MiB on the GPU \(peak 357 KiB\) · step 1.28 ms · MFU 0.0027%$/);
+  });
+
+  it("names a pipeline's degrees, schedule and stages a rank; the plan's own fixture has none", () => {
+    expect(plan.candidates.every((c) => c.pp === 1 && c.schedule === null)).toBe(true);
+    const piped = { ...raw.candidates[0], fsdp: 2, tp: 1, pp: 4, schedule: "interleaved-1F1B", virtualStages: 2 };
+    const decoded = decodePlan({ ...raw, candidates: [piped] })!.candidates[0]!;
+    expect(layoutText(decoded)).toBe("fsdp=2 pp=4 interleaved-1F1B x2");
+    expect(candidateText(decoded)).toMatch(/^fsdp=2 pp=4 interleaved-1F1B x2 · /);
   });
 
   it("asks the kernel for a clicked candidate's analysis and shows it below when it comes", () => {

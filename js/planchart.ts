@@ -41,16 +41,22 @@ export function precisionClasses(candidates: readonly PlanCandidate[]): Map<stri
   return out;
 }
 
-/** "fsdp=2 tp=2", or "1 device". */
+/** "fsdp=2 tp=2", "fsdp=2 pp=4 1F1B", or "1 device". */
 export function layoutText(c: PlanCandidate): string {
   const parts = (
     [
       ["replicate", c.replicate],
       ["fsdp", c.fsdp],
       ["tp", c.tp],
+      ["pp", c.pp ?? 1],
+      ["cp", c.cp ?? 1],
+      ["ep", c.ep ?? 1],
     ] as const
   ).filter(([, n]) => n > 1);
-  return parts.map(([name, n]) => `${name}=${n}`).join(" ") || "1 device";
+  const text = parts.map(([name, n]) => `${name}=${n}`).join(" ") || "1 device";
+  if ((c.pp ?? 1) <= 1 || !c.schedule) return text;
+  const stages = (c.virtualStages ?? 1) > 1 ? ` x${c.virtualStages}` : "";
+  return `${text} ${c.schedule}${stages}`;
 }
 
 /** The candidate in words, as the hover and the table say it. */

@@ -503,6 +503,13 @@ export interface PlanCandidate {
   replicate: number;
   fsdp: number;
   tp: number;
+  /** Pipeline, context-parallel and expert-parallel ranks (1 or absent: none). */
+  pp?: number;
+  cp?: number;
+  ep?: number;
+  /** The pipeline's schedule and stages per rank (null or absent without a pipeline). */
+  schedule?: string | null;
+  virtualStages?: number;
   checkpointing: boolean;
   precision: string;
   microBatches: number;

@@ -207,7 +207,7 @@ def test_default_layouts_use_every_device_and_keep_tensor_parallelism_in_a_node(
     from meta_widget.timing.gpus import resolve_gpu
 
     layouts = default_layouts(64, resolve_gpu("H100"))
-    assert all(r * f * t == 64 for r, f, t in layouts)
-    assert max(t for _, _, t in layouts) == 8  # 8 GPUs per H100 node
+    assert all(x.replicate * x.fsdp * x.tp == 64 and x.pp == 1 for x in layouts)
+    assert max(x.tp for x in layouts) == 8  # 8 GPUs per H100 node
     assert len(layouts) == len(set(layouts)) == 7 + 6 + 5 + 4  # tp 1, 2, 4, 8
     assert len(mw.explore.candidates.candidates(8)) == 10 * 12  # 10 layouts of 8 devices

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import meta_widget as mw
-from meta_widget.explore.candidates import Candidate
+from meta_widget.explore.candidates import Candidate, Layout
 from meta_widget.explore.plan_front import front, speed
 from meta_widget.timing.gpus import resolve_gpu
 
@@ -20,7 +20,7 @@ GIB = 2**30
 
 def candidate(tp: int, micro: int, device_gib: float | None, tokens_per_s: float | None,
               fits: bool = True) -> Candidate:  # fmt: skip
-    c = Candidate(8 // tp, tp, False, "as given", micro)
+    c = Candidate(Layout(fsdp=8 // tp, tp=tp), False, "as given", micro)
     c.device_bytes = None if device_gib is None else int(device_gib * GIB)
     c.peak_bytes = c.device_bytes
     c.tokens_per_s = tokens_per_s

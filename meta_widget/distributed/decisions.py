@@ -82,8 +82,12 @@ def keeping_decisions() -> Iterator[None]:
 
 
 def world_started(shape: tuple[int, ...]) -> None:
-    """A world of mesh ``shape`` (``options.MESH_DIMS``) starts: the decisions of another shape
-    are forgotten, and element decisions are shared until :func:`world_ended`."""
+    """A world of mesh ``shape`` (``options.MESH_DIMS``, then this process's rank) starts: the
+    decisions of another shape are forgotten, and element decisions are shared until
+    :func:`world_ended`. The rank is part of the shape: the ranks of a pipeline are traced one
+    after another, and rank 1's ``tp`` sub-mesh equals rank 0's by value under other groups
+    (kept, rank 0's decisions sent rank 1's tensor-parallel collectives to rank 0's groups:
+    its schedule never ended)."""
     if _kept.blocks and _kept.shape != shape:  # decisions of another shape's groups
         forget_meshes()
     _kept.shape = shape

@@ -129,7 +129,8 @@ class World:
         plan = self.plan
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
-            world_started(plan.sizes)  # __exit__ ends it, on any path
+            # the shape and this process's rank: a pipeline rank's groups differ from another's
+            world_started((*plan.sizes, self.rank))  # __exit__ ends it, on any path
             dist.init_process_group(
                 "fake", rank=self.rank, world_size=plan.world, store=FakeStore()
             )

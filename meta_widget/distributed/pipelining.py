@@ -68,6 +68,7 @@ __all__ = [
     "PipelineWorld",
     "StageReport",
     "bubble_fractions",
+    "check_batch",
     "rank_of",
     "run_stages",
     "schedule_slots",
@@ -337,6 +338,16 @@ def _ready(action: Action, done: set[Action], last: int) -> bool:
 # every rank traced, its analysis assembled
 
 
+def check_batch(plan: Parallel, batch: int) -> None:
+    """Refuse a ``batch`` that the pipeline's micro-batches do not divide (``LayoutError``)."""
+    if batch % (plan.microbatches or 1):
+        raise LayoutError(
+            f"parallel microbatches={plan.microbatches} do not divide the batch of "
+            f"{batch}: give a batch that is a multiple of it, or microbatches= that "
+            "divides it."
+        )
+
+
 def stage_shapes(plan: Parallel, module: nn.Module, args: tuple[Any, ...]) -> list[tuple[Any, Any]]:
     """Each stage's (input, output) tensors of one micro-batch, on meta: the stages run in turn
     on a meta micro-batch (``args[0]`` split along its first dimension)."""
@@ -346,13 +357,8 @@ def stage_shapes(plan: Parallel, module: nn.Module, args: tuple[Any, ...]) -> li
             f"parallel pp={plan.pp} splits token ids (batch x sequence) into micro-batches; "
             "give input_data or input_size of the token ids."
         )
+    check_batch(plan, int(x.shape[0]))
     m = plan.microbatches or 1
-    if x.shape[0] % m:
-        raise LayoutError(
-            f"parallel microbatches={plan.microbatches} do not divide the batch of "
-            f"{x.shape[0]}: give a batch that is a multiple of it, or microbatches= that "
-            "divides it."
-        )
     ranges = layer_ranges(plan, module)
     last = plan.stages - 1
     h = torch.empty((x.shape[0] // m, *x.shape[1:]), dtype=x.dtype, device="meta")
@@ -427,8 +433,11 @@ def run_stages(
         fields = assemble(rank_meta, nodes, tensors, kept, notes, diff, rank.trace, rank.module)
         timed = None
         if gpu is not None and rank.trace is not None:
+            # every rank steps the pipeline's whole batch (each micro-batch passes every stage):
+            # its tokens and samples are the step's, rank 0's input, for the worst rank too
+            step_inputs = [t for t in inputs.args if isinstance(t, torch.Tensor)]
             timed = time_step(
-                rank.trace.calls, rank.trace.orphan_costs, rank.comms, gpu, list(tensors),
+                rank.trace.calls, rank.trace.orphan_costs, rank.comms, gpu, step_inputs,
                 options, fields["total_flops"],
             )  # fmt: skip
         analysis = make(

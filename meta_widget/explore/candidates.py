@@ -1,5 +1,7 @@
 """The candidates of ``plan``: their axes (layouts, checkpointing, precisions, micro-batches)
-checked, and one :class:`Candidate` per combination, with the numbers its traces give."""
+checked, and one :class:`Candidate` per combination, with the numbers its traces give.
+
+A layout is a :class:`~meta_widget.explore.layouts.Layout` (its own module)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis import Analysis
-from ..options import OptionError, OptionTypeError, check_micro_batches
+from ..options import OptionError, OptionTypeError, Parallel, check_micro_batches
 from ..timing.gpus import GPU, resolve_gpu
+from .layouts import MESH, PIPELINE, Layout, default_layouts, layouts_given
 
-__all__ = ["COLUMNS", "MESH", "PRECISIONS", "Candidate", "Space", "candidates", "default_layouts"]
+__all__ = [
+    "COLUMNS",
+    "MESH",
+    "PIPELINE",
+    "PRECISIONS",
+    "Candidate",
+    "Layout",
+    "Space",
+    "candidates",
+    "default_layouts",
+]
 
 #: the precisions tried: name -> the options of ``analyze`` that give it
 PRECISIONS: dict[str, dict[str, Any]] = {
@@ -19,13 +32,16 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "autocast bf16": {"autocast": "bfloat16"},
     "param_dtype bf16": {"param_dtype": "bfloat16"},
 }
-#: the names a layout of ``plan(layouts=...)`` may give
-MESH = ("replicate", "fsdp", "tp")
 #: the columns of ``Plan.to_dataframe()``
 COLUMNS = (
     "replicate",
     "fsdp",
     "tp",
+    "pp",
+    "cp",
+    "ep",
+    "schedule",
+    "virtual_stages",
     "activation_checkpointing",
     "precision",
     "micro_batches",
@@ -49,17 +65,25 @@ class Candidate:
 
     Attributes
     ----------
-    fsdp, tp, replicate
-        The layout: FSDP and tensor-parallel degrees, in ``replicate`` HSDP replicas
-        (``replicate * fsdp * tp`` devices).
+    layout
+        The :class:`Layout`; its degrees are attributes too: ``replicate`` HSDP replicas of
+        ``fsdp`` FSDP shards, ``tp`` tensor-parallel ranks, ``pp`` pipeline ranks (run by
+        ``schedule``, ``virtual_stages`` stages each), ``cp`` context-parallel and ``ep``
+        expert-parallel ranks (``schedule`` None without a pipeline).
     activation_checkpointing
         Whether every block is checkpointed.
     precision
         ``"as given"``, ``"autocast bf16"`` or ``"param_dtype bf16"``.
     micro_batches
-        Forward and backward passes per optimizer step.
+        Forward and backward passes per optimizer step: gradient accumulation, or with a
+        pipeline (``pp > 1``) the pipeline schedule's micro-batches (``Layout.microbatches``).
+    input_size
+        The input of one rank that ``analyze`` is given: one micro-batch, or with a pipeline
+        the whole step's (which the schedule splits into its micro-batches); None for the
+        plan's own ``input_size`` or ``input_data``.
     peak_bytes
-        Rank 0's traced peak (the steady step's in training): what its tensors hold; None when
+        Rank 0's traced peak (the steady step's in training): what its tensors hold; with a
+        pipeline, the peak of its worst stage's rank (``Analysis.peak_bytes``); None when
         the candidate could not be traced.
     device_bytes
         What rank 0's GPU holds at that peak, as ``nvidia-smi`` shows it
@@ -71,25 +95,27 @@ class Candidate:
         ``device_bytes <= budget`` (False when not traced). A candidate that may fit is traced
         at full depth, so that the caching allocator's reserve is replayed exactly.
     step_s, mfu, tokens_per_s, samples_per_s
-        ``analysis.time``'s; None when not traced (``tokens_per_s`` also for inputs that are
-        not tokens).
+        ``analysis.time``'s (with a pipeline, the pipeline's step, its bubble included);
+        ``tokens_per_s`` and ``samples_per_s`` are the whole job's (every data-parallel
+        rank's); None when not traced (``tokens_per_s`` also for inputs that are not tokens).
     error
-        Why the candidate was not traced or its trace failed; None otherwise.
+        Why the candidate was not traced or its trace failed; None otherwise. A layout or
+        batch the model cannot take is found before any trace (``LayoutError``'s message).
     traced_layers
         The depths traced when the numbers follow from the per-layer rule (``(2, 3, 4)``;
         ``meta_widget.explore.depth``); the one depth whose trace failed (its ``error``, which
         the full depth gives too: it is not traced for nothing); ``()`` when the model was
-        traced at full depth.
+        traced at full depth (always with a pipeline: the rule assumes no stage split).
     analysis
         The traced :class:`~meta_widget.Analysis` at full depth (traced when first asked for
         after the per-layer rule); None when ``analyze`` refused the layout.
     """
 
-    fsdp: int
-    tp: int
+    layout: Layout
     activation_checkpointing: bool
     precision: str
     micro_batches: int
+    input_size: Any = None
     peak_bytes: int | None = None
     device_bytes: int | None = None
     fits: bool = False
@@ -98,7 +124,6 @@ class Candidate:
     tokens_per_s: float | None = None
     samples_per_s: float | None = None
     error: str | None = None
-    replicate: int = 1
     traced_layers: tuple[int, ...] = ()
     _analysis: Analysis | None = field(default=None, repr=False)
     #: traces the full depth, for a candidate whose numbers came from the per-layer rule
@@ -118,29 +143,34 @@ class Candidate:
         """Whether :attr:`analysis` is there or can be traced."""
         return self._analysis is not None or self._trace_full is not None
 
-    @property
-    def layout(self) -> tuple[int, int, int]:
-        """(replicate, fsdp, tp)."""
-        return (self.replicate, self.fsdp, self.tp)
+    replicate = property(lambda self: self.layout.replicate, doc="HSDP replicas.")
+    fsdp = property(lambda self: self.layout.fsdp, doc="FSDP shards.")
+    tp = property(lambda self: self.layout.tp, doc="Tensor-parallel ranks.")
+    pp = property(lambda self: self.layout.pp, doc="Pipeline ranks.")
+    cp = property(lambda self: self.layout.cp, doc="Context-parallel ranks.")
+    ep = property(lambda self: self.layout.ep, doc="Expert-parallel ranks.")
+    schedule = property(lambda self: self.layout.schedule, doc="The pipeline's schedule.")
+    virtual_stages = property(lambda self: self.layout.virtual_stages, doc="Stages a rank.")
 
     @property
     def key(self) -> tuple[Any, ...]:
-        """What identifies the candidate: layout, checkpointing, precision, micro-batches."""
+        """What identifies the candidate, and what travels to a worker: layout, checkpointing,
+        precision, micro-batches and the input size of one rank."""
         return (
-            *self.layout,
+            self.layout,
             self.activation_checkpointing,
             self.precision,
             self.micro_batches,
+            self.input_size,
         )
 
     def options(self) -> dict[str, Any]:
-        """The options of ``analyze`` that give this candidate (besides the plan's own)."""
-        sizes = (("replicate", self.replicate), ("fsdp", self.fsdp), ("tp", self.tp))
-        parallel = {name: n for name, n in sizes if n > 1}
+        """The options of ``analyze`` that give this candidate (besides the plan's own and the
+        input): with a pipeline, its schedule's micro-batches are ``parallel``'s."""
         return {
-            "parallel": parallel or None,
+            "parallel": self.layout.parallel(),
             "activation_checkpointing": self.activation_checkpointing,
-            "micro_batches": self.micro_batches,
+            "micro_batches": 1 if self.layout.pp > 1 else self.micro_batches,
             **PRECISIONS[self.precision],
         }
 
@@ -154,10 +184,10 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Space:
-    """The axes :func:`plan` combines, checked: layouts ``(replicate, fsdp, tp)``,
-    checkpointing settings, precision names and micro-batch counts."""
+    """The axes :func:`plan` combines, checked: layouts, checkpointing settings, precision
+    names and micro-batch counts (gradient accumulation; a pipeline's layout brings its own)."""
 
-    layouts: tuple[tuple[int, int, int], ...]
+    layouts: tuple[Layout, ...]
     checkpointing: tuple[bool, ...]
     precisions: tuple[str, ...]
     micro_batches: tuple[int, ...]
@@ -168,20 +198,30 @@ class Space:
         devices: int,
         mode: str,
         gpu: GPU,
-        layouts: Sequence[Mapping[str, int]] | None,
+        layouts: Sequence[Mapping[str, Any] | Parallel] | None,
         checkpointing: Sequence[bool] | None,
         precisions: Sequence[str] | None,
         micro_batches: Sequence[int] | None,
+        layers: int | None = None,
     ) -> Space:
-        """The axes given (or their defaults) checked against ``devices`` and ``mode``."""
+        """The axes given (or their defaults) checked against ``devices`` and ``mode``;
+        ``layers``: the model's decoder layers, which bound the default pipelines (None: no
+        pipeline by default)."""
         training = mode == "training"
         if not training and (checkpointing is not None or micro_batches is not None):
             raise OptionError(
                 "plan: activation_checkpointing= and micro_batches= are axes of training; "
                 f"leave them out with mode={mode!r}."
             )
+        found = layouts_given(layouts, devices, gpu, layers if training else None)
+        piped = next((layout for layout in found if layout.pp > 1), None)
+        if piped is not None and not training:
+            raise OptionError(
+                f"plan: layout {piped.label()} is a pipeline, which traces a training step "
+                f"only: give mode='training' or layouts without pp (mode={mode!r})."
+            )
         return cls(
-            _layouts(layouts, devices, gpu),
+            found,
             _axis(
                 "activation_checkpointing",
                 checkpointing,
@@ -199,13 +239,13 @@ class Space:
 
     def candidates(self) -> list[Candidate]:
         """Every combination, not yet traced: layouts (FSDP-first), then checkpointing,
-        precision and micro-batches."""
+        precision and micro-batches (a pipeline's layout: its own micro-batches, once)."""
         return [
-            Candidate(fsdp, tp, checkpointing, precision, micro, replicate=replicate)
-            for replicate, fsdp, tp in self.layouts
+            Candidate(layout, checkpointing, precision, micro)
+            for layout in self.layouts
             for checkpointing in self.checkpointing
             for precision in self.precisions
-            for micro in self.micro_batches
+            for micro in ((layout.microbatches,) if layout.pp > 1 else self.micro_batches)
         ]
 
 
@@ -213,52 +253,6 @@ def candidates(devices: int, mode: str = "training", gpu: str | GPU = "H100") ->
     """The candidates :func:`plan` tries by default on ``devices`` GPUs in ``mode``, not yet
     traced."""
     return Space.checked(devices, mode, resolve_gpu(gpu), None, None, None, None).candidates()
-
-
-def default_layouts(devices: int, gpu: GPU) -> list[tuple[int, int, int]]:
-    """Every ``(replicate, fsdp, tp)`` with product ``devices`` and ``tp <= gpus_per_node``:
-    by tp, then fewest replicas (plain FSDP first)."""
-    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
-    return [
-        (replicate, devices // tp // replicate, tp)
-        for tp in divisors
-        if tp <= max(1, gpu.gpus_per_node)
-        for replicate in divisors
-        if (devices // tp) % replicate == 0
-    ]
-
-
-def _layouts(
-    given: Sequence[Mapping[str, int]] | None, devices: int, gpu: GPU
-) -> tuple[tuple[int, int, int], ...]:
-    if given is None:
-        return tuple(default_layouts(devices, gpu))
-    if isinstance(given, (str, Mapping)) or not isinstance(given, Sequence) or not given:
-        raise OptionTypeError(
-            f"plan: layouts must be a non-empty list of dicts, not {given!r}: e.g. "
-            '[{"fsdp": 8}, {"replicate": 2, "fsdp": 4}, {"fsdp": 4, "tp": 2}].'
-        )
-    found = tuple(_layout(layout, devices) for layout in given)
-    return tuple(dict.fromkeys(found))
-
-
-def _layout(layout: Any, devices: int) -> tuple[int, int, int]:
-    """One layout of ``plan(layouts=...)`` checked: (replicate, fsdp, tp), product ``devices``."""
-    known = isinstance(layout, Mapping) and set(layout) <= set(MESH)
-    sizes = tuple(layout.get(k, 1) for k in MESH) if known else ()
-    if not sizes or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes
-    ):
-        raise OptionError(
-            f"plan: layout {layout!r} must map replicate, fsdp and tp to whole numbers >= 1."
-        )
-    replicate, fsdp, tp = sizes
-    if replicate * fsdp * tp != devices:
-        raise OptionError(
-            f"plan: layout {layout!r} uses {replicate * fsdp * tp} devices, not the "
-            f"devices={devices} every candidate uses (replicate x fsdp x tp)."
-        )
-    return replicate, fsdp, tp
 
 
 def _axis(

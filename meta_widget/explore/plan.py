@@ -2,15 +2,28 @@
 
 Every candidate is a combination of
 
-- a *layout*: HSDP replicas x FSDP degree x TP degree whose product is ``devices`` (every
-  device used; by default every such layout with ``tp`` at most the GPU's ``gpus_per_node``,
-  tensor parallelism across nodes being what nobody runs). A layout ``analyze`` refuses up
-  front (``LayoutError``, ``ParallelError``: tp not dividing the heads, fsdp past the rows of
-  the largest parameter) is recorded with its reason and not traced;
+- a *layout* (``meta_widget.explore.candidates.Layout``): HSDP replicas x FSDP x TP x
+  pipeline (PP, with its schedule, stages per rank and micro-batches) x context-parallel (CP)
+  ranks whose product is ``devices`` (every device used), expert parallelism (EP) within FSDP.
+  By default every ``replicate x fsdp x tp`` with ``tp`` at most the GPU's ``gpus_per_node``
+  (tensor parallelism across nodes being what nobody runs), and beyond one node, given a
+  transformers config, pipelines too: ``pp x fsdp x tp`` (1F1B, ``pp`` micro-batches) with
+  ``pp`` dividing ``devices``, at most the model's layers. A layout ``analyze`` refuses
+  (``LayoutError``, ``ParallelError``: tp not dividing the heads, fsdp past the rows of the
+  largest parameter, pp past the layers, ep on a dense model, cp on the CPU mesh, a batch the
+  pipeline's micro-batches do not divide) is found before any trace
+  (``meta_widget.explore.plan_checks``), recorded with its reason and not traced;
 - *activation checkpointing* (training only): off, or every block (``True``);
 - *precision*: as given (the model's own dtype), ``autocast`` bf16, or ``param_dtype`` bf16;
 - *micro-batches* (training only): 1, and 2 (the optimizer step and, under FSDP, the
-  parameter gathers are shared by twice the tokens).
+  parameter gathers are shared by twice the tokens); a pipeline's layout brings its own (the
+  schedule's micro-batches) instead.
+
+The batch is one rank's (``input_size``: one micro-batch; with a pipeline, the whole step's,
+which its schedule splits), or the whole job's: ``global_batch`` sequences of ``seq_len``
+tokens an optimizer step, each candidate's rank then given ``global_batch / (replicate x
+fsdp)`` of them, split over its micro-batches (a candidate where they do not divide is a row
+with that reason).
 
 ``plan``'s ``layouts=``, ``activation_checkpointing=``, ``precisions=`` and
 ``micro_batches=`` narrow (or widen) each axis.
@@ -21,7 +34,9 @@ traced peak, never a formula, and its ``step_s``, ``mfu`` and ``tokens_per_s`` a
 candidate is traced at 2, 3 and 4 layers and its full depth's numbers follow from the
 per-layer rule those traces show and check (``meta_widget.explore.depth``: equal to the byte
 to a full-depth trace); its ``analysis``, the full depth traced, is made when first asked
-for. ``full_depth=True`` traces every candidate at full depth.
+for. ``full_depth=True`` traces every candidate at full depth, as a pipeline's always is
+(the rule assumes no stage split); a pipeline's ``peak_bytes`` is its worst stage's rank's and
+its ``step_s`` the pipeline's step, the bubble included.
 The fastest candidate that fits is the one with the most tokens per second (samples per second
 for inputs that are not tokens; the shortest step when neither is known).
 """
@@ -39,13 +54,14 @@ from typing import Any, overload
 
 import pandas as pd
 
-from ..options import OptionError, OptionTypeError, check_budget
+from ..options import OptionError, OptionTypeError, Parallel, check_budget
 from ..sources.models import is_transformers_config
 from ..timing.gpus import GPU, resolve_gpu
 from ..units import format_bytes
 from .candidates import COLUMNS, Candidate, Space
 from .depth import depth_of
 from .fit import NothingFitsError
+from .plan_checks import check_global_batch, refuse, set_inputs
 from .plan_front import check_tokens, front, gpu_hours, speed
 from .plan_trace import Counts, Job, planning, take, trace_candidate, trace_run
 from .sweeps import ProgressFn, check_analyze_options, progress_function
@@ -179,8 +195,10 @@ class Plan:
         return max(fitting, key=speed)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per candidate: ``replicate``, ``fsdp``, ``tp``, ``activation_checkpointing``,
-        ``precision``, ``micro_batches``, ``peak_bytes``, ``device_bytes`` (what the GPU
+        """One row per candidate: ``replicate``, ``fsdp``, ``tp``, ``pp``, ``cp``, ``ep``,
+        ``schedule`` (None without a pipeline), ``virtual_stages``,
+        ``activation_checkpointing``, ``precision``, ``micro_batches`` (a pipeline's: its
+        schedule's), ``peak_bytes``, ``device_bytes`` (what the GPU
         holds, held against the budget), ``fits``, ``step_s``, ``mfu``,
         ``tokens_per_s``, ``samples_per_s``, ``error``, ``traced_layers``; ``pareto`` (on
         the Pareto front of this plan's fitting rows: ``pareto()``) and ``gpu_hours`` (the
@@ -226,10 +244,12 @@ def plan(
     budget: int | str | None = None,
     mode: str = "training",
     input_data: Any = None,
-    layouts: Sequence[Mapping[str, int]] | None = None,
+    layouts: Sequence[Mapping[str, Any] | Parallel] | None = None,
     activation_checkpointing: Sequence[bool] | None = None,
     precisions: Sequence[str] | None = None,
     micro_batches: Sequence[int] | None = None,
+    global_batch: int | None = None,
+    seq_len: int | None = None,
     progress: bool | ProgressFn = False,
     full_depth: bool = False,
     workers: int | None = None,
@@ -244,11 +264,13 @@ def plan(
     Parameters
     ----------
     model, input_size, input_data
-        As for ``analyze``; the batch given is the batch of one rank (of one micro-batch).
+        As for ``analyze``; the batch given is the batch of one rank: of one micro-batch, or
+        with a pipeline (``pp > 1``) of the whole step, which its schedule splits into its
+        micro-batches (a multiple of them). Or ``global_batch`` and ``seq_len`` instead.
     gpu
         A name of ``mw.gpus()`` or an ``mw.GPU(...)``: the times, and the default budget.
     devices
-        How many GPUs: each layout's ``replicate * fsdp * tp`` is ``devices``.
+        How many GPUs: each layout's ``replicate * fsdp * tp * pp * cp`` is ``devices``.
     budget
         Bytes per device (an int) or a size with a unit (``"80GiB"``, ``"80GB"``); default the
         GPU's ``memory_bytes``.
@@ -256,15 +278,26 @@ def plan(
         ``"training"`` (default) or ``"inference"`` (no checkpointing or micro-batch
         candidates).
     layouts
-        The layouts to try, each a dict of ``replicate``, ``fsdp`` and ``tp`` (missing ones
-        1) whose product is ``devices``, e.g. ``[{"fsdp": 8}, {"replicate": 2, "fsdp": 4}]``;
-        default every such layout with ``tp <= gpu.gpus_per_node``.
+        The layouts to try, each a dict of ``replicate``, ``fsdp``, ``tp``, ``pp``, ``cp``,
+        ``ep`` (missing ones 1), and with ``pp`` the pipeline's ``schedule``,
+        ``virtual_stages`` and ``microbatches``, or a ``mw.Parallel`` of those, using
+        ``devices`` devices: e.g. ``[{"fsdp": 8}, {"pp": 4, "fsdp": 2, "schedule": "1F1B"},
+        mw.Parallel(pp=2, tp=4)]``. Default every ``replicate x fsdp x tp`` with ``tp <=
+        gpu.gpus_per_node``; with more devices than a node and a transformers config, also
+        every ``pp x fsdp x tp`` (1F1B) with ``pp`` at most its layers (training only).
     activation_checkpointing
         The settings to try (training): default ``(False, True)``.
     precisions
         Names of ``meta_widget.explore.candidates.PRECISIONS`` to try: default all three.
     micro_batches
-        Micro-batch counts to try (training): default ``(1, 2)``.
+        Micro-batch counts to try (training): default ``(1, 2)``. A pipeline's layout is
+        tried once, with its schedule's micro-batches.
+    global_batch, seq_len
+        Instead of ``input_size``: the sequences of one optimizer step over every rank, and
+        their length in tokens (token ids, as practitioners give them: ``global_batch=512,
+        seq_len=8192``). Each candidate's rank is given ``global_batch / (replicate * fsdp)``
+        sequences split over its micro-batches (``Candidate.input_size``); its
+        ``tokens_per_s`` is then ``global_batch * seq_len / step_s``.
     progress
         ``True``: a text line per candidate on standard error; or a function
         ``(done, total, text)``.
@@ -308,21 +341,33 @@ def plan(
     accelerator = resolve_gpu(gpu)
     limit = accelerator.memory_bytes if budget is None else check_budget(budget)
     _check(devices, mode, analyze_options)
+    whole = check_global_batch(global_batch, seq_len, input_size, input_data)
     space = Space.checked(
-        devices, mode, accelerator, layouts, activation_checkpointing, precisions, micro_batches
+        devices,
+        mode,
+        accelerator,
+        layouts,
+        activation_checkpointing,
+        precisions,
+        micro_batches,
+        _decoder_layers(model),
     )
     report = progress_function(progress, "plan")
     todo = space.candidates()
     if not isinstance(full_depth, bool):
         raise OptionTypeError(f"plan: full_depth must be True or False, not {full_depth!r}.")
+    if whole is not None:
+        set_inputs(todo, *whole)
+    refuse(todo, model, input_size)  # what the model or the batch cannot take: no trace
+    traced = [c for c in todo if c.error is None]
     by_name = set(analyze_options) & set(_NAMES_MODULES)  # options that name the full model's
     layers = None if full_depth or by_name else depth_of(model)
     job = Job(model, input_size, input_data, mode, accelerator, analyze_options, layers, limit)
-    count = _processes(workers, executor, len(todo), job)
+    count = _processes(workers, executor, len(traced), job)
     counts = Counts()
-    refused: dict[tuple[int, int, int], str] = {}  # layouts analyze refused here, and why
-    by_key = {c.key: c for c in todo}
-    finished = 0
+    refused: dict[tuple[Any, ...], str] = {}  # layouts and inputs analyze refused, and why
+    by_key = {c.key: c for c in traced}
+    finished = len(todo) - len(traced)
 
     def here(key: tuple[Any, ...]) -> None:
         trace_candidate(by_key[key], job, counts, refused)
@@ -338,17 +383,18 @@ def plan(
         if report is not None:
             report(finished, len(todo), _label(c))
 
-    if report is not None:
+    if report is not None and traced:
         where = "the executor" if executor is not None else f"{count} processes"
-        report(0, len(todo), where if executor is not None or count > 1 else _label(todo[0]))
+        first = where if executor is not None or count > 1 else _label(traced[0])
+        report(finished, len(todo), first)
     task = partial(trace_run, job)
     with planning():
         if executor is not None:
-            runs = _runs(todo, math.ceil(len(todo) / (2 * _width(executor))))
+            runs = _runs(traced, math.ceil(len(traced) / (2 * _width(executor))))
             share(runs, here, task, executor, on_done, helping=False)
         elif count > 1:  # this process and count - 1 children
             with local_pool(count - 1) as pool:
-                runs = _runs(todo, math.ceil(len(todo) / (2 * count)))
+                runs = _runs(traced, math.ceil(len(traced) / (2 * count)))
                 share(runs, here, task, pool, on_done, window=2 * (count - 1))
         else:
             share([list(by_key)], here, task, None, on_done)
@@ -370,9 +416,17 @@ def _runs(candidates: list[Candidate], size: int) -> list[list[tuple[Any, ...]]]
     return runs
 
 
-def by_layout(key: tuple[Any, ...]) -> tuple[Any, ...]:
+def by_layout(key: tuple[Any, ...]) -> Any:
     """The layout of a candidate's key (``Candidate.key``)."""
-    return key[:3]
+    return key[0]
+
+
+def _decoder_layers(model: Any) -> int | None:
+    """The decoder layers of a transformers config (or of a model's config), which bound the
+    default pipelines; None for other models (no pipeline by default)."""
+    config = model if is_transformers_config(model) else getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None) if is_transformers_config(config) else None
+    return layers if isinstance(layers, int) and not isinstance(layers, bool) else None
 
 
 def _width(executor: Executor) -> int:
@@ -468,8 +522,8 @@ def _check(devices: Any, mode: Any, options: dict[str, Any]) -> None:
 
 def _label(c: Candidate) -> str:
     return (
-        f"replicate={c.replicate} fsdp={c.fsdp} tp={c.tp} "
-        f"checkpointing={c.activation_checkpointing} {c.precision} micro_batches={c.micro_batches}"
+        f"{c.layout.label()} checkpointing={c.activation_checkpointing} {c.precision} "
+        f"micro_batches={c.micro_batches}"
     )
 
 

@@ -99,13 +99,12 @@ def trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
 
 def _trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """:func:`trace_run`'s traces, in the thread they run in."""
-    refused: dict[tuple[int, int, int], str] = {}
+    refused: dict[tuple[Any, ...], str] = {}
     answers = []
     with _ONE_AT_A_TIME, planning():
         for key in keys:
             counts = Counts()
-            replicate, fsdp, tp, checkpointing, precision, micro = key
-            c = Candidate(fsdp, tp, checkpointing, precision, micro, replicate=replicate)
+            c = Candidate(*key)  # layout, checkpointing, precision, micro-batches, input size
             trace_candidate(c, job, counts, refused)
             numbers = {name: getattr(c, name) for name in _NUMBERS}
             answers.append(
@@ -115,26 +114,30 @@ def _trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
 
 
 def trace_candidate(
-    c: Candidate, job: Job, counts: Counts, refused: dict[tuple[int, int, int], str]
+    c: Candidate, job: Job, counts: Counts, refused: dict[tuple[Any, ...], str]
 ) -> None:
     """Fill in ``c`` by tracing it here (one trace of this process at a time)."""
 
     def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
-        return run_analyze(job, counts, options, depth)
+        return run_analyze(job, counts, options, depth, c.input_size)
 
     with _ONE_AT_A_TIME:
         _trace(c, refused, job.budget, run, job.layers, job.gpu)
 
 
 def run_analyze(
-    job: Job, counts: Counts, options: dict[str, Any], depth: int | None = None
+    job: Job,
+    counts: Counts,
+    options: dict[str, Any],
+    depth: int | None = None,
+    input_size: Any = None,
 ) -> Analysis:
     """``analyze`` of ``job``'s model (at ``depth`` decoder layers, or whole) with a
-    candidate's ``options``, counted in ``counts``."""
+    candidate's ``options`` and ``input_size`` (None: the job's), counted in ``counts``."""
     counts.runs += 1  # a refused layout is a run too
     a = analyze(
         job.model if depth is None else with_layers(job.model, depth),
-        job.input_size,
+        job.input_size if input_size is None else input_size,
         input_data=job.input_data,
         mode=job.mode,
         gpu=job.gpu,
@@ -151,13 +154,13 @@ def take(c: Candidate, numbers: dict[str, Any], job: Job, counts: Counts) -> Non
     for name in _NUMBERS:
         setattr(c, name, numbers[name])
     if numbers["openable"]:
-        options = c.options()
-        c._trace_full = lambda: run_analyze(job, counts, options)
+        options, size = c.options(), c.input_size
+        c._trace_full = lambda: run_analyze(job, counts, options, None, size)
 
 
 def _trace(
     c: Candidate,
-    refused: dict[tuple[int, int, int], str],
+    refused: dict[tuple[Any, ...], str],
     budget: int,
     run: Callable[..., Analysis],
     layers: int | None,
@@ -166,13 +169,15 @@ def _trace(
     """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given, the traces
     follow it and the least the candidate holds on the GPU is over ``budget`` (it cannot fit),
     else from a full-depth trace (whose caching allocator's reserve decides whether it fits);
-    or record why its layout was refused (a layout ``refused`` already is not traced again, in
-    this process or in a worker)."""
-    if c.layout in refused:
-        c.error = refused[c.layout]
+    or record why its layout was refused (a layout and input ``refused`` already is not traced
+    again, in this process or in a worker). A pipeline is traced at full depth: the per-layer
+    rule assumes one stage."""
+    shape = (c.layout, c.input_size)
+    if shape in refused:
+        c.error = refused[shape]
         return
     try:
-        if layers is not None and _by_rule(c, run, layers, gpu):
+        if layers is not None and c.layout.pp == 1 and _by_rule(c, run, layers, gpu):
             if c.error is not None or (c.device_bytes or 0) > budget:
                 return  # failed, or cannot fit: its least bytes on the GPU are over the budget
             # it may fit: the caching allocator's reserve decides, replayed at full depth
@@ -181,7 +186,7 @@ def _trace(
     except (OptionError, ParallelError) as e:
         if not _is_layout(e):
             raise
-        refused[c.layout] = c.error = f"{type(e).__name__}: {e}"
+        refused[shape] = c.error = f"{type(e).__name__}: {e}"
         return
     a = c._analysis
     if a.error is not None:
@@ -208,7 +213,7 @@ def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) 
         if a.time is None:
             return False
         samples.append(sample(a, d))
-    full = extend(samples, layers, gpu, c.replicate * c.fsdp)
+    full = extend(samples, layers, gpu, c.layout.data_parallel)
     if full is None:
         return False
     c.peak_bytes, c.device_bytes = full.peak_bytes, full.least_device_bytes

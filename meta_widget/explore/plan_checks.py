@@ -1,0 +1,132 @@
+"""What a plan's candidates can take, found before any trace.
+
+Two things decide, for each candidate, that it cannot be traced, and neither is a guess:
+
+- its *layout* against the model: ``analyze``'s own check of ``parallel=``
+  (``meta_widget.distributed.parallel.check_world``: tp dividing the heads and key/value heads,
+  pp splitting a transformers decoder into at most one stage a layer, ep only for a mixture of
+  experts whose experts it divides, cp refused on the CPU mesh a trace stands for...), run once
+  per layout on the model built on ``meta`` once: no trace;
+- its *batch*: with ``global_batch=``, every data-parallel rank's share of the sequences
+  (``global_batch / (replicate * fsdp)``) split over its micro-batches (gradient accumulation,
+  or the pipeline's); and with a pipeline, the batch of one rank dividing into the pipeline's
+  micro-batches (``meta_widget.distributed.pipelining.check_batch``).
+
+A candidate refused is a row of the plan with ``error`` the refusal's type and message
+(``"LayoutError: parallel tp=4 does not divide the 2 heads ..."``), and is not traced.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..distributed.parallel import ParallelError
+from ..options import LayoutError, OptionError, OptionTypeError
+from .candidates import Candidate, Layout
+
+__all__ = ["check_global_batch", "refuse", "set_inputs"]
+
+
+def check_global_batch(
+    global_batch: Any, seq_len: Any, input_size: Any, input_data: Any
+) -> tuple[int, int] | None:
+    """``global_batch`` and ``seq_len`` checked: both whole numbers >= 1, given together and
+    neither with ``input_size`` nor ``input_data`` (None when neither is given)."""
+    if global_batch is None and seq_len is None:
+        return None
+    if input_size is not None or input_data is not None:
+        raise OptionError(
+            "plan: give input_size (one rank's micro-batch, e.g. (8, 2048)) or global_batch= "
+            "and seq_len= (the sequences of one optimizer step over every rank, and their "
+            "length), not both: with global_batch, plan works out each candidate's batch per "
+            "rank."
+        )
+    for name, value in (("global_batch", global_batch), ("seq_len", seq_len)):
+        if value is None:
+            other = "seq_len" if name == "global_batch" else "global_batch"
+            raise OptionError(
+                f"plan: {other}= needs {name}= too (e.g. global_batch=512, seq_len=8192: "
+                "512 sequences of 8,192 tokens an optimizer step)."
+            )
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise OptionTypeError(f"plan: {name} must be a whole number >= 1, not {value!r}.")
+    return int(global_batch), int(seq_len)
+
+
+def set_inputs(candidates: Sequence[Candidate], global_batch: int, seq_len: int) -> None:
+    """Give each candidate its input of one rank, ``(batch, seq_len)`` token ids: its
+    data-parallel rank's share of ``global_batch``, one micro-batch of it (a pipeline's: the
+    whole share, which its schedule splits); or, where the share does not divide, its
+    ``error``."""
+    for c in candidates:
+        dp = c.layout.data_parallel
+        if global_batch % dp:
+            c.error = _message(
+                f"global_batch={global_batch} does not divide over the {dp} data-parallel "
+                f"ranks of {c.layout.label()} (replicate x fsdp): give a global_batch that "
+                f"is a multiple of {dp}."
+            )
+            continue
+        share = global_batch // dp
+        if c.layout.pp > 1:
+            c.input_size = (share, seq_len)
+        elif share % c.micro_batches:
+            c.error = _message(
+                f"global_batch={global_batch} is {share} sequences a data-parallel rank of "
+                f"{c.layout.label()}, which do not split into micro_batches="
+                f"{c.micro_batches}: give a global_batch that is a multiple of "
+                f"{dp * c.micro_batches}."
+            )
+        else:
+            c.input_size = (share // c.micro_batches, seq_len)
+
+
+def refuse(candidates: Sequence[Candidate], model: Any, input_size: Any) -> int:
+    """Set the ``error`` of every candidate (none refused yet) whose layout ``model`` cannot
+    take, or whose batch its pipeline cannot split, as ``analyze`` would refuse it; the model
+    is built on meta once and each layout checked once. Returns how many were refused."""
+    todo = [c for c in candidates if c.error is None and c.layout.devices > 1]
+    if not todo:
+        return 0
+    from ..distributed.parallel import check_world  # FSDP2 and DTensor: only for parallel=
+    from ..distributed.pipelining import check_batch
+    from ..sources.models import to_meta
+
+    module = to_meta(model).module
+    by_layout: dict[Layout, str | None] = {}
+    refused = 0
+    for c in todo:
+        plan = c.layout.parallel()
+        assert plan is not None  # more than one device
+        if c.layout not in by_layout:
+            by_layout[c.layout] = _refusal(check_world, plan, module)
+        why = by_layout[c.layout]
+        batch = _batch(c.input_size if c.input_size is not None else input_size)
+        if why is None and plan.pp > 1 and batch is not None:
+            why = _refusal(check_batch, plan, batch)
+        if why is not None:
+            c.error = why
+            refused += 1
+    return refused
+
+
+def _batch(size: Any) -> int | None:
+    """The batch of an ``input_size`` of token ids (its first number), if it has one."""
+    if isinstance(size, Sequence) and len(size) >= 2 and isinstance(size[0], int):
+        return size[0]
+    return None
+
+
+def _refusal(check: Callable[..., None], *args: Any) -> str | None:
+    """The message of the layout error ``check(*args)`` raises, None when it passes."""
+    try:
+        check(*args)
+    except (LayoutError, ParallelError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _message(text: str) -> str:
+    return f"{LayoutError.__name__}: {text}"

@@ -1,0 +1,262 @@
+"""``mw.plan`` over replicate x fsdp x tp x pp x cp x ep: pipeline layouts traced as ``analyze``
+traces them; layouts and batches the model cannot take found before any trace, each a row with
+``analyze``'s reason; ``global_batch`` and ``seq_len`` giving each candidate its share; default
+pipelines beyond one node; and the same plan in one process, in workers and on an executor."""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import pandas as pd
+import pytest
+from parallel_truth import no_process_group_left  # noqa: F401  (an autouse fixture)
+
+import meta_widget as mw
+from meta_widget.explore.candidates import Layout, Space, candidates, default_layouts
+from meta_widget.timing.gpus import resolve_gpu
+
+transformers = pytest.importorskip("transformers")
+
+
+def llama(layers: int = 6) -> Any:
+    return transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        architectures=["LlamaForCausalLM"],  # a decoder a pipeline can split
+    )
+
+
+ONE = dict(gpu="H100", activation_checkpointing=[False], precisions=["as given"])
+
+
+def analyzed(size: Any, parallel: Any, micro_batches: int = 1, **options: Any) -> mw.Analysis:
+    """The truth: ``analyze`` itself, with the layout spelled here."""
+    return mw.analyze(
+        llama(),
+        size,
+        mode="training",
+        gpu="H100",
+        parallel=parallel,
+        micro_batches=micro_batches,
+        **options,
+    )
+
+
+def test_pipeline_layouts_are_traced_as_analyze_traces_them() -> None:
+    size = (4, 32)
+    pipelines = [
+        {"pp": 2, "fsdp": 2, "schedule": "1F1B"},
+        mw.Parallel(pp=2, tp=2),  # after another pipeline in one process: its own groups
+        {"pp": 4, "schedule": "gpipe", "microbatches": 4},
+        {"pp": 2, "virtual_stages": 2, "fsdp": 2},
+    ]
+    # foreach=False: tensor parallelism alone leaves the norms plain tensors (a foreach step fails)
+    p = mw.plan(
+        llama(), size, devices=4, layouts=[{"fsdp": 4}, *pipelines], workers=1, foreach=False, **ONE
+    )
+    df = p.to_dataframe()
+    assert list(df.columns[:9]) == [
+        "replicate",
+        "fsdp",
+        "tp",
+        "pp",
+        "cp",
+        "ep",
+        "schedule",
+        "virtual_stages",
+        "activation_checkpointing",
+    ]
+    piped = df[df["pp"] > 1]
+    assert len(piped) == 4 and piped["error"].isna().all()  # one candidate a pipeline
+    assert list(piped["schedule"]) == ["1F1B", "1F1B", "gpipe", "interleaved-1F1B"]
+    assert list(piped["micro_batches"]) == [2, 2, 4, 4]  # the schedule's micro-batches
+    assert (piped["traced_layers"] == "all").all()  # a pipeline: at full depth
+    for (_, row), given in zip(piped.iterrows(), pipelines, strict=True):
+        a = analyzed(size, given, foreach=False)
+        assert a.error is None and a.time is not None and a.stages
+        assert row["peak_bytes"] == a.peak_bytes == max(s.peak_bytes for s in a.stages)
+        assert row["step_s"] == a.time.step_s  # the pipeline's step, its bubble included
+        assert row["tokens_per_s"] == a.time.tokens_per_s
+    plain = df[df["pp"] == 1]
+    assert plain["schedule"].isna().all() and list(plain["micro_batches"]) == [1, 2]
+
+
+def test_what_the_model_cannot_take_is_a_row_with_its_reason_and_never_traced() -> None:
+    size = (3, 32)
+    refused = {
+        "tp": {"tp": 4},  # past the 2 key/value heads
+        "pp": {"pp": 8},  # more stages than the 6 layers
+        "ep": {"fsdp": 2, "ep": 2, "tp": 2},  # a dense model has no experts
+        "cp": {"fsdp": 4, "cp": 2},  # the CPU mesh cannot shard attention
+        "batch": {"pp": 2, "fsdp": 2},  # 3 sequences into 2 micro-batches
+    }
+    devices = {"tp": 4, "pp": 8, "ep": 4, "cp": 8, "batch": 4}
+    for name, layout in refused.items():
+        p = mw.plan(llama(), size, devices=devices[name], layouts=[layout], workers=1, **ONE)
+        assert p.traces == 0, name  # found before any trace
+        with pytest.raises(mw.LayoutError) as truth:
+            analyzed(size, layout)
+        for c in p.candidates:
+            assert c.error == f"LayoutError: {truth.value}", name
+            assert not c.fits and c.peak_bytes is None and not c.openable
+
+
+def test_inference_refuses_a_pipeline_up_front() -> None:
+    with pytest.raises(mw.OptionError, match="training step only"):
+        mw.plan(llama(), (4, 32), gpu="H100", devices=2, mode="inference", layouts=[{"pp": 2}])
+
+
+def test_global_batch_gives_each_candidate_its_share() -> None:
+    p = mw.plan(
+        llama(),
+        devices=4,
+        global_batch=16,
+        seq_len=32,
+        layouts=[{"fsdp": 4}, {"replicate": 2, "tp": 2}, {"pp": 2, "fsdp": 2}],
+        micro_batches=[1, 2],
+        workers=1,
+        **ONE,
+    )
+    sizes = [(c.layout.label(), c.micro_batches, c.input_size) for c in p.candidates]
+    assert sizes == [
+        ("fsdp=4", 1, (4, 32)),  # 16 sequences over 4 data-parallel ranks
+        ("fsdp=4", 2, (2, 32)),  # ... in 2 micro-batches
+        ("replicate=2 tp=2", 1, (8, 32)),  # tp's ranks share their replica's samples
+        ("replicate=2 tp=2", 2, (4, 32)),
+        ("fsdp=2 pp=2 1F1B", 2, (8, 32)),  # a pipeline's step: its schedule splits it
+    ]
+    for c in p.candidates:  # the rates are the whole job's: 16 sequences of 32 tokens a step
+        assert c.error is None and c.step_s is not None
+        assert c.tokens_per_s * c.step_s == pytest.approx(16 * 32)
+        assert c.samples_per_s * c.step_s == pytest.approx(16)
+    c = p.candidates[1]
+    a = analyzed(c.input_size, {"fsdp": 4}, micro_batches=2)
+    assert a.peak_bytes == c.peak_bytes and a.time is not None and a.time.step_s == c.step_s
+
+
+def test_a_global_batch_that_does_not_divide_is_a_row_with_why() -> None:
+    p = mw.plan(
+        llama(),
+        devices=4,
+        global_batch=6,
+        seq_len=32,
+        layouts=[{"fsdp": 4}, {"fsdp": 2, "tp": 2}],
+        micro_batches=[1, 2],
+        workers=1,
+        **ONE,
+    )
+    errors = [c.error for c in p.candidates]
+    assert errors[0] == errors[1] and "over the 4 data-parallel ranks" in str(errors[0])
+    assert errors[2] is None and p.candidates[2].input_size == (3, 32)
+    assert "do not split into micro_batches=2" in str(errors[3])
+    assert p.candidates[2].tokens_per_s * p.candidates[2].step_s == pytest.approx(6 * 32)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"input_size": (4, 32), "global_batch": 16, "seq_len": 32}, "not both"),
+        ({"global_batch": 16}, "seq_len"),
+        ({"seq_len": 32}, "global_batch"),
+        ({"global_batch": 0, "seq_len": 32}, "whole number"),
+    ],
+)
+def test_global_batch_is_checked(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(mw.OptionError, match=match):
+        mw.plan(llama(), gpu="H100", devices=4, **kwargs)
+
+
+def test_layouts_are_checked() -> None:
+    with pytest.raises(mw.OptionError, match="uses 8 devices"):
+        mw.plan(llama(), (4, 32), gpu="H100", devices=4, layouts=[{"pp": 2, "fsdp": 4}])
+    with pytest.raises(mw.OptionError, match="does not vary"):
+        mw.plan(llama(), (4, 32), gpu="H100", devices=4, layouts=[mw.Parallel(fsdp=4, mp={})])
+    with pytest.raises(mw.OptionError, match="schedule"):
+        mw.plan(llama(), (4, 32), gpu="H100", devices=2, layouts=[{"pp": 2, "schedule": "x"}])
+
+
+def test_default_layouts_add_pipelines_beyond_a_node_only() -> None:
+    h100 = resolve_gpu("H100")
+    layouts = default_layouts(64, h100, layers=80)
+    piped = [x for x in layouts if x.pp > 1]
+    assert layouts[: len(layouts) - len(piped)] == default_layouts(64, h100)  # first, as before
+    assert {x.pp for x in piped} == {2, 4, 8, 16, 32, 64}
+    for x in piped:
+        assert x.devices == 64 and x.tp <= 8 and x.replicate == 1 and x.schedule == "1F1B"
+        assert x.microbatches == x.pp
+    assert {x.pp for x in default_layouts(64, h100, layers=20) if x.pp > 1} == {2, 4, 8, 16}
+    assert all(x.pp == 1 for x in default_layouts(8, h100, layers=80))  # one node: no pipeline
+    assert len(candidates(8)) == 10 * 12  # the 8-GPU space unchanged
+    space = Space.checked(16, "inference", h100, None, None, None, None, 80)
+    assert all(x.pp == 1 for x in space.layouts)  # a pipeline traces training only
+    assert Layout.of(mw.Parallel(pp=2, tp=4)) == Layout.of({"tp": 4, "pp": 2})
+
+
+def plan_5d(**how: Any) -> mw.Plan:
+    return mw.plan(
+        llama(),
+        devices=4,
+        global_batch=8,
+        seq_len=32,
+        layouts=[
+            {"fsdp": 4},
+            {"pp": 2, "fsdp": 2},
+            {"tp": 4},
+            {"pp": 2, "fsdp": 2, "microbatches": 8},
+            {"pp": 4},
+        ],
+        gpu="H100",
+        activation_checkpointing=[False, True],
+        precisions=["as given"],
+        micro_batches=[1, 2],
+        **how,
+    )
+
+
+@pytest.fixture(scope="module")
+def alone() -> mw.Plan:
+    return plan_5d(workers=1)
+
+
+def same_rows(a: mw.Plan, b: mw.Plan) -> None:
+    assert [c.key for c in a.candidates] == [c.key for c in b.candidates]
+    pd.testing.assert_frame_equal(a.to_dataframe(), b.to_dataframe())
+
+
+def test_workers_give_the_plan_of_one_process(
+    alone: mw.Plan, remote: list[tuple[Any, ...]]
+) -> None:
+    df = alone.to_dataframe()
+    assert df["error"].str.contains("tp=4 does not divide").sum() == 4
+    assert df["error"].str.contains("microbatches=8 do not divide the batch of 4").sum() == 2
+    assert df["error"].isna().sum() == 8
+    same_rows(alone, plan_5d(workers=2))
+    assert remote, "no candidate was traced by the child"
+
+
+def test_an_executor_gives_the_plan_of_one_process(
+    alone: mw.Plan, remote: list[tuple[Any, ...]]
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=context) as executor:
+        p = plan_5d(executor=executor)
+    assert len(remote) == 8  # every candidate traced, on the executor
+    same_rows(alone, p)
+
+
+def test_every_pipeline_rank_counts_the_steps_tokens() -> None:
+    """Each micro-batch passes every stage: any rank's rates are the step's whole batch (the
+    worst rank, whose analysis a pipeline shows, need not be rank 0, which holds the input)."""
+    a = analyzed((4, 32), {"pp": 2, "fsdp": 2})
+    assert a.stages and a.time is not None
+    for s in a.stages:
+        t = s.analysis.time
+        assert t is not None and t.tokens_per_s is not None and t.samples_per_s is not None
+        assert t.tokens_per_s * t.step_s == pytest.approx(2 * 4 * 32)  # 2 data-parallel ranks
+        assert t.samples_per_s * t.step_s == pytest.approx(2 * 4)
