@@ -52,6 +52,7 @@ __all__ = [
     "comm_records",
     "depth_of",
     "extend",
+    "least_device_bytes_unchecked",
     "sample",
     "with_layers",
 ]
@@ -229,6 +230,27 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     flops = totals["flops"]
     time = step_time([call], outside, records, gpu, flops, tokens, batch, data_parallel=dp)
     return Extended(peak, time, least_device_bytes(peak, four))
+
+
+def least_device_bytes_unchecked(two: Sample, three: Sample, layers: int) -> int | None:
+    """What :func:`extend` would give as ``least_device_bytes`` at ``layers`` layers, from the
+    samples at 2 and 3 layers alone (the rule found, not checked); None when the 3-layer
+    trace inserts nothing into the 2-layer one, or changes it (``extend`` then fails too).
+
+    ``plan`` reads it before the 4-layer trace: where it is within the budget the candidate
+    may fit, and only a full-depth trace says whether it does (the rule decides only what
+    cannot fit), so the 4-layer trace, which only checks the rule, would be spent for nothing.
+    Where the rule holds this is ``extend``'s figure: the same runs and events give the same
+    peak, the parameters and inputs grow by the same step, and what does not grow with depth
+    (cuBLAS's workspaces, the CUDA context, NCCL's buffers) is alike at 3 and 4 layers."""
+    runs = _inserted_by_step(two, three)
+    if runs is None:
+        return None
+    extra = layers - three.layers
+    deltas = np.array([t[0] for t in _repeat(three.events, runs, extra + 1)], dtype=np.int64)
+    baseline = three.baseline + (three.baseline - two.baseline) * extra
+    peak = baseline + (int(np.cumsum(deltas).max()) if deltas.size else 0)
+    return least_device_bytes(peak, three)
 
 
 def least_device_bytes(peak: int, deepest: Sample) -> int:
