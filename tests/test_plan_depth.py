@@ -236,7 +236,9 @@ def test_the_least_bytes_from_2_and_3_layers_are_the_checked_rules(layout: Any) 
             ]
         full = depth_rule.extend(samples, LAYERS, job.gpu, replicate * fsdp)
         assert full is not None
-        assert depth_rule.least_device_bytes_unchecked(*samples[:2], LAYERS) == (
+        runs = depth_rule.inserted(*samples[:2])
+        assert runs is not None
+        assert depth_rule.least_device_bytes_unchecked(samples[0], samples[1], runs, LAYERS) == (
             full.least_device_bytes
         )
         assert full.least_device_bytes > full.peak_bytes  # the GPU's figure, not the peak

@@ -27,6 +27,7 @@ from .depth import (
     DEPTHS,
     Sample,
     extend,
+    inserted,
     least_device_bytes_unchecked,
     sample,
     with_layers,
@@ -210,10 +211,12 @@ def _by_rule(
     fit, which only a full-depth trace decides; the 4-layer trace is not run)."""
     samples: list[Sample] = []
     options = c.options()
+    runs: list[tuple[int, int]] | None = None
     for d in DEPTHS:
         if len(samples) == 2:
-            least = least_device_bytes_unchecked(*samples, layers)
-            if least is None or least <= budget:
+            two, three = samples
+            runs = inserted(two, three)
+            if runs is None or least_device_bytes_unchecked(two, three, runs, layers) <= budget:
                 return False
         a = run(options, d)
         if a.error is not None:  # the full depth fails the same way: not traced for nothing
@@ -223,7 +226,7 @@ def _by_rule(
         if a.time is None:
             return False
         samples.append(sample(a, d))
-    full = extend(samples, layers, gpu, c.replicate * c.fsdp)
+    full = extend(samples, layers, gpu, c.replicate * c.fsdp, runs)
     if full is None:
         return False
     c.peak_bytes, c.device_bytes = full.peak_bytes, full.least_device_bytes
