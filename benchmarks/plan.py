@@ -1,6 +1,9 @@
-"""Speed of ``mw.plan``: Llama-3-70B training at (1, 4096) on 8 H100s.
+"""Speed of ``mw.plan``: Llama-3-70B training at (1, 4096) on 8 H100s (``--model 16l``: the
+16-layer, 2048-wide Llama of docs/explore.md, whose every candidate fits, so the rule rejects
+none and each is traced at full depth; issue 39).
 
-    python benchmarks/plan.py [--layouts N] [--layers 80] [--workers N] [--full-depth] [--check]
+    python benchmarks/plan.py [--model 70b|16l] [--layouts N] [--layers N] [--workers N]
+                              [--full-depth] [--check]
 
 The issue's goal: a plan over at least 64 candidates in at most 60 s on a 2-core machine. The
 default space on 8 devices is 10 layouts (replicate x fsdp x tp) x checkpointing (2) x
