@@ -1,6 +1,9 @@
-"""Speed of ``mw.plan``: Llama-3-70B training at (1, 4096) on 8 H100s.
+"""Speed of ``mw.plan``: Llama-3-70B training at (1, 4096) on 8 H100s (``--model 16l``: the
+16-layer, 2048-wide Llama of docs/explore.md, whose every candidate fits, so the rule rejects
+none and each is traced at full depth; issue 39).
 
-    python benchmarks/plan.py [--layouts N] [--layers 80] [--workers N] [--full-depth] [--check]
+    python benchmarks/plan.py [--model 70b|16l] [--layouts N] [--layers N] [--workers N]
+                              [--full-depth] [--check]
 
 The issue's goal: a plan over at least 64 candidates in at most 60 s on a 2-core machine. The
 default space on 8 devices is 10 layouts (replicate x fsdp x tp) x checkpointing (2) x
@@ -47,6 +50,21 @@ def llama_70b(layers: int) -> Any:
     )  # fmt: skip
 
 
+def llama_16(layers: int) -> Any:
+    """The 16-layer, 2048-wide Llama of docs/explore.md ("The fastest configuration that fits"):
+    small enough that every candidate fits, so the rule rejects none."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=layers,
+        num_attention_heads=16, num_key_value_heads=8, vocab_size=128256,
+        architectures=["LlamaForCausalLM"], use_cache=False,
+    )  # fmt: skip
+
+
+MODELS = {"70b": (llama_70b, 80), "16l": (llama_16, 16)}
+
+
 def _cpu_seconds() -> float:
     """User and system CPU time of this process and its children that ended (``plan``'s)."""
     usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
@@ -56,7 +74,8 @@ def _cpu_seconds() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layouts", type=int, default=None, help="only the first N layouts")
-    parser.add_argument("--layers", type=int, default=80)
+    parser.add_argument("--model", choices=sorted(MODELS), default="70b")
+    parser.add_argument("--layers", type=int, default=None, help="default: the model's own")
     parser.add_argument("--workers", type=int, default=None, help="processes (default per core)")
     parser.add_argument("--full-depth", action="store_true", help="trace all layers")
     parser.add_argument("--check", action="store_true", help="trace the best at full depth")
@@ -69,8 +88,9 @@ def main() -> None:
     ]
     load = os.getloadavg()[0]
     start, cpu = time.perf_counter(), _cpu_seconds()
+    build, depth = MODELS[args.model]
     p = mw.plan(
-        llama_70b(args.layers),
+        build(args.layers or depth),
         (1, 4096),
         gpu="H100",
         devices=8,

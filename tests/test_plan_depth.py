@@ -14,6 +14,7 @@ import meta_widget as mw
 from meta_widget.explore import depth as depth_rule
 from meta_widget.explore import plan as plan_module
 from meta_widget.explore import plan_trace
+from meta_widget.timing.gpus import resolve_gpu
 
 transformers = pytest.importorskip("transformers")
 
@@ -200,3 +201,44 @@ def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     assert "mixed torch.Tensor and DTensor" in c.analysis.error.message  # type: ignore[union-attr]
     (ok,) = mw.plan(config, SIZE, foreach=False, **space).candidates
     assert ok.error is None and ok.traced_layers == (2, 3, 4) and ok.peak_bytes
+
+
+def test_a_candidate_that_may_fit_is_traced_at_full_depth_without_the_4_layer_trace() -> None:
+    """Within the budget by the rule found at 2 and 3 layers, a candidate is traced at full
+    depth straight away (only that trace says whether it fits; the 4-layer trace would only
+    check the rule): every row the full-depth plan's, 3 traces a candidate."""
+    space = {**SPACE, "budget": None}  # the H100's memory: every candidate may fit
+    by_rule = mw.plan(llama(), SIZE, **space)
+    full = mw.plan(llama(), SIZE, full_depth=True, **space)
+    assert all(c.traced_layers == () and c.fits for c in by_rule.candidates)
+    for a, b in zip(by_rule.candidates, full.candidates, strict=True):
+        same_numbers(a, b)
+        assert a.device_bytes == b.device_bytes
+    assert by_rule.traces == 3 * 6 and full.traces == 6
+
+
+@pytest.mark.parametrize("layout", [(1, 8, 1), (2, 2, 2)], ids=["fsdp", "hsdp-tp"])
+def test_the_least_bytes_from_2_and_3_layers_are_the_checked_rules(layout: Any) -> None:
+    """``least_device_bytes_unchecked`` (2 and 3 layers) is ``extend``'s figure (2, 3 and 4
+    layers, checked) wherever the rule holds: ``plan`` decides by it whether the 4-layer
+    trace is run, and the rows are the same either way."""
+    replicate, fsdp, tp = layout
+    job = plan_trace.Job(llama(), SIZE, None, "training", resolve_gpu("H100"))
+    for checkpointing in (False, True):
+        c = plan_module.Candidate(
+            fsdp, tp, checkpointing, "param_dtype bf16", 2, replicate=replicate
+        )
+        counts = plan_trace.Counts()
+        with plan_trace.planning():
+            samples = [
+                depth_rule.sample(plan_trace.run_analyze(job, counts, c.options(), d), d)
+                for d in depth_rule.DEPTHS
+            ]
+        full = depth_rule.extend(samples, LAYERS, job.gpu, replicate * fsdp)
+        assert full is not None
+        runs = depth_rule.inserted(*samples[:2])
+        assert runs is not None
+        assert depth_rule.least_device_bytes_unchecked(samples[0], samples[1], runs, LAYERS) == (
+            full.least_device_bytes
+        )
+        assert full.least_device_bytes > full.peak_bytes  # the GPU's figure, not the peak

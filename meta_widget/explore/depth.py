@@ -13,6 +13,9 @@ at 2, 3 and 4 layers, and
   inserted run doubled, every byte and op; its costs, collectives, FLOPs and parameter bytes
   the 3-layer trace's plus the same again. Any difference and the candidate is traced at full
   depth (``Candidate.traced_layers`` says which);
+- **or stops early**: the least bytes on the GPU by the rule found at 2 and 3 layers
+  (:func:`least_device_bytes_unchecked`) within the budget, the candidate may fit, which only
+  a full-depth trace decides; ``plan`` then traces that and not the 4-layer trace;
 - **applies it**: the full depth's events are the 3-layer trace's with each run repeated once
   per middle layer. The peak is the maximum of their running sum over the parameters, buffers
   and inputs (the traced peak of that event sequence, as ``MemoryReport`` takes it); the step
@@ -52,6 +55,8 @@ __all__ = [
     "comm_records",
     "depth_of",
     "extend",
+    "inserted",
+    "least_device_bytes_unchecked",
     "sample",
     "with_layers",
 ]
@@ -188,11 +193,18 @@ class Extended:
     least_device_bytes: int
 
 
-def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int) -> Extended | None:
+def extend(
+    samples: Sequence[Sample],
+    layers: int,
+    gpu: GPU,
+    data_parallel: int,
+    runs: Sequence[tuple[int, int]] | None = None,
+) -> Extended | None:
     """The full depth's peak and step time from the samples at 2, 3 and 4 layers; None when
-    the third sample does not follow the rule of the first two."""
+    the third sample does not follow the rule of the first two (``runs``: the first two's,
+    :func:`inserted`, when found already)."""
     two, three, four = samples
-    runs = _inserted_by_step(two, three)
+    runs = inserted(two, three) if runs is None else list(runs)
     if runs is None or _repeat(three.events, runs, 2) != list(four.events):
         return None
     if not two.edges == three.edges == four.edges:
@@ -229,6 +241,32 @@ def extend(samples: Sequence[Sample], layers: int, gpu: GPU, data_parallel: int)
     flops = totals["flops"]
     time = step_time([call], outside, records, gpu, flops, tokens, batch, data_parallel=dp)
     return Extended(peak, time, least_device_bytes(peak, four))
+
+
+def inserted(two: Sample, three: Sample) -> list[tuple[int, int]] | None:
+    """The runs of ``three``'s events the layer it has more inserts into ``two``'s, step by
+    step; None when it inserts nothing, or changes anything (the rule is not found)."""
+    return _inserted_by_step(two, three)
+
+
+def least_device_bytes_unchecked(
+    two: Sample, three: Sample, runs: Sequence[tuple[int, int]], layers: int
+) -> int:
+    """What :func:`extend` would give as ``least_device_bytes`` at ``layers`` layers, from the
+    samples at 2 and 3 layers alone and the ``runs`` the third layer inserts (:func:`inserted`:
+    the rule found, not checked).
+
+    ``plan`` reads it before the 4-layer trace: where it is within the budget the candidate
+    may fit, and only a full-depth trace says whether it does (the rule decides only what
+    cannot fit), so the 4-layer trace, which only checks the rule, would be spent for nothing.
+    Where the rule holds this is ``extend``'s figure: the same runs and events give the same
+    peak, the parameters and inputs grow by the same step, and what does not grow with depth
+    (cuBLAS's workspaces, the CUDA context, NCCL's buffers) is alike at 3 and 4 layers."""
+    extra = layers - three.layers
+    deltas = np.array([t[0] for t in _repeat(three.events, runs, extra + 1)], dtype=np.int64)
+    baseline = three.baseline + (three.baseline - two.baseline) * extra
+    peak = baseline + (int(np.cumsum(deltas).max()) if deltas.size else 0)
+    return least_device_bytes(peak, three)
 
 
 def least_device_bytes(peak: int, deepest: Sample) -> int:

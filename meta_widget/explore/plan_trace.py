@@ -23,7 +23,15 @@ from ..options import LayoutError, OptionError
 from ..timing.gpus import GPU
 from ..trace.explain import GENERIC_TITLE, Explanation
 from .candidates import _NUMBERS, Candidate
-from .depth import DEPTHS, Sample, extend, sample, with_layers
+from .depth import (
+    DEPTHS,
+    Sample,
+    extend,
+    inserted,
+    least_device_bytes_unchecked,
+    sample,
+    with_layers,
+)
 
 __all__ = ["Job", "planning", "trace_run"]
 
@@ -177,7 +185,7 @@ def _trace(
         c.error = refused[shape]
         return
     try:
-        if layers is not None and c.layout.pp == 1 and _by_rule(c, run, layers, gpu):
+        if layers is not None and c.layout.pp == 1 and _by_rule(c, run, layers, gpu, budget):
             if c.error is not None or (c.device_bytes or 0) > budget:
                 return  # failed, or cannot fit: its least bytes on the GPU are over the budget
             # it may fit: the caching allocator's reserve decides, replayed at full depth
@@ -198,13 +206,23 @@ def _trace(
         _set_time(c, a.time)
 
 
-def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) -> bool:
+def _by_rule(
+    c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU, budget: int
+) -> bool:
     """Fill in ``c``'s numbers from its traces at ``DEPTHS`` layers and the per-layer rule;
     False when a trace failed or the traces do not follow the rule (then a full-depth trace
-    says what happened)."""
+    says what happened), or when the rule found at 2 and 3 layers puts the least the
+    candidate holds on the GPU within ``budget`` (``least_device_bytes_unchecked``: it may
+    fit, which only a full-depth trace decides; the 4-layer trace is not run)."""
     samples: list[Sample] = []
     options = c.options()
+    runs: list[tuple[int, int]] | None = None
     for d in DEPTHS:
+        if len(samples) == 2:
+            two, three = samples
+            runs = inserted(two, three)
+            if runs is None or least_device_bytes_unchecked(two, three, runs, layers) <= budget:
+                return False
         a = run(options, d)
         if a.error is not None:  # the full depth fails the same way: not traced for nothing
             c.error, c.traced_layers = failure_reason(a.error), (d,)
@@ -213,7 +231,7 @@ def _by_rule(c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU) 
         if a.time is None:
             return False
         samples.append(sample(a, d))
-    full = extend(samples, layers, gpu, c.layout.data_parallel)
+    full = extend(samples, layers, gpu, c.layout.data_parallel, runs)
     if full is None:
         return False
     c.peak_bytes, c.device_bytes = full.peak_bytes, full.least_device_bytes
