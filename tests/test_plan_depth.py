@@ -14,6 +14,7 @@ import meta_widget as mw
 from meta_widget.explore import depth as depth_rule
 from meta_widget.explore import plan as plan_module
 from meta_widget.explore import plan_trace
+from meta_widget.explore.layouts import Layout
 from meta_widget.timing.gpus import resolve_gpu
 
 transformers = pytest.importorskip("transformers")
@@ -226,7 +227,7 @@ def test_the_least_bytes_from_2_and_3_layers_are_the_checked_rules(layout: Any) 
     job = plan_trace.Job(llama(), SIZE, None, "training", resolve_gpu("H100"))
     for checkpointing in (False, True):
         c = plan_module.Candidate(
-            fsdp, tp, checkpointing, "param_dtype bf16", 2, replicate=replicate
+            Layout(replicate=replicate, fsdp=fsdp, tp=tp), checkpointing, "param_dtype bf16", 2
         )
         counts = plan_trace.Counts()
         with plan_trace.planning():
