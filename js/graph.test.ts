@@ -132,7 +132,7 @@ describe("GraphView", () => {
 
 describe("shortLabels", () => {
   it("shows a node's last two path parts, more where two nodes would read the same", async () => {
-    const { shortLabels } = await import("./graphview");
+    const { shortLabels } = await import("./graphlabels");
     const folded = at(5);
     const shown = shortLabels(folded.nodes);
     const label = (path: string): string | undefined => shown.get(folded.nodes.find((n) => n.label === path)?.key ?? "");

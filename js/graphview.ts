@@ -16,12 +16,12 @@ import { h } from "./details";
 import { formatBytes, formatCount, formatFlops, formatShape } from "./format";
 import { foldGraph, graphDepths, levelFor, nodeOfRow, shade, type GEdge, type GNode, type GraphModel, type Metric } from "./graph";
 import { capSiblings, showMore } from "./graphcap";
+import { clip, moreLine, nodeWidth, shortLabels, typeLine } from "./graphlabels";
 import { layoutGraph, type Box } from "./graphlayout";
 import type { Aggregate, Tree } from "./tree";
 
 const SVG = "http://www.w3.org/2000/svg";
 const NODE_H = 40;
-const CHAR_W = 7;
 /** The smallest scale Fit shrinks a tall graph to (its labels still read). */
 const MIN_FIT = 0.75;
 /** Each view's own marker ids: `url(#id)` finds the document's first, maybe in a hidden view. */
@@ -545,58 +545,3 @@ const OP_TIPS: Record<string, string> = {
   attention: "Attention: q·kᵀ, softmax, times v (the products and softmax the module's body runs); q, k and v come in, its output goes on.",
   residual: "Residual add: the residual stream (the thick line) plus the output of the branch it feeds; the stream runs on from here.",
 };
-
-/** A node's second line: its type, the residual's branch, repeats and calls. */
-function typeLine(n: GNode): string {
-  const detail = n.kind === "residual" && n.detail ? ` (${n.detail})` : "";
-  return `${n.type}${detail}${n.repeats > 1 ? ` × ${n.repeats}` : ""}${n.calls > n.repeats ? ` · ${n.calls} calls` : ""}`;
-}
-
-/** The second line of a "… N more" node. */
-const moreLine = (n: GNode): string => `${n.type} · click for more`;
-
-function nodeWidth(n: GNode, label: string): number {
-  const type = n.more === null ? typeLine(n).length : moreLine(n).length;
-  const text = Math.max(label.length, type);
-  return Math.max(90, Math.min(260, text * CHAR_W + 30));
-}
-
-/**
- * The name each node shows in its box: the last two parts of its path ("self_attn.v_proj" for
- * "model.layers.0–3.self_attn.v_proj"), more where two nodes would read the same (an opened
- * layer beside its neighbours: "1.self_attn.q_proj"). The whole path is the node's tooltip and
- * `data-label`, and the tree's selection; the boxes are narrower, so a graph fits a narrow view
- * at a larger, readable scale.
- */
-export function shortLabels(nodes: readonly GNode[]): Map<string, string> {
-  const parts = new Map(nodes.map((n) => [n.key, n.label.split(".")]));
-  const take = new Map(nodes.map((n) => [n.key, 2]));
-  const shown = (key: string): string => {
-    const p = parts.get(key) ?? [];
-    return p.slice(Math.max(0, p.length - (take.get(key) ?? 2))).join(".");
-  };
-  for (let round = 0; round < 64; round++) {
-    const byText = new Map<string, string[]>();
-    for (const n of nodes) (byText.get(shown(n.key)) ?? byText.set(shown(n.key), []).get(shown(n.key)))?.push(n.key);
-    let grew = false;
-    for (const keys of byText.values()) {
-      if (keys.length < 2) continue;
-      for (const k of keys) {
-        if ((take.get(k) ?? 2) < (parts.get(k)?.length ?? 0)) {
-          take.set(k, (take.get(k) ?? 2) + 1);
-          grew = true;
-        }
-      }
-    }
-    if (!grew) break;
-  }
-  return new Map(nodes.map((n) => [n.key, shown(n.key)]));
-}
-
-/** `text` cut to fit `width` pixels, its middle elided (the ends say most). */
-function clip(text: string, width: number): string {
-  const max = Math.floor((width - 26) / CHAR_W);
-  if (text.length <= max) return text;
-  const head = Math.ceil((max - 1) / 2);
-  return `${text.slice(0, head)}…${text.slice(text.length - (max - 1 - head))}`;
-}
