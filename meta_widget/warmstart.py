@@ -85,10 +85,9 @@ def run_tiny_decoder() -> None:
     """A one-layer Llama (hidden 32) built on meta, its loss's forward and backward run under a
     pass-through dispatch mode of this thread: what a first trace would otherwise pay."""
     torch = heavy.torch()
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from transformers import LlamaConfig, LlamaForCausalLM
+    transformers = heavy.transformers()
 
-    class _PassThrough(TorchDispatchMode):
+    class _PassThrough(torch.utils._python_dispatch.TorchDispatchMode):  # type: ignore[misc,name-defined]
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
             return False  # as the recorder's mode: no ``torch._dynamo`` import for it
@@ -96,7 +95,7 @@ def run_tiny_decoder() -> None:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             return func(*args, **(kwargs or {}))
 
-    config = LlamaConfig(
+    config = transformers.LlamaConfig(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
@@ -105,7 +104,7 @@ def run_tiny_decoder() -> None:
         vocab_size=64,
     )
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = transformers.LlamaForCausalLM(config)
     ids = torch.zeros(1, 8, dtype=torch.long, device="meta")
     with _PassThrough():
         model(input_ids=ids, labels=ids).loss.backward()
