@@ -27,6 +27,7 @@ work up to 1.8x slower after sustained load (the same plan took 87 to 100 s of C
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import time
@@ -35,6 +36,7 @@ from typing import Any
 
 import meta_widget as mw
 from meta_widget.explore.candidates import Space
+from meta_widget.explore.layouts import Layout
 from meta_widget.timing.gpus import resolve_gpu
 
 GOAL_S, GOAL_CANDIDATES = 60.0, 64
@@ -82,8 +84,9 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # FSDP2's view-output warning, once per candidate
     space = Space.checked(8, "training", resolve_gpu("H100"), None, None, None, None)
+    default = dataclasses.asdict(Layout())
     layouts = [
-        {k: n for k, n in zip(("replicate", "fsdp", "tp"), layout, strict=True)}
+        {k: v for k, v in dataclasses.asdict(layout).items() if v != default[k]}
         for layout in space.layouts[: args.layouts]
     ]
     load = os.getloadavg()[0]

@@ -16,6 +16,7 @@ from .layouts import MESH, PIPELINE, Layout, default_layouts, layouts_given
 
 __all__ = [
     "COLUMNS",
+    "HELD_AS",
     "MESH",
     "PIPELINE",
     "PRECISIONS",
@@ -31,6 +32,14 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "as given": {},
     "autocast bf16": {"autocast": "bfloat16"},
     "param_dtype bf16": {"param_dtype": "bfloat16"},
+}
+#: what each precision keeps its parameters, gradients and optimizer state in, named by the
+#: precision that keeps them so: autocast runs ops in bf16 on parameters it leaves as given
+#: (their gradients and the optimizer's state follow the parameters' dtype)
+HELD_AS: dict[str, str] = {
+    "as given": "as given",
+    "autocast bf16": "as given",
+    "param_dtype bf16": "param_dtype bf16",
 }
 #: the columns of ``Plan.to_dataframe()``
 COLUMNS = (
@@ -100,12 +109,18 @@ class Candidate:
         rank's); None when not traced (``tokens_per_s`` also for inputs that are not tokens).
     error
         Why the candidate was not traced or its trace failed; None otherwise. A layout or
-        batch the model cannot take is found before any trace (``LayoutError``'s message).
+        batch the model cannot take is found before any trace (``LayoutError``'s message); a
+        candidate whose layout and precision hold more than the budget in parameters,
+        gradients and optimizer state alone (traced for another candidate of them, which
+        checkpointing and micro-batches do not change) is not traced: "Cannot fit: ...", with
+        ``device_bytes`` that least.
     traced_layers
         The depths traced when the numbers follow from the per-layer rule (``(2, 3, 4)``;
-        ``meta_widget.explore.depth``); the one depth whose trace failed (its ``error``, which
-        the full depth gives too: it is not traced for nothing); ``()`` when the model was
-        traced at full depth (always with a pipeline: the rule assumes no stage split).
+        ``meta_widget.explore.depth``); ``(2, 3)`` when those two put its parameters,
+        gradients and optimizer state alone over the budget (``error`` says so); the one depth
+        whose trace failed (its ``error``, which the full depth gives too: it is not traced for
+        nothing); ``()`` when the model was traced at full depth (always with a pipeline: the
+        rule assumes no stage split), or not at all (its ``error`` says why).
     analysis
         The traced :class:`~meta_widget.Analysis` at full depth (traced when first asked for
         after the per-layer rule); None when ``analyze`` refused the layout.
@@ -176,9 +191,11 @@ class Candidate:
 
     def row(self) -> dict[str, Any]:
         """The candidate as a row of ``Plan.to_dataframe()`` (``traced_layers`` as text:
-        ``"2, 3, 4"``, or ``"all"`` for the full depth)."""
+        ``"2, 3, 4"``, ``"all"`` for the full depth, ``"none"`` for a candidate not traced)."""
         row = {c: getattr(self, c) for c in COLUMNS}
-        row["traced_layers"] = ", ".join(map(str, self.traced_layers)) or "all"
+        row["traced_layers"] = ", ".join(map(str, self.traced_layers)) or (
+            "all" if self.openable else "none"
+        )
         return row
 
 

@@ -13,7 +13,12 @@ at 2, 3 and 4 layers, and
   inserted run doubled, every byte and op; its costs, collectives, FLOPs and parameter bytes
   the 3-layer trace's plus the same again. Any difference and the candidate is traced at full
   depth (``Candidate.traced_layers`` says which);
-- **or stops early**: the least bytes on the GPU by the rule found at 2 and 3 layers
+- **or stops early**, two ways. The parameters, buffers, gradients and optimizer state one rank
+  holds (:func:`held_state_at`) grow by the same bytes with each alike layer (alike layers hold
+  alike shards), so the 2- and 3-layer traces give them exactly at full depth, with no rule to
+  check: where they and the CUDA context alone are over the budget the candidate cannot fit,
+  and nor can any other with its layout and precision (``plan`` traces none of those). And
+  the least bytes on the GPU by the rule found at 2 and 3 layers
   (:func:`least_device_bytes_unchecked`) within the budget, the candidate may fit, which only
   a full-depth trace decides; ``plan`` then traces that and not the 4-layer trace;
 - **applies it**: the full depth's events are the 3-layer trace's with each run repeated once
@@ -55,8 +60,11 @@ __all__ = [
     "comm_records",
     "depth_of",
     "extend",
+    "held_state",
+    "held_state_at",
     "inserted",
     "least_device_bytes_unchecked",
+    "overheads",
     "sample",
     "with_layers",
 ]
@@ -94,6 +102,8 @@ class Sample:
     device_bytes: int = 0
     #: the collectives at the schedule's edges (``timing.model.schedule_edges``), first to last
     edges: tuple[CommKey, ...] = ()
+    #: the parameters, buffers, gradients and optimizer state on the device (:func:`held_state`)
+    state_bytes: int = 0
 
 
 def depth_of(model: Any) -> int | None:
@@ -158,8 +168,38 @@ def sample(a: Analysis, layers: int) -> Sample:
     return Sample(
         layers, tuple(events), base, costs, Counter(keys), int(a.total_flops), tokens, samples,
         recomputed, tuple(report.steps), report.peak_bytes, report.reserved_bytes,
-        report.workspace_bytes, a.footprint_bytes, edges,
+        report.workspace_bytes, a.footprint_bytes, edges, held_state(a),
     )  # fmt: skip
+
+
+def held_state(a: Analysis) -> int:
+    """What one rank of ``a`` holds on the device through a training step: its parameters
+    (shards), buffers, gradients and optimizer state. In training all four are live when the
+    optimizer step begins, so the traced peak is at least this, and what the GPU holds
+    (``Analysis.footprint_bytes``: the caching allocator's reserve, never below the peak, and
+    the CUDA context and NCCL's buffers) at least this and those."""
+    m = a.memory
+    return m.param_bytes + m.buffer_bytes + m.gradient_bytes + m.optimizer_state_bytes
+
+
+def held_state_at(two: Sample, three: Sample, layers: int) -> int:
+    """:func:`held_state` at ``layers`` layers from the samples at 2 and 3: exact, with no rule
+    to check, where the layers are alike (:func:`depth_of`): each holds the same parameters,
+    sharded alike (FSDP2 and tensor parallelism split each parameter by its shape), and with
+    them the same gradients and optimizer state; the rest (embeddings, head, norm) is the same
+    at every depth."""
+    return three.state_bytes + (three.state_bytes - two.state_bytes) * (layers - three.layers)
+
+
+def overheads(s: Sample | Analysis) -> int:
+    """What the GPU holds besides the caching allocator's reserve in ``s``: the CUDA context
+    and NCCL's buffers, alike at every depth (0 without ``gpu=``)."""
+    device, reserved = (
+        (s.device_bytes, s.reserved_bytes)
+        if isinstance(s, Sample)
+        else (s.footprint_bytes, s.memory.reserved_bytes)
+    )
+    return max(0, device - reserved) if reserved > 0 else 0
 
 
 def _key(c: CommRecord) -> CommKey:

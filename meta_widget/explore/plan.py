@@ -63,7 +63,7 @@ from .depth import depth_of
 from .fit import NothingFitsError
 from .plan_checks import check_global_batch, refuse, set_inputs
 from .plan_front import check_tokens, front, gpu_hours, speed
-from .plan_trace import Counts, Job, planning, take, trace_candidate, trace_run
+from .plan_trace import Counts, Job, Learned, planning, take, trace_candidate, trace_run
 from .sweeps import ProgressFn, check_analyze_options, progress_function
 from .workers import cores, default_workers, local_pool, share
 
@@ -365,12 +365,12 @@ def plan(
     job = Job(model, input_size, input_data, mode, accelerator, analyze_options, layers, limit)
     count = _processes(workers, executor, len(traced), job)
     counts = Counts()
-    refused: dict[tuple[Any, ...], str] = {}  # layouts and inputs analyze refused, and why
+    learned = Learned()  # layouts analyze refused; layouts and precisions that cannot fit
     by_key = {c.key: c for c in traced}
     finished = len(todo) - len(traced)
 
     def here(key: tuple[Any, ...]) -> None:
-        trace_candidate(by_key[key], job, counts, refused)
+        trace_candidate(by_key[key], job, counts, learned)
 
     def on_done(key: tuple[Any, ...], result: Any, remote: bool) -> None:
         nonlocal finished
@@ -528,14 +528,19 @@ def _label(c: Candidate) -> str:
 
 
 def _nothing_fits(p: Plan) -> NothingFitsError:
-    held = [(c.device_bytes, c.peak_bytes) for c in p.candidates if c.device_bytes is not None]
-    least, peak = min(held) if held else (0, 0)
-    smallest = (
-        f"the least any holds on the GPU is {format_bytes(least)} ({least:,} bytes: a peak of "
-        f"{format_bytes(peak or 0)}, the caching allocator's reserve around it, the CUDA context)"
-        if held
-        else "no candidate could be traced (see Plan.to_dataframe()['error'])"
-    )
+    held = [c for c in p.candidates if c.device_bytes is not None]
+    least = min(held, key=lambda c: c.device_bytes or 0) if held else None
+    if least is None:
+        smallest = "no candidate could be traced (see Plan.to_dataframe()['error'])"
+    else:
+        n = least.device_bytes or 0
+        what = (
+            f"a peak of {format_bytes(least.peak_bytes)}, the caching allocator's reserve "
+            "around it, the CUDA context"
+            if least.peak_bytes is not None
+            else "its parameters, gradients and optimizer state alone, and the CUDA context"
+        )
+        smallest = f"the least any holds on the GPU is {format_bytes(n)} ({n:,} bytes: {what})"
     return NothingFitsError(
         f"plan: none of the {len(p.candidates)} candidates on {p.devices} x {p.gpu.name} fits "
         f"the budget of {format_bytes(p.budget)} ({p.budget:,} bytes) per device; {smallest}. "

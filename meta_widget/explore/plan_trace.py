@@ -22,18 +22,22 @@ from ..distributed.parallel import ParallelError
 from ..options import LayoutError, OptionError
 from ..timing.gpus import GPU
 from ..trace.explain import GENERIC_TITLE, Explanation
-from .candidates import _NUMBERS, Candidate
+from ..units import format_bytes
+from .candidates import _NUMBERS, HELD_AS, Candidate, Layout
 from .depth import (
     DEPTHS,
     Sample,
     extend,
+    held_state,
+    held_state_at,
     inserted,
     least_device_bytes_unchecked,
+    overheads,
     sample,
     with_layers,
 )
 
-__all__ = ["Job", "planning", "trace_run"]
+__all__ = ["Job", "Learned", "planning", "trace_run"]
 
 #: one trace at a time in a process: a trace makes a process-wide fake process group and
 #: installs process-wide hooks, so the threads of one worker (a Dask worker's, a thread pool's)
@@ -56,6 +60,21 @@ class Job:
     options: dict[str, Any] = field(default_factory=dict)
     layers: int | None = None
     budget: int = 0
+
+
+@dataclass
+class Learned:
+    """What one process's traces of a plan have shown, for the candidates it traces after:
+
+    - ``refused``: a layout and input ``analyze`` refused, and why (not traced again);
+    - ``over``: a layout and precision whose parameters, gradients and optimizer state alone
+      (with the CUDA context) are over the budget on one rank, with the bytes and the row's
+      reason: no candidate of them can fit, whatever its checkpointing or micro-batches (which
+      change neither), and none is traced (the bound and its proof: ``depth.held_state``).
+      Keyed by ``HELD_AS``: autocast holds what the precision as given holds."""
+
+    refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    over: dict[tuple[Layout, str], tuple[int, str]] = field(default_factory=dict)
 
 
 class Counts:
@@ -107,13 +126,13 @@ def trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
 
 def _trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """:func:`trace_run`'s traces, in the thread they run in."""
-    refused: dict[tuple[Any, ...], str] = {}
+    learned = Learned()
     answers = []
     with _ONE_AT_A_TIME, planning():
         for key in keys:
             counts = Counts()
             c = Candidate(*key)  # layout, checkpointing, precision, micro-batches, input size
-            trace_candidate(c, job, counts, refused)
+            trace_candidate(c, job, counts, learned)
             numbers = {name: getattr(c, name) for name in _NUMBERS}
             answers.append(
                 {**numbers, "openable": c.openable, "runs": counts.runs, "title": counts.title}
@@ -121,16 +140,14 @@ def _trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     return answers
 
 
-def trace_candidate(
-    c: Candidate, job: Job, counts: Counts, refused: dict[tuple[Any, ...], str]
-) -> None:
+def trace_candidate(c: Candidate, job: Job, counts: Counts, learned: Learned) -> None:
     """Fill in ``c`` by tracing it here (one trace of this process at a time)."""
 
     def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
         return run_analyze(job, counts, options, depth, c.input_size)
 
     with _ONE_AT_A_TIME:
-        _trace(c, refused, job.budget, run, job.layers, job.gpu)
+        _trace(c, learned, job.budget, run, job.layers, job.gpu)
 
 
 def run_analyze(
@@ -168,7 +185,7 @@ def take(c: Candidate, numbers: dict[str, Any], job: Job, counts: Counts) -> Non
 
 def _trace(
     c: Candidate,
-    refused: dict[tuple[Any, ...], str],
+    learned: Learned,
     budget: int,
     run: Callable[..., Analysis],
     layers: int | None,
@@ -177,15 +194,22 @@ def _trace(
     """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given, the traces
     follow it and the least the candidate holds on the GPU is over ``budget`` (it cannot fit),
     else from a full-depth trace (whose caching allocator's reserve decides whether it fits);
-    or record why its layout was refused (a layout and input ``refused`` already is not traced
-    again, in this process or in a worker). A pipeline is traced at full depth: the per-layer
-    rule assumes one stage."""
+    or record why its layout was refused, or why no candidate of its layout and precision can
+    fit (what ``learned`` holds already is not traced again, in this process or in a worker).
+    A pipeline is traced at full depth: the per-layer rule assumes one stage."""
     shape = (c.layout, c.input_size)
-    if shape in refused:
-        c.error = refused[shape]
+    if shape in learned.refused:
+        c.error = learned.refused[shape]
+        return
+    if (c.layout, HELD_AS[c.precision]) in learned.over:
+        c.device_bytes, c.error = learned.over[c.layout, HELD_AS[c.precision]]
         return
     try:
-        if layers is not None and c.layout.pp == 1 and _by_rule(c, run, layers, gpu, budget):
+        if (
+            layers is not None
+            and c.layout.pp == 1
+            and _by_rule(c, run, layers, gpu, budget, learned)
+        ):
             if c.error is not None or (c.device_bytes or 0) > budget:
                 return  # failed, or cannot fit: its least bytes on the GPU are over the budget
             # it may fit: the caching allocator's reserve decides, replayed at full depth
@@ -194,7 +218,7 @@ def _trace(
     except (OptionError, ParallelError) as e:
         if not _is_layout(e):
             raise
-        refused[shape] = c.error = f"{type(e).__name__}: {e}"
+        learned.refused[shape] = c.error = f"{type(e).__name__}: {e}"
         return
     a = c._analysis
     if a.error is not None:
@@ -204,22 +228,56 @@ def _trace(
     c.fits = c.device_bytes <= budget
     if a.time is not None:
         _set_time(c, a.time)
+    _learn_over(c, learned, held_state(a) + overheads(a), budget, "at full depth")
+
+
+def _learn_over(c: Candidate, learned: Learned, held: int, budget: int, traced: str) -> bool:
+    """Whether ``held`` (what ``c``'s parameters, buffers, gradients, optimizer state and the
+    CUDA context hold on one GPU) is over ``budget``; if so, ``learned`` keeps it, and why, for
+    the other candidates of ``c``'s layout and precision."""
+    if held <= budget:
+        return False
+    learned.over[c.layout, HELD_AS[c.precision]] = (
+        held,
+        (
+            f"Cannot fit: its parameters, gradients and optimizer state alone, with the CUDA "
+            f"context, hold {format_bytes(held)} on a GPU ({held:,} bytes), over the budget of "
+            f"{format_bytes(budget)}, whatever its checkpointing, micro-batches or autocast "
+            f"(traced {traced}: "
+            f"{c.layout.label()}, {c.precision}). Give more devices to shard them over, or a "
+            "precision that holds less."
+        ),
+    )
+    return True
 
 
 def _by_rule(
-    c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU, budget: int
+    c: Candidate,
+    run: Callable[..., Analysis],
+    layers: int,
+    gpu: GPU,
+    budget: int,
+    learned: Learned,
 ) -> bool:
     """Fill in ``c``'s numbers from its traces at ``DEPTHS`` layers and the per-layer rule;
     False when a trace failed or the traces do not follow the rule (then a full-depth trace
     says what happened), or when the rule found at 2 and 3 layers puts the least the
     candidate holds on the GPU within ``budget`` (``least_device_bytes_unchecked``: it may
-    fit, which only a full-depth trace decides; the 4-layer trace is not run)."""
+    fit, which only a full-depth trace decides; the 4-layer trace is not run). When the 2- and
+    3-layer traces put its parameters, gradients and optimizer state alone over the budget
+    (``held_state_at``: exact), it cannot fit and nor can the others of its layout and
+    precision (``learned.over``): the 4-layer trace is not run either."""
     samples: list[Sample] = []
     options = c.options()
     runs: list[tuple[int, int]] | None = None
     for d in DEPTHS:
         if len(samples) == 2:
             two, three = samples
+            held = held_state_at(two, three, layers) + overheads(three)
+            if _learn_over(c, learned, held, budget, "at 2 and 3 layers"):
+                c.device_bytes, c.error = learned.over[c.layout, HELD_AS[c.precision]]
+                c.traced_layers, c._trace_full = (2, 3), lambda: run(options)
+                return True
             runs = inserted(two, three)
             if runs is None or least_device_bytes_unchecked(two, three, runs, layers) <= budget:
                 return False
