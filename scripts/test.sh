@@ -25,4 +25,4 @@ mypy
 npm run check
 # The documentation site, every warning an error (a broken link, an API entry that does not resolve).
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$PWD/test-artifacts/site"
-python -m pytest tests "$@"
+python -m pytest tests --durations=30 "$@"

@@ -14,6 +14,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
+import pandas as pd
 import pytest
 from parallel_truth import no_process_group_left  # noqa: F401  (an autouse fixture)
 from torch.distributed.tensor._ops import utils as strategy_utils
@@ -185,15 +186,35 @@ def test_a_worker_traces_a_refused_layout_once_a_run() -> None:
 
 
 def test_runs_are_consecutive_candidates_of_one_layout() -> None:
-    """A worker takes a run whole: consecutive candidates of one layout (it warms the layout up
-    once), at most the size asked; every candidate in one run, in order."""
+    """A worker takes a run whole: candidates of one layout (it warms the layout up once), at
+    most the size asked where that splits no group of candidates that hold the same state
+    (``HELD_AS``: one of them over the budget prunes the rest); every candidate in one run."""
     todo = Space.checked(
         4, "training", resolve_gpu("H100"), SPACE["layouts"], None, SPACE["precisions"], [1]
     ).candidates()
-    runs = plan_module._runs(todo, 3)
-    assert [len(r) for r in runs] == [3, 1, 3, 1, 3, 1]
-    assert [k for r in runs for k in r] == [c.key for c in todo]
-    assert all(len({k[0] for k in r}) == 1 for r in runs)
+    for size, lengths in ((3, [2] * 6), (1, [2] * 6), (4, [4] * 3)):
+        runs = plan_module._runs(todo, size)
+        assert [len(r) for r in runs] == lengths
+        assert sorted(map(repr, (k for r in runs for k in r))) == sorted(repr(c.key) for c in todo)
+        assert all(len({k[0] for k in r}) == 1 for r in runs)
+    (as_given, bf16, *_) = plan_module._runs(todo, 3)
+    assert {k[2] for k in as_given} == {"as given"} and {k[2] for k in bf16} == {"param_dtype bf16"}
+
+
+def test_pruned_rows_are_the_same_whatever_the_executors_width() -> None:
+    """The candidates pruned by what one of their group holds (``plan_trace.Learned``) give the
+    same rows in one process and on an executor that takes runs of one candidate each (8
+    threads): a group is never split, so its first candidate is the one traced either way."""
+    # between what FSDP 4 holds in state and CUDA context in bf16 (581.6 MB) and in fp32 (582.3)
+    budget = 582 * 10**6
+    space = {**SPACE, "layouts": [{"fsdp": 4}], "precisions": None, "budget": budget}
+    alone = mw.plan(llama(), SIZE, workers=1, **space)
+    with ThreadPoolExecutor(8) as wide:
+        spread = mw.plan(llama(), SIZE, executor=wide, **space)
+    rows = alone.to_dataframe()
+    assert set(rows["traced_layers"]) == {"2, 3", "none", "2, 3, 4"}, rows
+    pd.testing.assert_frame_equal(rows, spread.to_dataframe())
+    assert alone.traces == spread.traces == 2 + 3 * 2
 
 
 def test_a_run_whose_future_raised_is_traced_here() -> None:

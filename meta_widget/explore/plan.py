@@ -58,7 +58,7 @@ from ..options import OptionError, OptionTypeError, Parallel, check_budget
 from ..sources.models import is_transformers_config
 from ..timing.gpus import GPU, resolve_gpu
 from ..units import format_bytes
-from .candidates import COLUMNS, Candidate, Space
+from .candidates import COLUMNS, HELD_AS, Candidate, Space
 from .depth import depth_of
 from .fit import NothingFitsError
 from .plan_checks import check_global_batch, refuse, set_inputs
@@ -405,14 +405,22 @@ def plan(
 
 
 def _runs(candidates: list[Candidate], size: int) -> list[list[tuple[Any, ...]]]:
-    """The keys of ``candidates`` cut into runs of consecutive ones of one layout, at most
-    ``size`` each: a worker takes a run whole and warms its layout up once."""
-    runs: list[list[tuple[Any, ...]]] = []
+    """The keys of ``candidates`` cut into runs of one layout each, at most ``size`` keys each
+    where that splits no group: a worker takes a run whole and warms its layout up once.
+
+    A group is the candidates of one layout that hold the same parameters, gradients and
+    optimizer state (``HELD_AS``), in the plan's order: what one of them shows over the budget
+    prunes the rest (``plan_trace.Learned``), so a group is never split between workers, and
+    the rows are the same whatever the executor's width (the first of a group is traced)."""
+    groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for c in candidates:
-        if runs and len(runs[-1]) < max(1, size) and by_layout(runs[-1][-1]) == c.layout:
-            runs[-1].append(c.key)
+        groups.setdefault((c.layout, HELD_AS[c.precision]), []).append(c.key)
+    runs: list[list[tuple[Any, ...]]] = []
+    for (layout, _), keys in groups.items():
+        if runs and by_layout(runs[-1][-1]) == layout and len(runs[-1]) + len(keys) <= size:
+            runs[-1].extend(keys)
         else:
-            runs.append([c.key])
+            runs.append(list(keys))
     return runs
 
 
