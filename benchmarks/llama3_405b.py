@@ -1,6 +1,6 @@
 """Llama 3 405B on 16,384 H100s in the Llama 3 paper's layout, traced per pipeline rank.
 
-    python benchmarks/llama3_405b.py                # full depth, 126 layers (about a CPU-hour)
+    python benchmarks/llama3_405b.py                # full depth, 126 layers (401 s on one core)
     python benchmarks/llama3_405b.py --layers 32    # same widths and mesh, a layer a stage: 8 min
     python benchmarks/llama3_405b.py --no-ac        # without activation checkpointing
 
