@@ -228,7 +228,8 @@ def _trace(
     c.fits = c.device_bytes <= budget
     if a.time is not None:
         _set_time(c, a.time)
-    _learn_over(c, learned, held_state(a) + overheads(a), budget, "at full depth")
+    held = min(held_state(a), int(a.peak_bytes))  # the peak holds them (never less, as traced)
+    _learn_over(c, learned, held + overheads(a), budget, "at full depth")
 
 
 def _learn_over(c: Candidate, learned: Learned, held: int, budget: int, traced: str) -> bool:
