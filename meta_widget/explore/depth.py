@@ -283,12 +283,6 @@ def extend(
     return Extended(peak, time, least_device_bytes(peak, four))
 
 
-def inserted(two: Sample, three: Sample) -> list[tuple[int, int]] | None:
-    """The runs of ``three``'s events the layer it has more inserts into ``two``'s, step by
-    step; None when it inserts nothing, or changes anything (the rule is not found)."""
-    return _inserted_by_step(two, three)
-
-
 def least_device_bytes_unchecked(
     two: Sample, three: Sample, runs: Sequence[tuple[int, int]], layers: int
 ) -> int:
@@ -344,9 +338,11 @@ def _step(before: Counter[Any], after: Counter[Any]) -> dict[Any, int]:
     return {k: after[k] - before[k] for k in keys if after[k] != before[k]}
 
 
-def _inserted_by_step(short: Sample, long: Sample) -> list[tuple[int, int]] | None:
-    """:func:`_inserted` step by step (a training trace holds two alike steps: one diff of the
-    whole could match a layer of one step against the other's), the runs in ``long``."""
+def inserted(short: Sample, long: Sample) -> list[tuple[int, int]] | None:
+    """The runs of ``long``'s events that the layer it has more inserts into ``short``'s, found
+    by :func:`_inserted` step by step (a training trace holds two alike steps: one diff of the
+    whole could match a layer of one step against the other's); None when it inserts nothing,
+    or changes anything (the rule is not found)."""
     if len(short.steps) != len(long.steps):
         return None
     runs: list[tuple[int, int]] = []
