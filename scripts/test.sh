@@ -25,4 +25,6 @@ mypy
 npm run check
 # The documentation site, every warning an error (a broken link, an API entry that does not resolve).
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$PWD/test-artifacts/site"
-python -m pytest tests --durations=30 "$@"
+# Two processes by default (pytest-xdist, work-stealing): most tests trace on one core, and a
+# notebook's kernel or a browser waits while the other process runs; PYTEST_WORKERS=0 is one process.
+python -m pytest tests -n "${PYTEST_WORKERS:-2}" --dist worksteal --durations=30 "$@"
