@@ -213,7 +213,9 @@ def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
 def test_a_candidate_that_may_fit_is_traced_at_full_depth_without_the_4_layer_trace() -> None:
     """Within the budget by the rule found at 2 and 3 layers, a candidate is traced at full
     depth straight away (only that trace says whether it fits; the 4-layer trace would only
-    check the rule): every row the full-depth plan's, 3 traces a candidate."""
+    check the rule); once one fits, the others of its layout and precision (as given and
+    autocast: 4; bf16 parameters: 2) are traced at full depth alone (``Learned.fitting``):
+    every row the full-depth plan's, 3 traces for the first of each, 1 for the rest."""
     space = {**SPACE, "budget": None}  # the H100's memory: every candidate may fit
     by_rule = mw.plan(llama(), SIZE, **space)
     full = mw.plan(llama(), SIZE, full_depth=True, **space)
@@ -221,7 +223,7 @@ def test_a_candidate_that_may_fit_is_traced_at_full_depth_without_the_4_layer_tr
     for a, b in zip(by_rule.candidates, full.candidates, strict=True):
         same_numbers(a, b)
         assert a.device_bytes == b.device_bytes
-    assert by_rule.traces == 3 * 6 and full.traces == 6
+    assert by_rule.traces == 3 * 2 + 4 and full.traces == 6
 
 
 @pytest.mark.parametrize("layout", [(1, 8, 1), (2, 2, 2)], ids=["fsdp", "hsdp-tp"])

@@ -70,11 +70,19 @@ class Learned:
     - ``over``: a layout and precision whose parameters, gradients and optimizer state alone
       (with the CUDA context) are over the budget on one rank, with the bytes and the row's
       reason: no candidate of them can fit, whatever its checkpointing or micro-batches (which
-      change neither), and none is traced (the bound and its proof: ``depth.held_state``).
-      Keyed by ``HELD_AS``: autocast holds what the precision as given holds."""
+      change neither), and none is traced (the bound and its proof: ``depth.held_state``);
+    - ``fitting``: a layout and precision one of whose candidates fit, traced at full depth.
+      The others of them are traced at full depth at once, not first at 2 and 3 layers: those
+      two traces only spare a full-depth trace where they show the candidate cannot fit, and
+      the same state in the same layout fit already (the 16-layer Llama of docs/explore.md,
+      every candidate fitting: 2 + 3 + 16 layer-traces a candidate before, 16 now). This
+      chooses traces, not numbers: a full-depth trace is what the rule's numbers equal.
+
+    Keyed by ``HELD_AS``: autocast holds what the precision as given holds."""
 
     refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
     over: dict[tuple[Layout, str], tuple[int, str]] = field(default_factory=dict)
+    fitting: set[tuple[Layout, str]] = field(default_factory=set)
 
 
 class Counts:
@@ -196,18 +204,21 @@ def _trace(
     else from a full-depth trace (whose caching allocator's reserve decides whether it fits);
     or record why its layout was refused, or why no candidate of its layout and precision can
     fit (what ``learned`` holds already is not traced again, in this process or in a worker).
-    A pipeline is traced at full depth: the per-layer rule assumes one stage."""
+    A pipeline is traced at full depth (the per-layer rule assumes one stage), and so is a
+    candidate of a layout and precision that fit already (``learned.fitting``)."""
     shape = (c.layout, c.input_size)
     if shape in learned.refused:
         c.error = learned.refused[shape]
         return
-    if (c.layout, HELD_AS[c.precision]) in learned.over:
-        c.device_bytes, c.error = learned.over[c.layout, HELD_AS[c.precision]]
+    group = (c.layout, HELD_AS[c.precision])
+    if group in learned.over:
+        c.device_bytes, c.error = learned.over[group]
         return
     try:
         if (
             layers is not None
             and c.layout.pp == 1
+            and group not in learned.fitting
             and _by_rule(c, run, layers, gpu, budget, learned)
         ):
             if c.error is not None or (c.device_bytes or 0) > budget:
@@ -226,6 +237,8 @@ def _trace(
         return
     c.peak_bytes, c.device_bytes = int(a.peak_bytes), int(a.footprint_bytes)
     c.fits = c.device_bytes <= budget
+    if c.fits:
+        learned.fitting.add(group)
     if a.time is not None:
         _set_time(c, a.time)
     held = min(held_state(a), int(a.peak_bytes))  # the peak holds them (never less, as traced)
