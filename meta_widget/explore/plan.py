@@ -34,7 +34,12 @@ traced peak, never a formula, and its ``step_s``, ``mfu`` and ``tokens_per_s`` a
 candidate is traced at 2, 3 and 4 layers and its full depth's numbers follow from the
 per-layer rule those traces show and check (``meta_widget.explore.depth``: equal to the byte
 to a full-depth trace); its ``analysis``, the full depth traced, is made when first asked
-for. ``full_depth=True`` traces every candidate at full depth, as a pipeline's always is
+for. Fewer traces where they can say no more (``plan_trace.Learned``): a candidate whose
+parameters, gradients and optimizer state at 2 and 3 layers are over the budget at full depth
+stops there, and the others of its layout and precision are not traced (they cannot fit); one
+that may fit by the rule found at 2 and 3 layers is traced at full depth without the 4-layer
+trace, and once one fits, the others of its layout and precision are traced at full depth
+straight away. ``full_depth=True`` traces every candidate at full depth, as a pipeline's always is
 (the rule assumes no stage split); a pipeline's ``peak_bytes`` is its worst stage's rank's and
 its ``step_s`` the pipeline's step, the bubble included.
 The fastest candidate that fits is the one with the most tokens per second (samples per second
