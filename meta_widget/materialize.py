@@ -22,6 +22,7 @@ import pickle
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from .checkpoints import (
 from .errors import MetaWidgetError
 from .options import OptionError, OptionTypeError
 from .sources.models import MetaModel, meta_copy, to_meta
+from .undo import without_grad
 from .units import format_bytes, is_floating
 
 __all__ = [
@@ -511,7 +513,7 @@ def _initialize(
 ) -> None:
     """Fill the freshly allocated tensors: per module whose own tensors are all fresh."""
 
-    hf_init = getattr(module, "_init_weights", None)
+    hf_init: Any = getattr(module, "_init_weights", None)
     is_hf = callable(hf_init) and any(c.__name__ == "PreTrainedModel" for c in type(module).__mro__)
     for path, m in module.named_modules():
         own = [*m._parameters.items(), *m._buffers.items()]
@@ -519,17 +521,15 @@ def _initialize(
         new = [n for n, _ in own if (id(m), n) in fresh]
         if not new:
             continue
-        with torch.no_grad():
-            if len(new) == len(own) and is_hf:
-                hf_init(m)  # type: ignore[misc]
-                report.initialized.append(path)
-                continue
-            reset = getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
-            if len(new) == len(own) and callable(reset):
-                reset()
-                report.initialized.append(path)
-                continue
-        report.uninitialized.append((path, type(m).__name__, new))
+        reset = getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+        if len(new) == len(own) and is_hf:
+            without_grad(partial(hf_init, m))
+            report.initialized.append(path)
+        elif len(new) == len(own) and callable(reset):
+            without_grad(reset)
+            report.initialized.append(path)
+        else:
+            report.uninitialized.append((path, type(m).__name__, new))
     if is_hf and report.initialized:
         how = "transformers _init_weights"
         report.method = f"{report.method} + {how}" if report.loaded else how

@@ -20,7 +20,15 @@ import torch.utils._python_dispatch as _python_dispatch
 from torch.utils import _device
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["DispatchModes", "FunctionModes", "Undo", "interrupt_behind", "on_meta"]
+__all__ = [
+    "DispatchModes",
+    "FunctionModes",
+    "Undo",
+    "interrupt_behind",
+    "on_meta",
+    "set_grad_enabled",
+    "without_grad",
+]
 
 
 class Undo:
@@ -135,6 +143,32 @@ def _function_stack() -> list[Any]:
     return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
 
 
+def set_grad_enabled(enabled: bool, undo: Undo) -> None:
+    """Turn grad mode to ``enabled``, the step putting it back registered first.
+
+    ``with torch.no_grad():`` is not enough under Ctrl-C: its ``__enter__`` is Python code, and an
+    interrupt landing after it turned gradients off but before it returned leaves them off for the
+    rest of the session (``__exit__`` never runs).
+    """
+    before = torch.is_grad_enabled()
+    undo.add(lambda: torch._C._set_grad_enabled(before))
+    torch._C._set_grad_enabled(enabled)
+
+
+def without_grad(run: Callable[[], Any]) -> Any:
+    """``run()`` with grad mode off, put back exactly whatever interrupts it (see
+    :func:`set_grad_enabled`)."""
+    undo = Undo()
+    try:
+        try:
+            set_grad_enabled(False, undo)
+            return run()
+        finally:
+            undo.run()
+    finally:
+        undo.run()  # should an interrupt have broken off the first
+
+
 def on_meta(build: Callable[[], Any]) -> Any:
     """``build()`` under ``torch.device("meta")``; the default device is put back exactly.
 
@@ -142,6 +176,8 @@ def on_meta(build: Callable[[], Any]) -> Any:
     interrupt landing inside it would leave ``meta`` the default device of the session. So the
     state before (the module's ``CURRENT_DEVICE`` and the stack) is saved first and written back
     from two nested ``finally`` blocks, each a no-op when the context left things as they were.
+    Grad mode too: the model's own initialization (``nn.init``) turns it off in a
+    ``torch.no_grad()`` block, which an interrupt inside its ``__enter__`` leaves off.
     """
 
     saved = _DeviceState()
@@ -184,13 +220,16 @@ def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
 
 
 class _DeviceState:
-    """The default device (``torch.utils._device.CURRENT_DEVICE`` and the function modes)."""
+    """The default device (``torch.utils._device.CURRENT_DEVICE`` and the function modes), and
+    grad mode."""
 
     def __init__(self) -> None:
         self.device = _device.CURRENT_DEVICE
         self.modes = FunctionModes()
+        self.grad = torch.is_grad_enabled()
 
     def restore(self) -> None:
         """Write the saved state back. Idempotent."""
         _device.CURRENT_DEVICE = self.device
         self.modes.restore()
+        torch._C._set_grad_enabled(self.grad)

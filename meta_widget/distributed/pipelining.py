@@ -50,7 +50,7 @@ from ..timing.model import in_pipeline
 from ..trace.assume import MetaFixes
 from ..trace.passes import default_loss
 from ..trace.recorder import Recorder
-from ..undo import Undo
+from ..undo import Undo, without_grad
 from .comms import CommRecord, CommWatcher
 from .parallel import (
     TP_STYLES,
@@ -363,11 +363,16 @@ def stage_shapes(plan: Parallel, module: nn.Module, args: tuple[Any, ...]) -> li
     last = plan.stages - 1
     h = torch.empty((x.shape[0] // m, *x.shape[1:]), dtype=x.dtype, device="meta")
     shapes = []
-    with torch.no_grad(), MetaFixes():
-        for i, (lo, hi) in enumerate(ranges):
-            out = DecoderStage(module, lo, hi, i == 0, i == last)(h)
-            shapes.append(((h,), (out,)))
-            h = out
+
+    def run_stages() -> None:
+        nonlocal h
+        with MetaFixes():
+            for i, (lo, hi) in enumerate(ranges):
+                out = DecoderStage(module, lo, hi, i == 0, i == last)(h)
+                shapes.append(((h,), (out,)))
+                h = out
+
+    without_grad(run_stages)
     return shapes
 
 

@@ -48,7 +48,8 @@ from ..sources.models import MetaModel
 from ..trace.passes import set_training, trace
 from ..trace.recorder import Recorder
 from ..trace.storage import inner_tensors
-from ..undo import Undo
+from ..trace.trace_changes import remove_module_hooks
+from ..undo import Undo, set_grad_enabled
 from ..units import format_bytes
 
 __all__ = ["MeasureError", "Measured", "measure"]
@@ -250,19 +251,24 @@ def _wall_times(
                 break
 
     try:
-        for m in module.modules():
-            undo.add(m.register_forward_pre_hook(pre).remove)
-            undo.add(m.register_forward_hook(post, always_call=True).remove)
-        undo.add(lambda: _restore_flags(flags))
-        set_training(module, training)
-        with torch.no_grad():
+        try:
+            modules = list(module.modules())
+            undo.add(lambda: remove_module_hooks(modules, lambda h: h is pre or h is post))
+            for m in modules:
+                m.register_forward_pre_hook(pre)
+                m.register_forward_hook(post, always_call=True)
+            undo.add(lambda: _restore_flags(flags))
+            set_training(module, training)
+            set_grad_enabled(False, undo)
             module(*args, **kwargs)
-    except Exception as exc:  # the model's own error, said as measure's, with its cause kept
-        raise MeasureError(
-            f"measure: the real run of {type(module).__name__} failed: {exc}"
-        ) from exc
+        except Exception as exc:  # the model's own error, said as measure's, with its cause kept
+            raise MeasureError(
+                f"measure: the real run of {type(module).__name__} failed: {exc}"
+            ) from exc
+        finally:
+            undo.run()
     finally:
-        undo.run()
+        undo.run()  # should an interrupt have broken off the first
     return calls
 
 
@@ -293,8 +299,19 @@ def _measured_run(
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = trace(module, args, kwargs, spec, attach=attach, default_device=device, tree=tree)
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    undo = Undo()
+    try:
+        try:
+            undo.add(_ProfilerState().restore)
+            with prof:
+                result = trace(
+                    module, args, kwargs, spec, attach=attach, default_device=device, tree=tree
+                )
+        finally:
+            undo.run()
+    finally:
+        undo.run()  # should an interrupt have broken off the first
     if result.exception is not None:
         raise MeasureError(
             f"measure: the real run of {type(module).__name__} failed: {result.exception}"
@@ -316,6 +333,26 @@ def _measured_run(
         allocator_peak_bytes=peak,
         device=device,
     )
+
+
+class _ProfilerState:
+    """Whether the profiler is on (in C, and torch's Python flag for it), saved before
+    ``measure`` starts one: an interrupt landing inside ``profile``'s ``__enter__`` leaves it on
+    with no ``__exit__`` to come."""
+
+    def __init__(self) -> None:
+        self.on = self._on()
+        self.flag = torch.autograd.profiler._is_profiler_enabled
+
+    @staticmethod
+    def _on() -> bool:
+        return bool(torch._C._autograd._profiler_enabled())
+
+    def restore(self) -> None:
+        """Turn off a profiler started since. Idempotent."""
+        if not self.on and self._on():
+            torch._C._autograd._disable_profiler()
+        torch.autograd.profiler._set_is_profiler_enabled(self.flag)
 
 
 def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:

@@ -35,7 +35,7 @@ from ..data.records import Allocation, CallRecord, Event
 from ..data.walk import ModuleWalk
 from ..options import TraceSpec
 from ..options.selective import SavePolicy
-from ..undo import FunctionModes, Undo, interrupt_behind
+from ..undo import FunctionModes, Undo, interrupt_behind, set_grad_enabled
 from .assume import Assumption, Policy
 from .autocast import Autocast
 from .callstack import Listener
@@ -57,7 +57,6 @@ from .trace_changes import (  # noqa: F401 (_claims, _GcPause: read by the hosti
     _GcPause,
     _keep_state,
     _SavedTensorsHooks,
-    _set_grad_enabled,
     pause_gc,
     set_training,
 )
@@ -296,7 +295,7 @@ def _setup_and_run(
             if not training and run.autocast is None and run.recorder.cache is not None:
                 run.factories.kernels.tapes = Tapes(run.recorder)
         run.factories.enter(undo)  # device-less tensors of the model's code land on meta
-        _set_grad_enabled(training, undo)
+        set_grad_enabled(training, undo)
         saved = _SavedTensorsHooks(undo)
         run.undo = undo
         run.recorder.open(undo)

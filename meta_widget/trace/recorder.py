@@ -58,6 +58,7 @@ from .costs import (
 from .kernels import EXTRA_FLOPS
 from .opcache import DECOMPOSED, VIEW, OpCache, static_bypass
 from .storage import StorageTracker, local
+from .trace_changes import remove_module_hooks
 
 __all__ = ["Listener", "OpPlan", "Recorder"]
 
@@ -293,21 +294,7 @@ class Recorder:
         for k in mine:
             _GLOBAL_ALWAYS_CALLED.pop(k, None)
             _GLOBAL_FORWARD_HOOKS.pop(k, None)
-        for m in self.walk.modules:
-            for hooks, extras in (
-                (m._forward_pre_hooks, (m._forward_pre_hooks_with_kwargs,)),
-                (m._forward_hooks, (m._forward_hooks_with_kwargs, m._forward_hooks_always_called)),
-            ):
-                mine = [k for k, h in hooks.items() if self._owns(h)]
-                for k in mine:
-                    for extra in extras:
-                        extra.pop(k, None)
-                    hooks.pop(k, None)
-                for table in (hooks, *extras):
-                    if not table:
-                        # an emptied dict keeps its grown table (CPython never shrinks one):
-                        # ~1 KB per module, 110 MiB on a 100,000-module model, until cleared
-                        table.clear()
+        remove_module_hooks(self.walk.modules, self._owns)
 
     def _owns(self, hook: Any) -> bool:
         return type(hook) is types.MethodType and hook.__self__ is self.callstack

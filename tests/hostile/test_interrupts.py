@@ -94,15 +94,15 @@ _WATCHED = (
     ("torch/nn/modules/module.py", "Module.register_forward"),
     ("torch/nn/modules/module.py", "register_module_forward_hook"),
 )
-_watched: dict[CodeType, bool] = {}
+_watched: dict[tuple[int, CodeType], bool] = {}
 
 
-def _is_watched(code: CodeType) -> bool:
-    known = _watched.get(code)
+def _is_watched(code: CodeType, watched: Sequence[tuple[str, str]] = _WATCHED) -> bool:
+    known = _watched.get((id(watched), code))
     if known is None:
         file = code.co_filename.replace("\\", "/")
-        known = _watched[code] = any(
-            file.endswith(suffix) and code.co_qualname.startswith(name) for suffix, name in _WATCHED
+        known = _watched[id(watched), code] = any(
+            file.endswith(suffix) and code.co_qualname.startswith(name) for suffix, name in watched
         )
     return known
 
@@ -110,8 +110,9 @@ def _is_watched(code: CodeType) -> bool:
 class Injector:
     """Raises ``KeyboardInterrupt`` at the ``at``-th watched event (0: never; just counts)."""
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int, watched: Sequence[tuple[str, str]] = _WATCHED) -> None:
         self.at = at
+        self.watched = watched
         self.events = 0
         self.where = ""
         #: (file, qualname) of the code the interrupt was raised in
@@ -126,7 +127,7 @@ class Injector:
         return self._local
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if not _is_watched(frame.f_code):
+        if not _is_watched(frame.f_code, self.watched):
             return None
         return self._local(frame, event, arg)
 
@@ -187,6 +188,10 @@ def _state(model: torch.nn.Module) -> dict[str, Any]:
         "parameters": params,
         "trace claims": dict(passes._claims),
         "gc pauses": set(passes._GcPause.holders),
+        "profiler on": (
+            torch._C._autograd._profiler_enabled(),
+            torch.autograd.profiler._is_profiler_enabled,
+        ),
     }
 
 
@@ -284,7 +289,10 @@ def _unreached(codes: set[tuple[str, str]], watched: Sequence[tuple[str, str]]) 
 
 
 def _inject_everywhere(
-    work: Callable[[], Any], model: torch.nn.Module, codes: set[tuple[str, str]] | None = None
+    work: Callable[[], Any],
+    model: torch.nn.Module,
+    codes: set[tuple[str, str]] | None = None,
+    watched: Sequence[tuple[str, str]] = _WATCHED,
 ) -> list[str]:
     """Inject an interrupt at every watched event of ``work``, one run each, until a run
     ends before its N-th event; return where each interrupt landed (and add the code each
@@ -293,7 +301,7 @@ def _inject_everywhere(
     before = _state(model)
     sites = []
     for at in itertools.count(1):
-        inj = Injector(at)
+        inj = Injector(at, watched)
         raised = inj.run(work)
         if not inj.where:  # fewer than `at` events: every step had its interrupt
             assert raised is None
@@ -348,6 +356,42 @@ def test_an_interrupt_at_every_step_of_building_a_model_leaves_nothing(
     assert _unreached(codes, _BUILDING) == []
     assert any(s.startswith("DeviceContext.__torch_function__") for s in sites)
     assert any(s.startswith("_DeviceState.restore") for s in sites)
+
+
+#: the plain run ``mw.measure`` times its modules with: its own steps and grad mode's switches
+_MEASURING = (
+    ("meta_widget/explore/measure.py", "_wall_times"),
+    ("meta_widget/undo.py", "set_grad_enabled"),
+    ("meta_widget/undo.py", "Undo."),
+    ("torch/autograd/grad_mode.py", ""),
+    ("torch/nn/modules/module.py", "Module.register_forward"),
+    ("meta_widget/explore/measure.py", "_measured_run"),
+    ("torch/profiler/profiler.py", ""),
+    ("torch/autograd/profiler.py", ""),
+    ("meta_widget/materialize.py", "_initialize"),
+    ("meta_widget/undo.py", "without_grad"),
+)
+
+
+def test_an_interrupt_at_every_step_of_measures_plain_run_leaves_nothing(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Grad mode included: ``with torch.no_grad():`` here once left gradients off for the
+    session when an interrupt landed inside its ``__enter__`` (a CI run's random soak)."""
+    if _ran_in_own_process(request):
+        return
+    torch.manual_seed(0)
+    net = Net()
+
+    def work() -> None:
+        mw.measure(net, input_size=(4, 8))  # the user's module, run as it is
+        mw.measure(Net, input_size=(4, 8))  # a class: built for real, initialized without grad
+
+    sites = _inject_everywhere(work, net, None, _MEASURING)
+    assert any(s.startswith("_wall_times") for s in sites)
+    assert any(s.startswith("set_grad_enabled") for s in sites)
+    assert any(s.startswith("profile._start_trace") for s in sites)
+    assert any(s.startswith("without_grad") for s in sites)
 
 
 def test_the_interrupt_reaches_the_caller(request: pytest.FixtureRequest) -> None:
