@@ -3,6 +3,7 @@
     python benchmarks/llama3_405b.py                # full depth, 126 layers (401 s on one core)
     python benchmarks/llama3_405b.py --layers 32    # same widths and mesh, a layer a stage: 8 min
     python benchmarks/llama3_405b.py --no-ac        # without activation checkpointing
+    python benchmarks/llama3_405b.py --sequence-parallel   # Megatron's SP over the 8 TP ranks
 
 The model: transformers' ``LlamaConfig`` with Llama 3 405B's shape (hidden 16384, 126 layers,
 128 heads, 8 key/value heads, intermediate 53248, vocab 128256), built on meta. The layout:
@@ -65,9 +66,12 @@ def config(layers: int = 126) -> Any:
     )  # fmt: skip
 
 
-def layout(layers: int = 126, pp: int = 16, tp: int = 8, dp: int = 128) -> mw.Parallel:
+def layout(
+    layers: int = 126, pp: int = 16, tp: int = 8, dp: int = 128, sp: bool = False
+) -> mw.Parallel:
     """The paper's 16,384-GPU layout: 2 stages a rank, the first and last stage a layer fewer
-    than the others (when the layers allow it: 126 = 32 x 4 - 2)."""
+    than the others (when the layers allow it: 126 = 32 x 4 - 2); ``sp``: with sequence
+    parallelism over the 8 TP ranks."""
     stages = 2 * pp
     bounds = None
     if (layers + 2) % stages == 0:
@@ -76,15 +80,15 @@ def layout(layers: int = 126, pp: int = 16, tp: int = 8, dp: int = 128) -> mw.Pa
     return mw.Parallel(
         pp=pp, tp=tp, fsdp=dp, schedule="interleaved-1F1B", virtual_stages=2,
         microbatches=16, stage_boundaries=bounds,
-        mp={"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+        mp={"param_dtype": "bfloat16", "reduce_dtype": "float32"}, sequence_parallel=sp,
     )  # fmt: skip
 
 
-def trace(layers: int = 126, ac: bool = True, seq: int = 8192) -> mw.Analysis:
+def trace(layers: int = 126, ac: bool = True, seq: int = 8192, sp: bool = False) -> mw.Analysis:
     """One DP rank's step: 16 sequences of ``seq`` tokens through the 16-rank pipeline."""
     return mw.analyze(
         config(layers), input_size=(16, seq), mode="training", gpu="H100",
-        parallel=layout(layers), activation_checkpointing=ac,
+        parallel=layout(layers, sp=sp), activation_checkpointing=ac,
     )  # fmt: skip
 
 
@@ -128,9 +132,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=126)
     parser.add_argument("--no-ac", action="store_true", help="no activation checkpointing")
+    parser.add_argument(
+        "--sequence-parallel", action="store_true", help="sequence parallelism over the TP ranks"
+    )
     args = parser.parse_args()
     start = time.perf_counter()
-    a = trace(args.layers, ac=not args.no_ac)
+    a = trace(args.layers, ac=not args.no_ac, sp=args.sequence_parallel)
     if a.error is not None:
         raise SystemExit(f"the trace failed: {a.error}")
     print(f"Llama 3 405B shape, {args.layers} layers, {a.options.parallel.label()}, "

@@ -104,6 +104,14 @@ describe("the plan view", () => {
     expect(candidateText(decoded)).toMatch(/^fsdp=2 pp=4 interleaved-1F1B x2 · /);
   });
 
+  it("marks sequence parallelism after the degrees, and only with tensor-parallel ranks", () => {
+    const sp = { ...raw.candidates[0], fsdp: 2, tp: 4, pp: 2, schedule: "1F1B", sequenceParallel: true };
+    const decoded = decodePlan({ ...raw, candidates: [sp, { ...sp, tp: 1 }] })!.candidates;
+    expect(layoutText(decoded[0]!)).toBe("fsdp=2 tp=4 pp=2 sp 1F1B");
+    expect(layoutText(decoded[1]!)).toBe("fsdp=2 pp=2 1F1B");
+    expect(decodePlan(raw)!.candidates.every((c) => c.sequenceParallel === false)).toBe(true);
+  });
+
   it("asks the kernel for a clicked candidate's analysis and shows it below when it comes", () => {
     const { model, cleanup } = show(raw);
     const c = traced[traced.length - 1]!;

@@ -31,6 +31,7 @@ function decodeCandidate(raw: Obj, i: number): PlanCandidate {
     ep: int(raw.ep),
     schedule: typeof raw.schedule === "string" ? raw.schedule : null,
     virtualStages: int(raw.virtualStages),
+    sequenceParallel: raw.sequenceParallel === true,
     checkpointing: raw.checkpointing === true,
     precision: typeof raw.precision === "string" ? raw.precision : "",
     microBatches: int(raw.microBatches),

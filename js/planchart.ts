@@ -53,7 +53,8 @@ export function layoutText(c: PlanCandidate): string {
       ["ep", c.ep ?? 1],
     ] as const
   ).filter(([, n]) => n > 1);
-  const text = parts.map(([name, n]) => `${name}=${n}`).join(" ") || "1 device";
+  const sp = c.sequenceParallel && c.tp > 1 ? " sp" : "";
+  const text = parts.map(([name, n]) => `${name}=${n}`).join(" ") + sp || "1 device";
   if ((c.pp ?? 1) <= 1 || !c.schedule) return text;
   const stages = (c.virtualStages ?? 1) > 1 ? ` x${c.virtualStages}` : "";
   return `${text} ${c.schedule}${stages}`;

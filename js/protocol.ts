@@ -510,6 +510,8 @@ export interface PlanCandidate {
   /** The pipeline's schedule and stages per rank (null or absent without a pipeline). */
   schedule?: string | null;
   virtualStages?: number;
+  /** Sequence parallelism over the tensor-parallel ranks (absent: none). */
+  sequenceParallel?: boolean;
   checkpointing: boolean;
   precision: string;
   microBatches: number;

@@ -32,6 +32,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 from torch.profiler import ProfilerActivity, profile
@@ -70,6 +71,35 @@ def llama_tp_plan() -> dict[str, Any]:
     plan["model.layers.*.mlp.down_proj"] = RowwiseParallel()
     plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
     plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    return plan
+
+
+class GatheredNorm(SequenceParallel):
+    """A norm on the rank's sequence shard, its output all-gathered (a replicated DTensor) for
+    the column-wise projections after it: Megatron's sequence parallelism, written by hand."""
+
+    @staticmethod
+    def _prepare_output_fn(use_local_output, mod, outputs, device_mesh):  # type: ignore[no-untyped-def,override]
+        return outputs.redistribute(placements=[Replicate()])
+
+
+def llama_sp_plan() -> dict[str, Any]:
+    """:func:`llama_tp_plan` with sequence parallelism, as torchtitan writes it for its Llama:
+    the embedding's output and the row-wise projections' sharded along the sequence (a
+    reduce-scatter), each decoder layer's norms on the shard then all-gathered, the final norm
+    on the shard and the head gathering it."""
+    plan = llama_tp_plan()
+    for path in ("self_attn.o_proj", "mlp.down_proj"):
+        plan[f"model.layers.*.{path}"] = RowwiseParallel(
+            output_layouts=Shard(1), use_local_output=False
+        )
+    for path in ("input_layernorm", "post_attention_layernorm"):
+        plan[f"model.layers.*.{path}"] = GatheredNorm()
+    plan["model.embed_tokens"] = RowwiseParallel(
+        input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+    )
+    plan["model.norm"] = SequenceParallel()
+    plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
     return plan
 
 

@@ -42,14 +42,24 @@ class _Stage(nn.Module):
         self.norm = model.model.norm if last else None
         self.head = model.lm_head if last else None
 
+    #: the tensor-parallel mesh under sequence parallelism (set after the plan is applied):
+    #: between stages each rank's shard of the sequence travels, inside a DTensor of the whole
+    sequence_mesh: Any = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x) if self.embed is not None else x
+        if self.embed is None and self.sequence_mesh is not None:
+            from torch.distributed.tensor import DTensor, Shard
+
+            h = DTensor.from_local(h, self.sequence_mesh, [Shard(1)], run_check=False)
         pos = torch.arange(h.shape[1]).unsqueeze(0)
         cos_sin = self.rope(h, pos)
         for block in self.blocks:
             h = block(h, attention_mask=None, position_embeddings=cos_sin, position_ids=pos)
         if self.head is not None:
             h = self.head(self.norm(h))
+        elif self.sequence_mesh is not None:
+            h = h.to_local()
         return h
 
 
@@ -71,6 +81,27 @@ class _P2P(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _parallelize(module: _Stage, mesh: Any, sp: bool) -> None:
+    """The Llama plan written out in parallel_truth (its sequence-parallel form with ``sp``),
+    on the stage's names."""
+    from parallel_truth import llama_sp_plan, llama_tp_plan
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    names = {"model.layers.*.": "blocks.*.", "model.embed_tokens": "embed", "model.norm": "norm"}
+    styles = {}
+    for path, style in (llama_sp_plan() if sp else llama_tp_plan()).items():
+        for old, new in names.items():
+            path = path.replace(old, new)
+        path = "head" if path == "lm_head" else path
+        if path.split(".")[0] in {n for n, _ in module.named_children()} and (
+            getattr(module, path.split(".")[0]) is not None
+        ):
+            styles[path] = style
+    parallelize_module(module, mesh, styles)
+    if sp:
+        module.sequence_mesh = mesh
+
+
 def _rank(
     rank: int, pp: int, port: int, config: dict[str, Any], x: torch.Tensor, layout: dict[str, Any],
     out: str,
@@ -82,7 +113,7 @@ def _rank(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    fsdp, tp = layout["fsdp"], layout["tp"]
+    fsdp, tp, sp = layout["fsdp"], layout["tp"], layout["sequence_parallel"]
     if layout["backend"] == "fake":  # this rank alone: collectives and sends move no data
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -107,32 +138,19 @@ def _rank(
         stages, modules = [], []
         for s in mine:
             module = _Stage(model, range(bounds[s], bounds[s + 1]), s == 0, s == n_stages - 1)
+            between = x.shape[1] // tp if sp else x.shape[1]  # the sequence a rank sends on
             given = (
                 torch.empty(mb, x.shape[1], dtype=torch.long, device="meta")
                 if s == 0
-                else torch.empty(mb, x.shape[1], hidden, device="meta", requires_grad=True),
+                else torch.empty(mb, between, hidden, device="meta", requires_grad=True),
             )
             made = (
-                torch.empty(
-                    mb, x.shape[1], vocab if s == n_stages - 1 else hidden, device="meta",
-                    requires_grad=True,
-                ),
-            )  # fmt: skip
-            if tp > 1:  # the Llama plan, written out in parallel_truth, on the stage's names
-                from parallel_truth import llama_tp_plan
-                from torch.distributed.tensor.parallel import parallelize_module
-
-                names = {"model.layers.*.": "blocks.*.", "model.embed_tokens": "embed"}
-                styles = {}
-                for path, style in llama_tp_plan().items():
-                    for old, new in names.items():
-                        path = path.replace(old, new)
-                    path = "head" if path == "lm_head" else path
-                    if path.split(".")[0] in {n for n, _ in module.named_children()} and (
-                        getattr(module, path.split(".")[0]) is not None
-                    ):
-                        styles[path] = style
-                parallelize_module(module, mesh["tp"], styles)
+                torch.empty(mb, x.shape[1], vocab, device="meta", requires_grad=True)
+                if s == n_stages - 1
+                else torch.empty(mb, between, hidden, device="meta", requires_grad=True),
+            )
+            if tp > 1:
+                _parallelize(module, mesh["tp"], sp)
             if fsdp > 1:  # each block, then the stage (torchtitan's order)
                 for block in module.blocks:
                     fully_shard(block, mesh=mesh["fsdp"])
@@ -267,11 +285,13 @@ def real_pipeline_ranks(
     fsdp: int = 1,
     backend: str = "gloo",
     tp: int = 1,
+    sequence_parallel: bool = False,
 ) -> list[dict[str, Any]]:
     """Each of ``pp * fsdp`` real ranks' steady and first-step peaks (bytes, CPU allocator) and
     the bytes it sent and received in a step, one process a rank (rank ``r`` is pipeline rank
     ``r // (fsdp * tp)``; with ``tp`` > 1 each stage is ``parallelize_module``-d with the Llama
-    plan; with ``fsdp`` > 1 its blocks, then the stage, are ``fully_shard``-ed).
+    plan, its sequence-parallel form with ``sequence_parallel``; with ``fsdp`` > 1 its blocks,
+    then the stage, are ``fully_shard``-ed).
     ``backend="gloo"``: the ranks run together; ``"fake"``: each runs alone under PyTorch's
     fake process group (real tensors, nothing moved, no threads of gloo's), one after another,
     the schedule's first-step vote settled as static (no number arrives; as in the trace)."""
@@ -283,6 +303,7 @@ def real_pipeline_ranks(
         "fsdp": fsdp,
         "backend": backend,
         "tp": tp,
+        "sequence_parallel": sequence_parallel,
     }
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

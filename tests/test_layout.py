@@ -41,6 +41,8 @@ from meta_widget.distributed.decisions import forget_meshes
         ({"pp": 2, "stage_boundaries": (3, 1)}, "1 rising layer indices"),
         ({"tp": 2, "mp": {"param_dtype": "bfloat16"}}, "shards nothing with FSDP2"),
         ({"fsdp": 2, "blocks": 3}, "module paths or class names"),
+        ({"fsdp": 2, "sequence_parallel": True}, "tp=1 has none"),
+        ({"tp": 2, "sequence_parallel": "yes"}, "must be True or False"),
     ],
 )
 def test_a_layout_checks_itself_in_one_line(fields: dict[str, Any], match: str) -> None:
@@ -109,3 +111,21 @@ def test_analyze_takes_a_parallel_and_traces_it_as_its_dict() -> None:
     assert a.error is None and b.error is None
     assert a.options.parallel == b.options.parallel == layout
     assert a.peak_bytes == b.peak_bytes and a.param_bytes == b.param_bytes
+
+
+def test_sequence_parallelism_refuses_a_model_it_cannot_place_before_any_trace() -> None:
+    """A model with no input embedding to shard the sequence from (an MLP stack), or a plan
+    style with no sequence-parallel form: one LayoutError line, before a process group
+    exists."""
+    plan = {"layers.*.0": "colwise", "layers.*.2": "rowwise"}
+    with pytest.raises(mw.LayoutError, match="DeepMLP has none meta_widget can find") as raised:
+        mw.analyze(
+            DeepMLP, input_size=(8, 256), mode="training",
+            parallel={"tp": 2, "tp_plan": plan, "sequence_parallel": True},
+        )  # fmt: skip
+    assert "\n" not in str(raised.value) and not dist.is_initialized()
+    with pytest.raises(mw.LayoutError, match="no sequence-parallel form"):
+        mw.analyze(
+            DeepMLP, input_size=(8, 256), mode="training",
+            parallel={"tp": 2, "tp_plan": {"layers.*.0": "rowwise_rep"}, "sequence_parallel": True},
+        )  # fmt: skip

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from parallel_truth import (
     DeepMLP,
     allocator_rank_peak,
+    llama_sp_plan,
     llama_tp_plan,
     no_process_group_left,  # noqa: F401  (an autouse fixture)
     real_output_bytes,
@@ -143,6 +144,36 @@ def test_tensor_parallel_and_2d_peaks_per_rank_on_a_tiny_llama(fsdp: int, tp: in
     assert a.memory.first_step_peak_bytes == pytest.approx(truth["Total"], rel=TP_TOLERANCE)
     groups = set(a.comms["group"])
     assert groups == ({"fsdp", "tp"} if fsdp > 1 else {"tp"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fsdp", "tp"), [(1, 2), (4, 2)])
+def test_sequence_parallel_peaks_per_rank_on_a_tiny_llama(fsdp: int, tp: int) -> None:
+    """Sequence parallelism (torchtitan's Llama plan, written by hand in the truth) is a real
+    rank's first and steady step; on a short vocabulary and a long sequence (activations, not
+    the logits, decide the peak) it is below plain tensor parallelism's, the tensor-parallel
+    all-reduces become reduce-scatters and all-gathers."""
+    import transformers
+
+    config = tiny_llama_config(vocab=128)
+    x = torch.randint(0, 128, (2, 512))
+
+    def make() -> nn.Module:
+        return transformers.LlamaForCausalLM(config)
+
+    real = real_rank_peak(make, x, fsdp=fsdp, tp=tp, tp_plan=llama_sp_plan(), steps=2)
+    plain = real_rank_peak(make, x, fsdp=fsdp, tp=tp, tp_plan=llama_tp_plan(), steps=2)
+    a = analyze_rank(config, x, fsdp=fsdp, tp=tp, sequence_parallel=True)
+    assert a.memory.first_step_peak_bytes == pytest.approx(real["Total"], rel=TP_TOLERANCE)
+    assert a.peak_bytes == pytest.approx(real["Steady"], rel=TP_TOLERANCE)
+    assert real["Total"] < 0.95 * plain["Total"]  # the truth tells the two apart
+    tp_comms = a.comms[a.comms.group == "tp"]
+    assert {"all_gather", "reduce_scatter"} <= set(tp_comms.collective)
+    # no activation is all-reduced: what is left are the norms' weight gradients (replicated
+    # over the tensor-parallel ranks, reduced by FSDP2 with fsdp > 1), one hidden row each
+    reduced = tp_comms[tp_comms.collective == "all_reduce"]
+    assert (reduced.bytes <= 4 * config.hidden_size).all()
+    assert "sequence parallel" in a.options.parallel.label()
 
 
 def padded_bytes(params: list[nn.Parameter], n: int) -> int:

@@ -191,6 +191,22 @@ def test_pp_x_tp_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Path
     agree(a, truth)
 
 
+def test_pp_x_tp_with_sequence_parallelism_each_stage_is_its_real_rank(tmp_path: Path) -> None:
+    """PP 2 x TP 2 with sequence parallelism: between stages each rank sends its shard of the
+    sequence (half the bytes of plain tensor parallelism), inside a stage the residual stream
+    is sharded; the trace of pipeline rank r against real rank 2 r (the plan written by hand
+    in the truth), run alone under the fake process group."""
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(
+        config, x, 2, tmp_path, tp=2, backend="fake", sequence_parallel=True
+    )[::2]
+    a = analyze_pipeline(config, x, pp=2, tp=2, sequence_parallel=True)
+    assert {"all_gather", "reduce_scatter", "send", "recv"} <= set(a.comms.collective)
+    agree(a, truth)
+    plain = analyze_pipeline(config, x, pp=2, tp=2)
+    assert [s.send_bytes for s in a.stages] == [s.send_bytes // 2 for s in plain.stages]
+
+
 @pytest.mark.slow
 def test_pp_x_fsdp_on_gloo_varies_run_to_run(tmp_path: Path) -> None:
     """The same on four gloo ranks running together: sends, receives and the last stage's first

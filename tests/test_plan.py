@@ -202,6 +202,31 @@ def test_hsdp_layouts_are_candidates_and_each_axis_can_be_narrowed() -> None:
     assert replicas.loc[4, "peak_bytes"] > replicas.loc[1, "peak_bytes"]  # unsharded weights
 
 
+def test_sequence_parallel_layouts_are_candidates_traced_as_analyze_traces_them() -> None:
+    """``sequence_parallel`` in a layout (a dict's key or ``mw.Parallel``'s field) is a
+    candidate of its own, its row what ``analyze`` traces for that layout, below the plain
+    tensor-parallel row on a long sequence; the label says ``sp``."""
+    cfg, size = tiny_llama(), (2, 512)
+    p = mw.plan(
+        cfg, size, gpu="H100", devices=4,
+        layouts=[{"fsdp": 2, "tp": 2}, mw.Parallel(fsdp=2, tp=2, sequence_parallel=True)],
+        activation_checkpointing=[False], precisions=["as given"], micro_batches=[1],
+    )  # fmt: skip
+    df = p.to_dataframe()
+    assert list(df["sequence_parallel"]) == [False, True]
+    assert df["error"].isna().all()
+    plain, sp = (int(b) for b in df["peak_bytes"])
+    assert sp < plain
+    again = mw.analyze(
+        cfg, size, mode="training", gpu="H100",
+        parallel={"fsdp": 2, "tp": 2, "sequence_parallel": True},
+    )  # fmt: skip
+    assert again.peak_bytes == sp
+    assert "tp=2 sp" in p.candidates[1].layout.label()
+    with pytest.raises(mw.OptionError, match="no tensor-parallel ranks"):
+        mw.plan(cfg, size, gpu="H100", devices=1, layouts=[{"sequence_parallel": True}])
+
+
 def test_default_layouts_use_every_device_and_keep_tensor_parallelism_in_a_node() -> None:
     from meta_widget.explore.candidates import default_layouts
     from meta_widget.timing.gpus import resolve_gpu

@@ -58,6 +58,7 @@ from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
 from .decisions import world_ended, world_started
+from .sequence import SEQUENCE_STYLES, sequence_parallel_names
 from .stand_ins import SeenAsReal
 
 #: the logger of ``torch._subclasses.fake_tensor`` (its meta kernel failures)
@@ -82,6 +83,7 @@ TP_STYLES: dict[str, Callable[[], ParallelStyle]] = {
     "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
     "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
     "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+    **SEQUENCE_STYLES,
 }
 
 
@@ -428,6 +430,8 @@ def tp_plan(module: nn.Module, plan: Parallel) -> dict[str, ParallelStyle]:
             '"rowwise"}} (module paths, * for any name; styles: '
             f"{', '.join(sorted(TP_STYLES))})."
         )
+    if plan.sequence_parallel:
+        names = sequence_parallel_names(module, names)
     paths = [p for p, _ in module.named_modules()]
     styles: dict[str, ParallelStyle] = {}
     for pattern, style in names.items():

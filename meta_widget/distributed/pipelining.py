@@ -62,6 +62,7 @@ from .parallel import (
     trace_rank,
     transformers_plan,
 )
+from .sequence import sequence_parallel_names
 from .stages import DecoderStage, RankStages, layer_ranges, rank_stages, stage_indices
 
 __all__ = [
@@ -154,6 +155,9 @@ class PipelineWorld(World):
                 styles = stage_tp_plan(stage, self.tp_styles)
                 if styles:
                     parallelize_module(stage, full["tp"], styles)
+                if plan.sequence_parallel:
+                    assert isinstance(stage, DecoderStage)
+                    stage.sequence_mesh = full["tp"]
         if plan.fsdp > 1 or plan.replicate > 1:
             mesh = full["replicate", "fsdp"] if plan.replicate > 1 else full["fsdp"]
             mp = plan.mp
@@ -373,7 +377,31 @@ def stage_shapes(plan: Parallel, module: nn.Module, args: tuple[Any, ...]) -> li
                 h = out
 
     without_grad(run_stages)
+    if plan.sequence_parallel:  # between stages, each rank's shard of the sequence
+        shapes = [
+            (
+                _sequence_shard(given, plan) if i > 0 else given,
+                _sequence_shard(made, plan) if i < last else made,
+            )
+            for i, (given, made) in enumerate(shapes)
+        ]
     return shapes
+
+
+def _sequence_shard(tensors: tuple[torch.Tensor, ...], plan: Parallel) -> tuple[Any, ...]:
+    """``tensors`` (batch x sequence x ...) as one tensor-parallel rank holds them under
+    sequence parallelism: ``sequence / tp`` of the positions."""
+    out = []
+    for t in tensors:
+        if t.shape[1] % plan.tp:
+            raise LayoutError(
+                f"parallel sequence_parallel=True with pp={plan.pp} sends each rank's "
+                f"{t.shape[1]} / tp={plan.tp} positions between stages, and {plan.tp} does not "
+                f"divide {t.shape[1]}: give a sequence length that is a multiple of {plan.tp}."
+            )
+        shape = (t.shape[0], t.shape[1] // plan.tp, *t.shape[2:])
+        out.append(torch.empty(shape, dtype=t.dtype, device="meta"))
+    return tuple(out)
 
 
 def stage_modules(root: RankStages) -> tuple[str, ...]:
@@ -416,6 +444,8 @@ def run_stages(
     tp_styles = (
         dict(plan.tp_plan) if plan.tp_plan is not None else transformers_plan(module)
     ) if plan.tp > 1 else {}  # fmt: skip
+    if plan.sequence_parallel:
+        tp_styles = sequence_parallel_names(module, tp_styles)
     spec = options.trace_spec()
     ranks: list[tuple[Any, RankTrace, Any]] = []
     ran: dict[int, list[Action]] = {}

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 from ..options import LayoutError, Parallel
 
@@ -54,10 +56,17 @@ class DecoderStage(nn.Module):
             self.norm = inner.norm
             self.lm_head = model.get_submodule("lm_head")
         self.first, self.last = first, last
+        #: the tensor-parallel mesh under sequence parallelism: the activations between stages
+        #: are each rank's shard of the sequence (plain tensors, as a pipeline sends them), the
+        #: residual stream inside a stage a ``DTensor`` of the whole sequence
+        self.sequence_mesh: DeviceMesh | None = None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        mesh = self.sequence_mesh
         if self.first:
             h = self.embed_tokens(h)
+        elif mesh is not None:
+            h = DTensor.from_local(h, mesh, [Shard(1)], run_check=False)
         positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
         rotary = self.rotary_emb(h, positions)
         for layer in self.layers:
@@ -65,6 +74,8 @@ class DecoderStage(nn.Module):
             h = out[0] if isinstance(out, tuple) else out
         if self.last:
             h = self.lm_head(self.norm(h))
+        elif mesh is not None:
+            h = h.to_local()  # type: ignore[attr-defined]
         return h
 
 

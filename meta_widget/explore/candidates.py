@@ -49,6 +49,7 @@ COLUMNS = (
     "pp",
     "cp",
     "ep",
+    "sequence_parallel",
     "schedule",
     "virtual_stages",
     "activation_checkpointing",
@@ -166,6 +167,9 @@ class Candidate:
     ep = property(lambda self: self.layout.ep, doc="Expert-parallel ranks.")
     schedule = property(lambda self: self.layout.schedule, doc="The pipeline's schedule.")
     virtual_stages = property(lambda self: self.layout.virtual_stages, doc="Stages a rank.")
+    sequence_parallel = property(
+        lambda self: self.layout.sequence_parallel, doc="Sequence parallelism over tp."
+    )
 
     @property
     def key(self) -> tuple[Any, ...]:

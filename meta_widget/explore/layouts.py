@@ -1,7 +1,8 @@
 """The layouts of ``plan``: :class:`Layout`, the degrees of ``mw.Parallel`` (replicate x fsdp
-x tp x pp x cp, ep within fsdp x cp) and the pipeline's schedule, stages per rank and
-micro-batches, frozen and plain (it pickles, and travels in a candidate's key to the workers of
-a plan); the layouts ``plan(layouts=...)`` gives, checked; and the default ones."""
+x tp x pp x cp, ep within fsdp x cp), the pipeline's schedule, stages per rank and
+micro-batches, and sequence parallelism, frozen and plain (it pickles, and travels in a
+candidate's key to the workers of a plan); the layouts ``plan(layouts=...)`` gives, checked; and
+the default ones."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from typing import Any
 from ..options import OptionError, OptionTypeError, Parallel
 from ..timing.gpus import GPU
 
-__all__ = ["MESH", "PIPELINE", "Layout", "default_layouts", "layouts_given"]
+__all__ = ["MESH", "PIPELINE", "SEQUENCE", "Layout", "default_layouts", "layouts_given"]
 
 #: the degrees a layout of ``plan(layouts=...)`` may give (``mw.Parallel``'s)
 MESH = ("replicate", "fsdp", "tp", "pp", "cp", "ep")
 #: the pipeline's settings a layout with ``pp > 1`` may give (``mw.Parallel``'s)
 PIPELINE = ("schedule", "virtual_stages", "microbatches")
+#: how a layout with ``tp > 1`` may shard its activations (``mw.Parallel``'s)
+SEQUENCE = ("sequence_parallel",)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Layout:
     schedule: str | None = None
     virtual_stages: int = 1
     microbatches: int = 1
+    sequence_parallel: bool = False
 
     @classmethod
     def of(cls, given: Mapping[str, Any] | Parallel) -> Layout:
@@ -54,7 +58,7 @@ class Layout:
                     "give the degrees and the pipeline's schedule, virtual_stages and "
                     "microbatches only (FSDP2's mixed precision is plan's precisions= axis)."
                 )
-            fields_ = {name: getattr(given, name) for name in (*MESH, *PIPELINE)}
+            fields_ = {name: getattr(given, name) for name in (*MESH, *PIPELINE, *SEQUENCE)}
         else:
             fields_ = dict(given)
         sizes = [fields_.get(k, 1) for k in MESH]
@@ -63,6 +67,11 @@ class Layout:
                 f"plan: layout {given!r} must map {', '.join(MESH)} to whole numbers >= 1."
             )
         if math.prod(sizes[:5]) == 1:  # one device: no Parallel to check it
+            if fields_.get("sequence_parallel"):
+                raise OptionError(
+                    f"plan: layout {given!r} is one device: it has no tensor-parallel ranks to "
+                    "shard the sequence over."
+                )
             if any(fields_.get(k) not in (None, 1) for k in ("ep", *PIPELINE)):
                 raise OptionError(
                     f"plan: layout {given!r} is one device: it has no pipeline nor experts "
@@ -75,6 +84,7 @@ class Layout:
             schedule=checked.schedule,
             virtual_stages=checked.virtual_stages,
             microbatches=checked.microbatches or 1,
+            sequence_parallel=checked.sequence_parallel,
         )
 
     @property
@@ -92,7 +102,9 @@ class Layout:
         """The ``parallel=`` of ``analyze`` that traces the layout (None: one device)."""
         if self.devices == 1:
             return None
-        sizes = {k: getattr(self, k) for k in MESH if getattr(self, k) > 1}
+        sizes: dict[str, Any] = {k: getattr(self, k) for k in MESH if getattr(self, k) > 1}
+        if self.sequence_parallel:
+            sizes["sequence_parallel"] = True
         if self.pp == 1:
             return Parallel(**sizes)
         return Parallel(
@@ -103,8 +115,11 @@ class Layout:
         )
 
     def label(self) -> str:
-        """The degrees above 1 and the pipeline's schedule: ``"pp=4 fsdp=2 1F1B"``."""
+        """The degrees above 1 and the pipeline's schedule: ``"pp=4 fsdp=2 1F1B"``;
+        ``"tp=8 sp"`` with sequence parallelism."""
         sizes = " ".join(f"{k}={getattr(self, k)}" for k in MESH if getattr(self, k) > 1)
+        if self.sequence_parallel:
+            sizes += " sp"
         if self.pp > 1:
             v = f" x{self.virtual_stages}" if self.virtual_stages > 1 else ""
             sizes += f" {self.schedule}{v}"
@@ -171,12 +186,12 @@ def _layout(given: Any, devices: int) -> Layout:
     """One layout of ``plan(layouts=...)`` checked: a dict of ``MESH`` and ``PIPELINE`` names
     or a ``Parallel``, on ``devices`` devices."""
     known = isinstance(given, Parallel) or (
-        isinstance(given, Mapping) and set(given) <= {*MESH, *PIPELINE}
+        isinstance(given, Mapping) and set(given) <= {*MESH, *PIPELINE, *SEQUENCE}
     )
     if not known:
         raise OptionError(
             f"plan: layout {given!r} must be a mw.Parallel or a dict of "
-            f"{', '.join((*MESH, *PIPELINE))}."
+            f"{', '.join((*MESH, *PIPELINE, *SEQUENCE))}."
         )
     layout = Layout.of(given)
     if layout.devices != devices:

@@ -201,7 +201,7 @@ class Plan:
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per candidate: ``replicate``, ``fsdp``, ``tp``, ``pp``, ``cp``, ``ep``,
-        ``schedule`` (None without a pipeline), ``virtual_stages``,
+        ``sequence_parallel``, ``schedule`` (None without a pipeline), ``virtual_stages``,
         ``activation_checkpointing``, ``precision``, ``micro_batches`` (a pipeline's: its
         schedule's), ``peak_bytes``, ``device_bytes`` (what the GPU
         holds, held against the budget), ``fits``, ``step_s``, ``mfu``,

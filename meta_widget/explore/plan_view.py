@@ -71,6 +71,7 @@ def _candidate(index: int, c: Candidate) -> dict[str, Any]:
         "pp": c.pp,
         "cp": c.cp,
         "ep": c.ep,
+        "sequenceParallel": c.sequence_parallel,
         "schedule": c.schedule,
         "virtualStages": c.virtual_stages,
         "checkpointing": c.activation_checkpointing,

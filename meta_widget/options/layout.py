@@ -95,6 +95,10 @@ class Parallel:
     mp : FSDP2's ``MixedPrecisionPolicy`` (a dict of its arguments, or one)
     blocks : the modules ``fully_shard`` wraps (module paths or class names)
     tp_plan : ``{module path: style}`` for tensor parallelism
+    sequence_parallel : with ``tp``, Megatron's sequence parallelism (PyTorch's
+        ``SequenceParallel``, torchtitan's Llama plan): the norms and the residual stream
+        between the tensor-parallel blocks hold ``sequence / tp`` tokens on each rank; each
+        block all-gathers its input and reduce-scatters its output instead of all-reducing it
     """
 
     replicate: int = 1
@@ -111,6 +115,7 @@ class Parallel:
     mp: MixedPrecision | None = None
     blocks: tuple[str, ...] | None = None
     tp_plan: tuple[tuple[str, str], ...] | None = None
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         for key in DEGREES:
@@ -134,6 +139,7 @@ class Parallel:
                 f"more than {MAX_RANKS}, the most a parallel= trace stands for: lower a degree."
             )
         self._check_pipeline()
+        self._check_sequence_parallel()
         _set(self, "blocks", _blocks(self.blocks))
         _set(self, "tp_plan", _tp_plan(self.tp_plan))
         _set(self, "mp", mixed_precision(self.mp))
@@ -161,6 +167,21 @@ class Parallel:
                 "1.25}) or leave capacity_factor out."
             )
         _set(self, "capacity_factor", float(cf))
+
+    def _check_sequence_parallel(self) -> None:
+        """``sequence_parallel``: a bool, and only with ``tp`` > 1 (it shards the sequence
+        over the tensor-parallel ranks)."""
+        sp = self.sequence_parallel
+        if not isinstance(sp, bool):
+            raise OptionTypeError(
+                f"parallel sequence_parallel must be True or False, not {show(sp)}."
+            )
+        if sp and self.tp == 1:
+            raise OptionError(
+                "parallel sequence_parallel=True shards the sequence over the tensor-parallel "
+                "ranks, and tp=1 has none: give tp > 1 (e.g. {'tp': 8, "
+                "'sequence_parallel': True}) or leave sequence_parallel out."
+            )
 
     def _check_pipeline(self) -> None:
         """``schedule``, ``virtual_stages``, ``microbatches`` and ``stage_boundaries``: only
@@ -258,6 +279,8 @@ class Parallel:
     def label(self) -> str:
         """The layout in a few words: ``"fsdp 4 × tp 2 · mp bfloat16 param"``."""
         sizes = [f"{k} {getattr(self, k)}" for k in DEGREES if getattr(self, k) > 1]
+        if self.sequence_parallel:
+            sizes[sizes.index(f"tp {self.tp}")] += " (sequence parallel)"
         pipeline = ""
         if self.pp > 1:
             v = f", {self.virtual_stages} stages a rank" if self.virtual_stages > 1 else ""
