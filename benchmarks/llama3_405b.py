@@ -24,7 +24,9 @@ TP 8, CP 1, PP 16, DP 128, sequence 8,192, 16 sequences per DP rank (16M tokens 
 Where it departs from the paper (each printed with the table): PyTorch's interleaved 1F1B, not
 the paper's own schedule (which sets the number of contiguous micro-batches N and deallocates
 pipeline buffers early); transformers' tensor-parallel plan, which has no sequence
-parallelism (the residual stream is replicated on the 8 TP ranks); FSDP2's default
+parallelism (the residual stream is replicated on the 8 TP ranks; ``--sequence-parallel``
+shards it, Megatron's way: every rank then fits at full depth, see
+``benchmarks/results/llama3_405b.md``); FSDP2's default
 reshard-after-forward; activation checkpointing of every layer (``--no-ac`` to trace without:
 the paper trained at 8K without it, and PyTorch's schedule keeps all 16 micro-batches of its
 first 8 ranks in flight, which does not fit; see the printed peaks).
