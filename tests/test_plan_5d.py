@@ -61,13 +61,14 @@ def test_pipeline_layouts_are_traced_as_analyze_traces_them() -> None:
         llama(), size, devices=4, layouts=[{"fsdp": 4}, *pipelines], workers=1, foreach=False, **ONE
     )
     df = p.to_dataframe()
-    assert list(df.columns[:9]) == [
+    assert list(df.columns[:10]) == [
         "replicate",
         "fsdp",
         "tp",
         "pp",
         "cp",
         "ep",
+        "sequence_parallel",
         "schedule",
         "virtual_stages",
         "activation_checkpointing",
