@@ -13,12 +13,14 @@ injects an interrupt at every line of it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils._python_dispatch as _python_dispatch
 from torch.utils import _device
 from torch.utils._python_dispatch import TorchDispatchMode
+
+T = TypeVar("T")
 
 __all__ = [
     "DispatchModes",
@@ -27,6 +29,7 @@ __all__ = [
     "interrupt_behind",
     "on_meta",
     "set_grad_enabled",
+    "undoing",
     "without_grad",
 ]
 
@@ -155,18 +158,28 @@ def set_grad_enabled(enabled: bool, undo: Undo) -> None:
     torch._C._set_grad_enabled(enabled)
 
 
-def without_grad(run: Callable[[], Any]) -> Any:
-    """``run()`` with grad mode off, put back exactly whatever interrupts it (see
-    :func:`set_grad_enabled`)."""
+def undoing(work: Callable[[Undo], T]) -> T:
+    """``work(undo)``, then ``undo``'s steps run from two nested ``finally`` blocks (the second
+    for what an interrupt broke off in the first; see :class:`Undo`)."""
     undo = Undo()
     try:
         try:
-            set_grad_enabled(False, undo)
-            return run()
+            return work(undo)
         finally:
             undo.run()
     finally:
-        undo.run()  # should an interrupt have broken off the first
+        undo.run()
+
+
+def without_grad(run: Callable[[], T]) -> T:
+    """``run()`` with grad mode off, put back exactly whatever interrupts it (see
+    :func:`set_grad_enabled`)."""
+
+    def work(undo: Undo) -> T:
+        set_grad_enabled(False, undo)
+        return run()
+
+    return undoing(work)
 
 
 def on_meta(build: Callable[[], Any]) -> Any:

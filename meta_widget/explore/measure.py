@@ -45,11 +45,11 @@ from ..materialize import materialize
 from ..options import OptionError
 from ..pipeline import _assemble
 from ..sources.models import MetaModel
-from ..trace.passes import set_training, trace
+from ..trace.passes import Trace, set_training, trace
 from ..trace.recorder import Recorder
 from ..trace.storage import inner_tensors
 from ..trace.trace_changes import remove_module_hooks
-from ..undo import Undo, set_grad_enabled
+from ..undo import Undo, set_grad_enabled, undoing
 from ..units import format_bytes
 
 __all__ = ["MeasureError", "Measured", "measure"]
@@ -237,7 +237,6 @@ def _wall_times(
     also warms the kernels up: one-off allocations stay out of the measured run)."""
     starts: list[float] = []
     calls: list[tuple[int, float]] = []
-    undo = Undo()
     flags = [(m, m.training) for m in module.modules()]
 
     def pre(m: torch.nn.Module, _args: Any) -> None:
@@ -250,25 +249,23 @@ def _wall_times(
                 calls[i] = (id(m), time.perf_counter() - starts[i])
                 break
 
+    def run(undo: Undo) -> None:
+        modules = list(module.modules())
+        undo.add(lambda: remove_module_hooks(modules, lambda h: h is pre or h is post))
+        for m in modules:
+            m.register_forward_pre_hook(pre)
+            m.register_forward_hook(post, always_call=True)
+        undo.add(lambda: _restore_flags(flags))
+        set_training(module, training)
+        set_grad_enabled(False, undo)
+        module(*args, **kwargs)
+
     try:
-        try:
-            modules = list(module.modules())
-            undo.add(lambda: remove_module_hooks(modules, lambda h: h is pre or h is post))
-            for m in modules:
-                m.register_forward_pre_hook(pre)
-                m.register_forward_hook(post, always_call=True)
-            undo.add(lambda: _restore_flags(flags))
-            set_training(module, training)
-            set_grad_enabled(False, undo)
-            module(*args, **kwargs)
-        except Exception as exc:  # the model's own error, said as measure's, with its cause kept
-            raise MeasureError(
-                f"measure: the real run of {type(module).__name__} failed: {exc}"
-            ) from exc
-        finally:
-            undo.run()
-    finally:
-        undo.run()  # should an interrupt have broken off the first
+        undoing(run)
+    except Exception as exc:  # the model's own error, said as measure's, with its cause kept
+        raise MeasureError(
+            f"measure: the real run of {type(module).__name__} failed: {exc}"
+        ) from exc
     return calls
 
 
@@ -300,18 +297,15 @@ def _measured_run(
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    undo = Undo()
-    try:
-        try:
-            undo.add(_ProfilerState().restore)
-            with prof:
-                result = trace(
-                    module, args, kwargs, spec, attach=attach, default_device=device, tree=tree
-                )
-        finally:
-            undo.run()
-    finally:
-        undo.run()  # should an interrupt have broken off the first
+
+    def profiled(undo: Undo) -> Trace:
+        undo.add(_ProfilerState().restore)
+        with prof:
+            return trace(
+                module, args, kwargs, spec, attach=attach, default_device=device, tree=tree
+            )
+
+    result = undoing(profiled)
     if result.exception is not None:
         raise MeasureError(
             f"measure: the real run of {type(module).__name__} failed: {result.exception}"

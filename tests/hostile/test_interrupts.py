@@ -370,6 +370,7 @@ _MEASURING = (
     ("torch/autograd/profiler.py", ""),
     ("meta_widget/materialize.py", "_initialize"),
     ("meta_widget/undo.py", "without_grad"),
+    ("meta_widget/undo.py", "undoing"),
 )
 
 
