@@ -320,3 +320,12 @@ def no_process_group_left() -> Any:
     assert not dist.is_initialized()
     yield
     assert not dist.is_initialized()
+
+
+def no_decision_kept() -> bool:
+    """DTensor's cache of sharding decisions is empty: no world's mesh is kept past it
+    (``meta_widget.distributed.decisions``)."""
+    from torch.distributed.tensor import DTensor
+
+    cached = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
+    return cached.cache_info().currsize == 0  # type: ignore[no-any-return]

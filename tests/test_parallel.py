@@ -19,6 +19,7 @@ from parallel_truth import (
     allocator_rank_peak,
     llama_sp_plan,
     llama_tp_plan,
+    no_decision_kept,
     no_process_group_left,  # noqa: F401  (an autouse fixture)
     real_output_bytes,
     real_rank_peak,
@@ -327,16 +328,20 @@ def test_kept_decisions_never_reach_a_world_of_another_shape() -> None:
     assert decisions._kept.blocks == [] and decisions._kept.shape is None
 
 
-def test_alike_parameters_share_a_decision_and_a_world_leaves_none(monkeypatch: Any) -> None:
-    """The multi-tensor optimizer's ops on DTensors are decided element by element, and the
-    elements of alike layers share one decision while a world runs
-    (``meta_widget.distributed.decisions``). The trace equals the one made with DTensor
-    deciding every element itself (events, costs, collectives, FLOPs), with fewer searches;
-    after the world, also one whose trace failed, DTensor's own function is back and no
-    decision is kept."""
+def test_the_optimizers_foreach_ops_skip_dtensors_search_and_a_world_keeps_no_decision(
+    monkeypatch: Any,
+) -> None:
+    """DTensor decides the multi-tensor optimizer's ops element by element, each a search over
+    every placement; run on the shards (``meta_widget.trace.shard_foreach``) they need none.
+    The trace equals the one DTensor makes deciding every element itself (events, costs,
+    collectives, FLOPs), with fewer searches; after the world, also one whose trace failed,
+    no decision is kept."""
+    import contextlib
+
     from torch.distributed.tensor._ops import utils
 
     from meta_widget.explore.depth import sample
+    from meta_widget.trace import passes
 
     searches: list[int] = []
     search = utils.expand_to_full_mesh_op_strategy
@@ -353,20 +358,20 @@ def test_alike_parameters_share_a_decision_and_a_world_leaves_none(monkeypatch: 
         "foreach": True,
         "gpu": "H100",
     }
-    shared = mw.analyze(config, (2, 16), **options)
-    assert shared.error is None, shared.error
-    shared_searches = len(searches)
-    assert utils.expand_to_full_mesh_op_strategy is counted and not decisions._shared
+    on_shards = mw.analyze(config, (2, 16), **options)
+    assert on_shards.error is None, on_shards.error
+    shard_searches = len(searches)
+    assert no_decision_kept()
 
     with monkeypatch.context() as m:  # DTensor alone: every element searched
-        m.setattr(decisions, "_element_decider", lambda: None)
+        m.setattr(passes, "ShardLocalForeach", contextlib.nullcontext)
         searches.clear()
         alone = mw.analyze(config, (2, 16), **options)
     assert alone.error is None, alone.error
-    assert sample(shared, 4) == sample(alone, 4)
-    assert shared.peak_bytes == alone.peak_bytes
-    assert 0 < shared_searches < len(searches) / 2
+    assert sample(on_shards, 4) == sample(alone, 4)
+    assert on_shards.peak_bytes == alone.peak_bytes
+    assert 0 < shard_searches < len(searches) / 2
 
     failed = mw.analyze(config, (2, 16), **{**options, "parallel": {"tp": 2}})
     assert failed.error is not None and "DTensor" in failed.error.message  # the mixed foreach
-    assert utils.expand_to_full_mesh_op_strategy is counted and not decisions._shared
+    assert utils.expand_to_full_mesh_op_strategy is counted and no_decision_kept()

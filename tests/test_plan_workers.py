@@ -16,8 +16,10 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from parallel_truth import no_process_group_left  # noqa: F401  (an autouse fixture)
-from torch.distributed.tensor._ops import utils as strategy_utils
+from parallel_truth import (
+    no_decision_kept,
+    no_process_group_left,  # noqa: F401  (an autouse fixture)
+)
 
 import meta_widget as mw
 from meta_widget.distributed import decisions
@@ -140,9 +142,7 @@ def test_ctrl_c_leaves_no_process_behind(remote: list[tuple[Any, ...]]) -> None:
         mw.plan(llama(), SIZE, workers=2, progress=interrupt, **SPACE)
     assert remote and children() == []
     assert decisions._kept.blocks == []  # no sharding decision is kept past the plan
-    assert not decisions._shared and not hasattr(
-        strategy_utils.expand_to_full_mesh_op_strategy, "_shared_from"
-    )  # DTensor decides as before
+    assert no_decision_kept()
     assert gc.get_freeze_count() == 0  # the heap the plan froze is the collector's again
 
 

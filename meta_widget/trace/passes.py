@@ -49,6 +49,7 @@ from .opcache import CacheStats
 from .optimizers import OPTIMIZERS, foreach_for
 from .recorder import Recorder
 from .replay import Tapes
+from .shard_foreach import ShardLocalForeach
 from .storage import local, storage_key
 from .trace_changes import (  # noqa: F401 (_claims, _GcPause: read by the hostile tests)
     ConcurrentTraceError,
@@ -483,7 +484,8 @@ class _Run:
         self._phase(Phase.OPTIMIZER, on_phase)
         if self.opt is None:  # made once, as a loop makes it: the second step reuses its state
             self.opt = OPTIMIZERS[optimizer](params, self.foreach)
-        self.opt.step()
+        with ShardLocalForeach():  # DTensors' multi-tensor ops in linear time (its docstring)
+            self.opt.step()
         self.state_keys, self.state_other = {}, 0
         for p, state in self.opt.state.items():
             for v in state.values():

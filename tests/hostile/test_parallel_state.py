@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from parallel_truth import DeepMLP
+from parallel_truth import DeepMLP, no_decision_kept
 
 import meta_widget as mw
 
@@ -32,15 +32,13 @@ TP_PLAN = {"layers.*.0": "colwise", "layers.*.2": "rowwise"}
 def _nothing_left() -> Iterator[None]:
     from torch.distributed.tensor._ops import utils
 
-    from meta_widget.distributed import decisions
-
     hook, search = sys.excepthook, utils.expand_to_full_mesh_op_strategy
     assert not dist.is_initialized()
     yield
     assert not dist.is_initialized()
     assert sys.excepthook is hook
     # DTensor decides as it did, and no decision of a world is kept (decisions.world_ended)
-    assert utils.expand_to_full_mesh_op_strategy is search and not decisions._shared
+    assert utils.expand_to_full_mesh_op_strategy is search and no_decision_kept()
 
 
 def small_llama() -> Any:
@@ -64,7 +62,7 @@ import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a regression fails fast, here
 import torch.distributed as dist
 import meta_widget as mw
-from parallel_truth import DeepMLP
+from parallel_truth import DeepMLP, no_decision_kept
 
 hook = sys.excepthook
 seen = []
