@@ -113,7 +113,7 @@ def _rank(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    fsdp, tp, sp = layout["fsdp"], layout["tp"], layout["sequence_parallel"]
+    fsdp, tp, sp, ep = layout["fsdp"], layout["tp"], layout["sequence_parallel"], layout["ep"]
     if layout["backend"] == "fake":  # this rank alone: collectives and sends move no data
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -125,7 +125,9 @@ def _rank(
         mesh = init_device_mesh("cpu", (pp, fsdp, tp), mesh_dim_names=("pp", "fsdp", "tp"))
         stage_rank = rank // (fsdp * tp)  # pp is the outer dimension
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).train()
+        made = getattr(transformers, layout["config_class"])(**config)
+        model = getattr(transformers, (made.architectures or ["LlamaForCausalLM"])[0])(made)
+        model.train()
         v, m = layout["virtual_stages"], layout["microbatches"]
         n_stages = pp * v
         layers = config["num_hidden_layers"]
@@ -151,10 +153,11 @@ def _rank(
             )
             if tp > 1:
                 _parallelize(module, mesh["tp"], sp)
+            ignored = _expert_parallel(module, mesh["fsdp"]) if ep > 1 else None
             if fsdp > 1:  # each block, then the stage (torchtitan's order)
                 for block in module.blocks:
-                    fully_shard(block, mesh=mesh["fsdp"])
-                fully_shard(module, mesh=mesh["fsdp"])
+                    fully_shard(block, mesh=mesh["fsdp"], ignored_params=ignored)
+                fully_shard(module, mesh=mesh["fsdp"], ignored_params=ignored)
             modules.append(module)
             stages.append(
                 pipelining.PipelineStage(
@@ -222,6 +225,26 @@ def _rank(
         dist.destroy_process_group()
 
 
+def _expert_parallel(module: _Stage, mesh: Any) -> set[nn.Parameter]:
+    """The stage's MoE layers made this rank's, ``ep`` = the ``fsdp`` ranks, by hand as
+    ``test_expert_parallel`` makes a whole model's: the rank's slice of each layer's experts,
+    reached by all-to-all (torchtitan's way, balanced routing); returns the experts, which
+    FSDP2 leaves alone."""
+    from test_expert_parallel import _ep_forward
+
+    group, rank, size = mesh.get_group(), mesh.get_local_rank(), mesh.size()
+    kept: set[nn.Parameter] = set()
+    for block in module.blocks:
+        experts = block.mlp.experts
+        n = experts.gate_up_proj.shape[0] // size
+        for name in ("gate_up_proj", "down_proj"):
+            mine = nn.Parameter(getattr(experts, name).detach()[rank * n : (rank + 1) * n].clone())
+            setattr(experts, name, mine)
+            kept.add(mine)
+        experts.forward = _ep_forward(experts, group)
+    return kept
+
+
 def _own_peaks(step: Any, steps: int, held: list[torch.Tensor]) -> list[int]:
     """``truth.loop_peaks`` counting the rank's own allocations only: those of the thread that
     runs the steps (and their frees, on any thread). Gloo runs collectives on threads of its
@@ -286,12 +309,14 @@ def real_pipeline_ranks(
     backend: str = "gloo",
     tp: int = 1,
     sequence_parallel: bool = False,
+    ep: int = 1,
 ) -> list[dict[str, Any]]:
     """Each of ``pp * fsdp`` real ranks' steady and first-step peaks (bytes, CPU allocator) and
     the bytes it sent and received in a step, one process a rank (rank ``r`` is pipeline rank
     ``r // (fsdp * tp)``; with ``tp`` > 1 each stage is ``parallelize_module``-d with the Llama
-    plan, its sequence-parallel form with ``sequence_parallel``; with ``fsdp`` > 1 its blocks,
-    then the stage, are ``fully_shard``-ed).
+    plan, its sequence-parallel form with ``sequence_parallel``; with ``ep`` (equal to
+    ``fsdp``, a Mixtral) each rank holds its slice of the stage's experts, reached by
+    all-to-all; with ``fsdp`` > 1 its blocks, then the stage, are ``fully_shard``-ed).
     ``backend="gloo"``: the ranks run together; ``"fake"``: each runs alone under PyTorch's
     fake process group (real tensors, nothing moved, no threads of gloo's), one after another,
     the schedule's first-step vote settled as static (no number arrives; as in the trace)."""
@@ -304,7 +329,10 @@ def real_pipeline_ranks(
         "backend": backend,
         "tp": tp,
         "sequence_parallel": sequence_parallel,
+        "ep": ep,
+        "config_class": type(config).__name__,
     }
+    assert ep in (1, fsdp), "the truth's experts are sharded over the fsdp ranks (ep = fsdp)"
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -23,6 +23,7 @@ from parallel_truth import (
     tiny_llama_config,
 )
 from pipeline_truth import real_pipeline_ranks
+from test_expert_parallel import tiny_mixtral
 
 import meta_widget as mw
 
@@ -179,6 +180,22 @@ def test_pp_x_fsdp_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Pa
     a = analyze_pipeline(config, x, pp=2, fsdp=2)
     assert {"all_gather", "reduce_scatter", "send", "recv"} <= set(a.comms.collective)
     agree(a, truth)
+
+
+def test_pp_x_ep_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Path) -> None:
+    """PP 2 x FSDP 2 with EP 2 on a Mixtral: each stage's experts sliced over the two FSDP ranks
+    and reached by all-to-all, the rest fully_shard-ed; the trace of pipeline rank r against
+    real rank 2 r (experts sliced by hand in the truth), run alone under the fake process
+    group. Each stage (one layer) moves tokens x top-k x hidden floats per all-to-all: the
+    dispatch and the combine, forward and backward, for each of its 2 micro-batches."""
+    config, x = tiny_mixtral(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, fsdp=2, ep=2, backend="fake")[::2]
+    a = analyze_pipeline(config, x, pp=2, fsdp=2, ep=2)
+    agree(a, truth)
+    for stage in a.stages:  # micro-batches of 2 x 128 tokens, top-2, hidden 256, float32
+        comms = stage.analysis.comms
+        moved = comms[comms.collective == "all_to_all"].bytes
+        assert list(moved) == [2 * 128 * 2 * 256 * 4] * (2 * 4)
 
 
 def test_pp_x_tp_each_stage_is_its_real_rank_under_the_fake_group(tmp_path: Path) -> None:

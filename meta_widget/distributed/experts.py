@@ -45,11 +45,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from ..options import LayoutError, Parallel
 
-__all__ = ["capacity", "check_experts", "expert_meshes", "expert_modules", "shard_experts"]
+__all__ = [
+    "capacity",
+    "check_experts",
+    "expert_meshes",
+    "expert_modules",
+    "shard_experts",
+    "wrap_experts",
+]
 
 
 def expert_modules(module: nn.Module) -> list[tuple[str, Any]]:
@@ -65,7 +73,8 @@ def expert_modules(module: nn.Module) -> list[tuple[str, Any]]:
 
 def check_experts(plan: Parallel, module: nn.Module) -> None:
     """``ep`` against the model: a mixture of experts, whose experts ``ep`` divides, without
-    tensor or pipeline parallelism (``ep`` dividing ``fsdp`` is the layout's own check)."""
+    tensor parallelism (``ep`` dividing ``fsdp`` is the layout's own check). With ``pp`` each
+    pipeline rank's stages hold their layers' experts, sharded the same way."""
     name = type(module).__name__
     experts = expert_modules(module)
     if not experts:
@@ -79,13 +88,39 @@ def check_experts(plan: Parallel, module: nn.Module) -> None:
             f"parallel ep={plan.ep} does not divide the {count} experts of {name}: give an ep "
             f"that divides {count}."
         )
-    if plan.tp > 1 or plan.pp > 1:
+    if plan.tp > 1:
         raise LayoutError(
-            f"parallel ep={plan.ep} is traced with FSDP and HSDP (replicate x fsdp, ep within "
-            "fsdp), not yet with tensor or pipeline parallelism: give e.g. "
-            "{'fsdp': %d, 'ep': %d} or {'replicate': 2, 'fsdp': %d, 'ep': %d}."
+            f"parallel ep={plan.ep} is traced with FSDP, HSDP and pipeline parallelism "
+            "(replicate x fsdp x pp, ep within fsdp), not yet with tensor parallelism: give "
+            "e.g. {'fsdp': %d, 'ep': %d} or {'pp': 2, 'fsdp': %d, 'ep': %d}."
             % (plan.ep, plan.ep, plan.ep, plan.ep)
         )
+
+
+def wrap_experts(
+    module: nn.Module, plan: Parallel, mesh: DeviceMesh, policy: Any
+) -> tuple[set[nn.Parameter], dict[str, tuple[str, int]]]:
+    """Expert parallelism on this rank's copy ``module`` (the whole model, or a pipeline rank's
+    stages), before FSDP2 wraps the rest: each experts module its slice of the experts and
+    the all-to-all ``forward`` (:func:`shard_experts`), then ``fully_shard``-ed over the ranks
+    holding the same experts where there are any (:func:`expert_meshes`).
+
+    Returns the parameters the outer ``fully_shard`` calls must leave alone (the experts, when
+    no FSDP2 of their own holds them), and the expert meshes' process groups by name, with the
+    dimension's name and size, for the collectives' watcher."""
+    ep_mesh, experts_mesh = expert_meshes(mesh, plan)
+    experts = set(shard_experts(module, plan, ep_mesh))
+    if experts_mesh is None:
+        return experts, {}
+    for _, m in expert_modules(module):  # over the ranks holding the same experts
+        fully_shard(m, mesh=experts_mesh, mp_policy=policy)
+    groups = {
+        str(m.get_group(i).group_name): (name, m.size(i))
+        for m in (ep_mesh, experts_mesh)
+        for i, name in enumerate(m.mesh_dim_names or ())
+        if m.size(i) > 1
+    }
+    return set(), groups  # FSDP2's now: the outer fully_shard calls skip them
 
 
 def expert_meshes(mesh: DeviceMesh, plan: Parallel) -> tuple[DeviceMesh, DeviceMesh | None]:

@@ -183,20 +183,9 @@ class World:
         experts: set[nn.Parameter] = set()
         extra: dict[str, tuple[str, int]] = {}
         if self.plan.ep > 1:  # each rank its experts, reached by all-to-all
-            from .experts import expert_meshes, expert_modules, shard_experts
+            from .experts import wrap_experts
 
-            ep_mesh, experts_mesh = expert_meshes(self.mesh, self.plan)
-            experts = set(shard_experts(copied, self.plan, ep_mesh))
-            if experts_mesh is not None:  # over the ranks holding the same experts (see there)
-                for _, module in expert_modules(copied):
-                    fully_shard(module, mesh=experts_mesh, mp_policy=policy)
-                experts = set()  # FSDP2's now: the outer fully_shard calls skip them
-                extra = {
-                    str(m.get_group(i).group_name): (name, m.size(i))
-                    for m in (ep_mesh, experts_mesh)
-                    for i, name in enumerate(m.mesh_dim_names or ())
-                    if m.size(i) > 1
-                }
+            experts, extra = wrap_experts(copied, self.plan, self.mesh, policy)
         if self.plan.fsdp > 1 or self.plan.replicate > 1:
             # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second
             mesh = self.mesh["replicate", "fsdp"] if self.plan.replicate > 1 else self.mesh["fsdp"]

@@ -158,15 +158,22 @@ class PipelineWorld(World):
                 if plan.sequence_parallel:
                     assert isinstance(stage, DecoderStage)
                     stage.sequence_mesh = full["tp"]
+        mp = plan.mp
+        policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
+        experts: set[nn.Parameter] = set()
+        extra: dict[str, tuple[str, int]] = {}
+        if plan.ep > 1:  # the stages' experts, as a rank without stages holds them
+            from .experts import wrap_experts
+
+            experts, extra = wrap_experts(copied, plan, full, policy)
         if plan.fsdp > 1 or plan.replicate > 1:
             mesh = full["replicate", "fsdp"] if plan.replicate > 1 else full["fsdp"]
-            mp = plan.mp
-            policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
+            ignored = experts or None
             for stage in copied.children():
                 assert isinstance(stage, DecoderStage)
                 for layer in stage.layers:
-                    fully_shard(layer, mesh=mesh, mp_policy=policy)
-                fully_shard(stage, mesh=mesh, mp_policy=policy)
+                    fully_shard(layer, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+                fully_shard(stage, mesh=mesh, mp_policy=policy, ignored_params=ignored)
         group = full["pp"].get_group()
         stages = []
         for index, stage in zip(stage_indices(plan, self.pp_rank), copied.children(), strict=True):
@@ -200,7 +207,7 @@ class PipelineWorld(World):
             for name, size in zip(MESH_DIMS, plan.sizes, strict=True)
             if size > 1
         }
-        self.watcher = CommWatcher(groups)
+        self.watcher = CommWatcher({**groups, **extra})
         return copied, args, kwargs
 
     def attach(self, recorder: Recorder, undo: Undo) -> None:
