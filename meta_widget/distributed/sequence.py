@@ -132,7 +132,7 @@ def sequence_parallel_names(module: nn.Module, names: dict[str, str]) -> dict[st
             f"no norm of {name} sits beside its tensor-parallel blocks (a class named *Norm). "
             "Leave sequence_parallel out."
         )
-    for p in in_blocks:
+    for p in _as_patterns(in_blocks, paths):
         out[p] = "sequence_parallel_gather"
     for p in finals:
         out[p] = "sequence_parallel" if gathered_head else "sequence_parallel_gather_local"
@@ -165,27 +165,43 @@ def _in_block(path: str, paths: dict[str, nn.Module]) -> bool:
     return bool(block) and isinstance(paths.get(_parent(block)), nn.ModuleList)
 
 
+def _as_patterns(norms: list[str], paths: dict[str, nn.Module]) -> list[str]:
+    """The blocks' norms as one pattern per name where it names these norms and no others
+    (``model.layers.*.input_layernorm`` for its 126 paths), else their paths."""
+    chosen = set(norms)
+    out: list[str] = []
+    for path in norms:
+        block = _parent(path)
+        pattern = f"{_parent(block)}.*.{path.rsplit('.', 1)[1]}"
+        matched = {p for p in paths if fnmatch.fnmatchcase(p, pattern)}
+        entry = pattern if matched <= chosen else path
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
 def _input_embedding_path(module: nn.Module, paths: dict[str, nn.Module]) -> str | None:
-    get = getattr(module, "get_input_embeddings", None)
-    found = None
-    if callable(get):
-        try:
-            found = get()
-        except (AttributeError, NotImplementedError):
-            found = None
-    if not isinstance(found, nn.Module):
+    found = _asked(module, "get_input_embeddings")
+    if found is None:
         embeddings = [m for m in paths.values() if isinstance(m, nn.Embedding)]
         found = embeddings[0] if len(embeddings) == 1 else None
     return next((p for p, m in paths.items() if m is found), None)
 
 
 def _output_head_path(module: nn.Module, paths: dict[str, nn.Module]) -> str | None:
-    get = getattr(module, "get_output_embeddings", None)
+    found = _asked(module, "get_output_embeddings")
+    return next((p for p, m in paths.items() if m is found), None)
+
+
+def _asked(module: nn.Module, getter: str) -> nn.Module | None:
+    """``module.<getter>()`` (transformers' ``get_input_embeddings`` and the like), or None
+    where the model has none or its getter raises that it has none."""
+    get = getattr(module, getter, None)
     try:
         found = get() if callable(get) else None
     except (AttributeError, NotImplementedError):
-        found = None
-    return next((p for p, m in paths.items() if m is found), None)
+        return None
+    return found if isinstance(found, nn.Module) else None
 
 
 def _pattern_of(path: str, plan: dict[str, str]) -> str:
