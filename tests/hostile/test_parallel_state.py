@@ -208,3 +208,34 @@ def test_a_model_error_and_an_interrupt_inside_a_parallel_trace_leave_nothing() 
 
     with pytest.raises(KeyboardInterrupt):
         mw.analyze(Interrupted(), input_size=(8, 256), parallel={"fsdp": 2})
+
+
+def test_an_interrupt_in_the_optimizers_step_on_the_shards_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C inside a multi-tensor op run on the shards (``trace.shard_foreach``, a function
+    mode pushed for the optimizer step): the mode is off again, grad mode and the device as
+    they were, no process group (the fixture), and the next analysis is as one made before."""
+    from meta_widget.trace import shard_foreach
+
+    options: dict[str, Any] = {
+        "input_size": (8, 256),
+        "mode": "training",
+        "gpu": "H100",  # CUDA's multi-tensor AdamW
+        "parallel": {"fsdp": 2},
+    }
+    before = mw.analyze(DeepMLP(), **options)
+    modes, grad = torch._C._len_torch_function_stack(), torch.is_grad_enabled()
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(shard_foreach, "_run_on_shards", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            mw.analyze(DeepMLP(), **options)
+    assert torch._C._len_torch_function_stack() == modes
+    assert torch.is_grad_enabled() == grad
+    assert torch.empty(1).device.type == "cpu"
+    after = mw.analyze(DeepMLP(), **options)
+    assert after.error is None and after.peak_bytes == before.peak_bytes
