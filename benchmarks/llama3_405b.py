@@ -4,6 +4,7 @@
     python benchmarks/llama3_405b.py --layers 32    # same widths and mesh, a layer a stage: 8 min
     python benchmarks/llama3_405b.py --no-ac        # without activation checkpointing
     python benchmarks/llama3_405b.py --sequence-parallel   # Megatron's SP over the 8 TP ranks
+    python benchmarks/llama3_405b.py --plan         # mw.plan over layouts without a pipeline
 
 The model: transformers' ``LlamaConfig`` with Llama 3 405B's shape (hidden 16384, 126 layers,
 128 heads, 8 key/value heads, intermediate 53248, vocab 128256), built on meta. The layout:
@@ -130,6 +131,44 @@ def report(a: mw.Analysis, seconds: float) -> str:
     return "\n".join(lines)
 
 
+#: ``--plan``'s layouts of the same 16,384 GPUs without a pipeline: HSDP (16 replicas of the
+#: paper's DP-128 sharding) and FSDP over all 2,048 data-parallel ranks, each with TP 8, with
+#: and without sequence parallelism
+PLAN_LAYOUTS = [
+    {"replicate": 16, "fsdp": 128, "tp": 8},
+    {"replicate": 16, "fsdp": 128, "tp": 8, "sequence_parallel": True},
+    {"fsdp": 2048, "tp": 8},
+    {"fsdp": 2048, "tp": 8, "sequence_parallel": True},
+]
+
+
+def plan_without_a_pipeline() -> None:
+    """``mw.plan`` of the 405B on 16,384 H100s, global batch 2,048 sequences of 8,192 tokens
+    (the paper's 16M tokens), over :data:`PLAN_LAYOUTS`, every layer checkpointed, bf16
+    parameters: each candidate by the per-layer rule (2- and 3-layer traces), and one that
+    may fit at full depth. Printed beside the paper's layout as traced here (the results
+    file)."""
+    start = time.perf_counter()
+    p = mw.plan(
+        config(), gpu="H100", devices=16384, global_batch=2048, seq_len=8192,
+        layouts=PLAN_LAYOUTS, activation_checkpointing=[True], precisions=["param_dtype bf16"],
+        micro_batches=[1], progress=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    print(f"\n{len(p.candidates)} candidates, {p.traces} traces, {seconds:.0f} s")
+    print(f"{'layout':<44}  {'GB a GPU':>8}  {'fits':>4}  {'step s':>6}  {'MFU':>6}")
+    for c in p.candidates:
+        assert c.layout is not None and c.peak_bytes is not None and c.step_s is not None
+        print(
+            f"{c.layout.label():<44}  {c.device_bytes / 1e9:>8.1f}  "
+            f"{'yes' if c.fits else 'NO':>4}  {c.step_s:>6.2f}  {c.mfu:>6.1%}"
+        )
+    print(
+        f"the paper: TP 8 x PP 16 x DP 128, {PAPER['mfu']:.0%} MFU measured; as traced here "
+        "(--sequence-parallel, PyTorch's interleaved 1F1B): see benchmarks/results/llama3_405b.md"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=126)
@@ -137,7 +176,11 @@ def main() -> None:
     parser.add_argument(
         "--sequence-parallel", action="store_true", help="sequence parallelism over the TP ranks"
     )
+    parser.add_argument("--plan", action="store_true", help="plan layouts without a pipeline")
     args = parser.parse_args()
+    if args.plan:
+        plan_without_a_pipeline()
+        return
     start = time.perf_counter()
     a = trace(args.layers, ac=not args.no_ac, sp=args.sequence_parallel)
     if a.error is not None:

@@ -227,6 +227,40 @@ def test_sequence_parallel_layouts_are_candidates_traced_as_analyze_traces_them(
         mw.plan(cfg, size, gpu="H100", devices=1, layouts=[{"sequence_parallel": True}])
 
 
+def test_a_mixture_of_experts_is_planned_with_expert_parallelism_by_default() -> None:
+    """For a MoE config the default layouts add, to each without tensor parallelism, the same
+    layout with ``ep`` the most ranks within a node dividing its ``fsdp`` and the experts;
+    each such row is what ``analyze`` traces for it. A dense model's layouts have none."""
+    import transformers
+
+    from meta_widget.explore.candidates import default_layouts
+    from meta_widget.timing.gpus import resolve_gpu
+
+    h100 = resolve_gpu("H100")
+    with_ep = [x for x in default_layouts(8, h100, experts=8) if x.ep > 1]
+    assert [(x.replicate, x.fsdp, x.ep) for x in with_ep] == [(1, 8, 8), (2, 4, 4), (4, 2, 2)]
+    assert next(x.ep for x in default_layouts(64, h100, experts=256) if x.ep > 1) == 8  # a node
+    assert all(x.ep == 1 for x in default_layouts(8, h100))
+    cfg = transformers.MixtralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, num_local_experts=4, num_experts_per_tok=2,
+        architectures=["MixtralForCausalLM"],
+    )  # fmt: skip
+    p = mw.plan(
+        cfg, (2, 16), gpu="H100", devices=4,
+        activation_checkpointing=[False], precisions=["as given"], micro_batches=[1],
+    )  # fmt: skip
+    rows = [c for c in p.candidates if c.layout is not None and c.layout.ep > 1]
+    assert [(c.layout.replicate, c.layout.fsdp, c.layout.ep) for c in rows] == [
+        (1, 4, 4),
+        (2, 2, 2),
+    ]
+    assert all(c.error is None for c in rows), [c.error for c in rows]
+    again = mw.analyze(cfg, (2, 16), mode="training", gpu="H100", parallel={"fsdp": 4, "ep": 4})
+    assert again.peak_bytes == rows[0].peak_bytes
+    assert "ep=4" in rows[0].layout.label()
+
+
 def test_default_layouts_use_every_device_and_keep_tensor_parallelism_in_a_node() -> None:
     from meta_widget.explore.candidates import default_layouts
     from meta_widget.timing.gpus import resolve_gpu

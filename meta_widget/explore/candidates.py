@@ -224,17 +224,19 @@ class Space:
         precisions: Sequence[str] | None,
         micro_batches: Sequence[int] | None,
         layers: int | None = None,
+        experts: int | None = None,
     ) -> Space:
         """The axes given (or their defaults) checked against ``devices`` and ``mode``;
         ``layers``: the model's decoder layers, which bound the default pipelines (None: no
-        pipeline by default)."""
+        pipeline by default); ``experts``: a mixture of experts' routed experts (None: no
+        expert parallelism by default)."""
         training = mode == "training"
         if not training and (checkpointing is not None or micro_batches is not None):
             raise OptionError(
                 "plan: activation_checkpointing= and micro_batches= are axes of training; "
                 f"leave them out with mode={mode!r}."
             )
-        found = layouts_given(layouts, devices, gpu, layers if training else None)
+        found = layouts_given(layouts, devices, gpu, layers if training else None, experts)
         piped = next((layout for layout in found if layout.pp > 1), None)
         if piped is not None and not training:
             raise OptionError(

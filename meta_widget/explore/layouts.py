@@ -6,6 +6,7 @@ the default ones."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -126,23 +127,32 @@ class Layout:
         return sizes or "one device"
 
 
-def default_layouts(devices: int, gpu: GPU, layers: int | None = None) -> list[Layout]:
+def default_layouts(
+    devices: int, gpu: GPU, layers: int | None = None, experts: int | None = None
+) -> list[Layout]:
     """Every ``(replicate, fsdp, tp)`` with product ``devices`` and ``tp <= gpus_per_node``: by
     tp, then fewest replicas (plain FSDP first). Beyond one node (``devices >
     gpus_per_node``) and given the model's decoder ``layers``, then pipelines too: every ``pp
     > 1`` dividing ``devices`` (at most ``layers``) times ``fsdp x tp`` (no replicas, ``tp <=
-    gpus_per_node``), run by ``1F1B`` over ``pp`` micro-batches."""
+    gpus_per_node``), run by ``1F1B`` over ``pp`` micro-batches. Given a mixture of experts'
+    routed ``experts``, then each of those without tensor parallelism again with expert
+    parallelism: ``ep`` the most ranks, within a node, that divide both ``fsdp`` and the
+    experts (the all-to-all inside a node, as torchtitan's recipes lay it out)."""
     node = max(1, gpu.gpus_per_node)
     found = [Layout(r, f, t) for r, f, t in _meshes(devices, node)]
-    if layers is None or devices <= node:
-        return found
-    for pp in _divisors(devices)[1:]:
-        if pp <= layers:
-            found.extend(
-                Layout.of({"fsdp": f, "tp": t, "pp": pp, "schedule": "1F1B"})
-                for r, f, t in _meshes(devices // pp, node)
-                if r == 1
-            )
+    if layers is not None and devices > node:
+        for pp in _divisors(devices)[1:]:
+            if pp <= layers:
+                found.extend(
+                    Layout.of({"fsdp": f, "tp": t, "pp": pp, "schedule": "1F1B"})
+                    for r, f, t in _meshes(devices // pp, node)
+                    if r == 1
+                )
+    if experts:
+        for layout in list(found):
+            ep = max((d for d in _divisors(math.gcd(layout.fsdp, experts)) if d <= node), default=1)
+            if layout.tp == 1 and ep > 1:
+                found.append(dataclasses.replace(layout, ep=ep))
     return found
 
 
@@ -168,10 +178,11 @@ def layouts_given(
     devices: int,
     gpu: GPU,
     layers: int | None,
+    experts: int | None = None,
 ) -> tuple[Layout, ...]:
     """The layouts of ``plan(layouts=...)`` checked (no repeats), or the default ones."""
     if given is None:
-        return tuple(default_layouts(devices, gpu, layers))
+        return tuple(default_layouts(devices, gpu, layers, experts))
     if isinstance(given, (str, Mapping, Parallel)) or not isinstance(given, Sequence) or not given:
         raise OptionTypeError(
             f"plan: layouts must be a non-empty list of dicts or mw.Parallel, not {given!r}: "

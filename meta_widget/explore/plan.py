@@ -8,7 +8,9 @@ Every candidate is a combination of
   By default every ``replicate x fsdp x tp`` with ``tp`` at most the GPU's ``gpus_per_node``
   (tensor parallelism across nodes being what nobody runs), and beyond one node, given a
   transformers config, pipelines too: ``pp x fsdp x tp`` (1F1B, ``pp`` micro-batches) with
-  ``pp`` dividing ``devices``, at most the model's layers. A layout ``analyze`` refuses
+  ``pp`` dividing ``devices``, at most the model's layers; for a mixture of experts, each of
+  those without ``tp`` again with ``ep`` (the most ranks within a node dividing its ``fsdp``
+  and the routed experts). A layout ``analyze`` refuses
   (``LayoutError``, ``ParallelError``: tp not dividing the heads, fsdp past the rows of the
   largest parameter, pp past the layers, ep on a dense model, cp on the CPU mesh, a batch the
   pipeline's micro-batches do not divide) is found before any trace
@@ -289,7 +291,8 @@ def plan(
         ``devices`` devices: e.g. ``[{"fsdp": 8}, {"pp": 4, "fsdp": 2, "schedule": "1F1B"},
         mw.Parallel(pp=2, tp=4)]``. Default every ``replicate x fsdp x tp`` with ``tp <=
         gpu.gpus_per_node``; with more devices than a node and a transformers config, also
-        every ``pp x fsdp x tp`` (1F1B) with ``pp`` at most its layers (training only).
+        every ``pp x fsdp x tp`` (1F1B) with ``pp`` at most its layers (training only); for
+        a mixture of experts' config, those without ``tp`` again with ``ep``.
     activation_checkpointing
         The settings to try (training): default ``(False, True)``.
     precisions
@@ -356,6 +359,7 @@ def plan(
         precisions,
         micro_batches,
         _decoder_layers(model),
+        _routed_experts(model),
     )
     report = progress_function(progress, "plan")
     todo = space.candidates()
@@ -440,6 +444,24 @@ def _decoder_layers(model: Any) -> int | None:
     config = model if is_transformers_config(model) else getattr(model, "config", None)
     layers = getattr(config, "num_hidden_layers", None) if is_transformers_config(config) else None
     return layers if isinstance(layers, int) and not isinstance(layers, bool) else None
+
+
+#: the config fields transformers' mixtures of experts name their routed experts by (Mixtral,
+#: Qwen-MoE, DeepSeek-V3)
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _routed_experts(model: Any) -> int | None:
+    """The routed experts of a transformers mixture-of-experts config (or a model's config),
+    which the default layouts shard by ``ep``; None for other models."""
+    config = model if is_transformers_config(model) else getattr(model, "config", None)
+    if not is_transformers_config(config):
+        return None
+    for field in EXPERT_FIELDS:
+        count = getattr(config, field, None)
+        if isinstance(count, int) and not isinstance(count, bool) and count > 1:
+            return count
+    return None
 
 
 def _width(executor: Executor) -> int:
