@@ -110,6 +110,7 @@ def _rank(
     from torch.distributed import pipelining
 
     torch.set_num_threads(1)
+    from test_expert_parallel import slice_experts  # ep = fsdp: each rank its experts' slice
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -153,7 +154,7 @@ def _rank(
             )
             if tp > 1:
                 _parallelize(module, mesh["tp"], sp)
-            ignored = _expert_parallel(module, mesh["fsdp"]) if ep > 1 else None
+            ignored = slice_experts(module.blocks, mesh["fsdp"]) if ep > 1 else None
             if fsdp > 1:  # each block, then the stage (torchtitan's order)
                 for block in module.blocks:
                     fully_shard(block, mesh=mesh["fsdp"], ignored_params=ignored)
@@ -223,26 +224,6 @@ def _rank(
         )
     finally:
         dist.destroy_process_group()
-
-
-def _expert_parallel(module: _Stage, mesh: Any) -> set[nn.Parameter]:
-    """The stage's MoE layers made this rank's, ``ep`` = the ``fsdp`` ranks, by hand as
-    ``test_expert_parallel`` makes a whole model's: the rank's slice of each layer's experts,
-    reached by all-to-all (torchtitan's way, balanced routing); returns the experts, which
-    FSDP2 leaves alone."""
-    from test_expert_parallel import _ep_forward
-
-    group, rank, size = mesh.get_group(), mesh.get_local_rank(), mesh.size()
-    kept: set[nn.Parameter] = set()
-    for block in module.blocks:
-        experts = block.mlp.experts
-        n = experts.gate_up_proj.shape[0] // size
-        for name in ("gate_up_proj", "down_proj"):
-            mine = nn.Parameter(getattr(experts, name).detach()[rank * n : (rank + 1) * n].clone())
-            setattr(experts, name, mine)
-            kept.add(mine)
-        experts.forward = _ep_forward(experts, group)
-    return kept
 
 
 def _own_peaks(step: Any, steps: int, held: list[torch.Tensor]) -> list[int]:

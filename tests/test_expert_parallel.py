@@ -60,19 +60,27 @@ def _ep_forward(experts: Any, group: Any, factor: float | None = None) -> Any:
     return forward
 
 
-def ep_wrap(model: nn.Module, mesh: DeviceMesh, factor: float | None = None) -> None:
-    """Rank 0's half of every MoE layer's experts, then FSDP2 on the rest."""
-    dp = mesh["dp"]
-    rank, size = dp.get_local_rank(), dp.size()
-    ignored = set()
-    for layer in model.model.layers:  # type: ignore[union-attr]
+def slice_experts(layers: Any, mesh: DeviceMesh, factor: float | None = None) -> set[nn.Parameter]:
+    """Each MoE layer of ``layers`` made this rank's of ``mesh``'s ranks: its slice of the
+    experts, reached by all-to-all (``_ep_forward``); returns the experts, for FSDP2 to leave
+    alone."""
+    rank, size = mesh.get_local_rank(), mesh.size()
+    kept = set()
+    for layer in layers:
         experts = layer.mlp.experts
         n = experts.gate_up_proj.shape[0] // size
         for name in ("gate_up_proj", "down_proj"):
             mine = nn.Parameter(getattr(experts, name).detach()[rank * n : (rank + 1) * n].clone())
             setattr(experts, name, mine)
-            ignored.add(mine)
-        experts.forward = _ep_forward(experts, dp.get_group(), factor)
+            kept.add(mine)
+        experts.forward = _ep_forward(experts, mesh.get_group(), factor)
+    return kept
+
+
+def ep_wrap(model: nn.Module, mesh: DeviceMesh, factor: float | None = None) -> None:
+    """Rank 0's half of every MoE layer's experts, then FSDP2 on the rest."""
+    dp = mesh["dp"]
+    ignored = slice_experts(model.model.layers, dp, factor)  # type: ignore[union-attr]
     for layer in model.model.layers:  # type: ignore[union-attr]
         fully_shard(layer, mesh=dp, ignored_params=ignored)
     fully_shard(model, mesh=dp, ignored_params=ignored)
