@@ -127,8 +127,27 @@ def test_budget_separates_mlp_candidates() -> None:
 def test_nothing_fits() -> None:
     p = mw.plan(MLP, (4, 64), gpu="H100", budget=1024)
     assert not p.to_dataframe()["fits"].any()
-    with pytest.raises(mw.NothingFitsError, match="none of the 12 candidates"):
+    with pytest.raises(mw.NothingFitsError, match="none of the 12 candidates") as raised:
         _ = p.best
+    assert "sequence parallelism" not in str(raised.value)  # no tensor-parallel layout
+
+
+def test_nothing_fits_names_sequence_parallelism_when_tp_ran_without_it() -> None:
+    cfg, size = tiny_llama(), (2, 64)
+    few: dict[str, Any] = {
+        "gpu": "H100", "devices": 2, "budget": 1024, "activation_checkpointing": [False],
+        "precisions": ["as given"], "micro_batches": [1],
+    }  # fmt: skip
+    p = mw.plan(cfg, size, layouts=[{"fsdp": 2}, {"tp": 2}], **few)
+    with pytest.raises(mw.NothingFitsError) as raised:
+        _ = p.best
+    assert "sequence parallelism (layouts=[{'tp': 2, 'sequence_parallel': True}])" in str(
+        raised.value
+    )
+    tried = mw.plan(cfg, size, layouts=[{"tp": 2}, {"tp": 2, "sequence_parallel": True}], **few)
+    with pytest.raises(mw.NothingFitsError) as raised:
+        _ = tried.best
+    assert "sequence parallelism" not in str(raised.value)
 
 
 def test_budget_defaults_to_the_gpu_memory_and_progress_is_reported() -> None:

@@ -68,6 +68,7 @@ from ..units import format_bytes
 from .candidates import COLUMNS, HELD_AS, Candidate, Space
 from .depth import depth_of
 from .fit import NothingFitsError
+from .layouts import MESH
 from .plan_checks import check_global_batch, refuse, set_inputs
 from .plan_front import check_tokens, front, gpu_hours, speed
 from .plan_trace import Counts, Job, Learned, planning, take, trace_candidate, trace_run
@@ -579,5 +580,19 @@ def _nothing_fits(p: Plan) -> NothingFitsError:
     return NothingFitsError(
         f"plan: none of the {len(p.candidates)} candidates on {p.devices} x {p.gpu.name} fits "
         f"the budget of {format_bytes(p.budget)} ({p.budget:,} bytes) per device; {smallest}. "
-        "Try more devices, a smaller batch or sequence, or a larger budget."
+        f"Try {_sequence_parallel_hint(p)}more devices, a smaller batch or sequence, or a "
+        "larger budget."
     )
+
+
+def _sequence_parallel_hint(p: Plan) -> str:
+    """Where tensor-parallel layouts were tried without sequence parallelism and none with
+    it: the first such layout with it, as ``layouts=`` takes it (it shards the activations
+    the TP ranks otherwise each hold whole: the 405B fits no layout without it)."""
+    layouts = [c.layout for c in p.candidates if c.layout is not None]
+    plain = [x for x in layouts if x.tp > 1 and not x.sequence_parallel]
+    if not plain or any(x.sequence_parallel for x in layouts):
+        return ""
+    given: dict[str, Any] = {k: getattr(plain[0], k) for k in MESH if getattr(plain[0], k) != 1}
+    given["sequence_parallel"] = True
+    return f"sequence parallelism (layouts=[{given}]), "
