@@ -442,9 +442,7 @@ def by_layout(key: tuple[Any, ...]) -> Any:
 def _decoder_layers(model: Any) -> int | None:
     """The decoder layers of a transformers config (or of a model's config), which bound the
     default pipelines; None for other models (no pipeline by default)."""
-    config = model if is_transformers_config(model) else getattr(model, "config", None)
-    layers = getattr(config, "num_hidden_layers", None) if is_transformers_config(config) else None
-    return layers if isinstance(layers, int) and not isinstance(layers, bool) else None
+    return _config_count(model, ("num_hidden_layers",), least=0)
 
 
 #: the config fields transformers' mixtures of experts name their routed experts by (Mixtral,
@@ -455,12 +453,18 @@ EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
 def _routed_experts(model: Any) -> int | None:
     """The routed experts of a transformers mixture-of-experts config (or a model's config),
     which the default layouts shard by ``ep``; None for other models."""
+    return _config_count(model, EXPERT_FIELDS, least=2)
+
+
+def _config_count(model: Any, fields: Sequence[str], least: int) -> int | None:
+    """The first of ``fields`` that a transformers config (``model``, or ``model.config``)
+    holds as a whole number of at least ``least``; None for other models."""
     config = model if is_transformers_config(model) else getattr(model, "config", None)
     if not is_transformers_config(config):
         return None
-    for field in EXPERT_FIELDS:
+    for field in fields:
         count = getattr(config, field, None)
-        if isinstance(count, int) and not isinstance(count, bool) and count > 1:
+        if isinstance(count, int) and not isinstance(count, bool) and count >= least:
             return count
     return None
 
