@@ -13,9 +13,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import OptionError, OptionTypeError, Parallel
+from ..sources.config_limits import EXPERT_FIELDS
+from ..sources.models import is_transformers_config
 from ..timing.gpus import GPU
 
-__all__ = ["MESH", "PIPELINE", "SEQUENCE", "Layout", "default_layouts", "layouts_given"]
+__all__ = [
+    "MESH",
+    "PIPELINE",
+    "SEQUENCE",
+    "Layout",
+    "decoder_layers",
+    "default_layouts",
+    "layouts_given",
+    "routed_experts",
+]
 
 #: the degrees a layout of ``plan(layouts=...)`` may give (``mw.Parallel``'s)
 MESH = ("replicate", "fsdp", "tp", "pp", "cp", "ep")
@@ -154,6 +165,31 @@ def default_layouts(
             if layout.tp == 1 and ep > 1:
                 found.append(dataclasses.replace(layout, ep=ep))
     return found
+
+
+def decoder_layers(model: Any) -> int | None:
+    """The decoder layers of a transformers config (or of a model's config), which bound the
+    default pipelines; None for other models (no pipeline by default)."""
+    return _config_count(model, ("num_hidden_layers",), least=0)
+
+
+def routed_experts(model: Any) -> int | None:
+    """The routed experts of a transformers mixture-of-experts config (or a model's config),
+    which the default layouts shard by ``ep``; None for other models."""
+    return _config_count(model, EXPERT_FIELDS, least=2)
+
+
+def _config_count(model: Any, fields: Sequence[str], least: int) -> int | None:
+    """The first of ``fields`` that a transformers config (``model``, or ``model.config``)
+    holds as a whole number of at least ``least``; None for other models."""
+    config = model if is_transformers_config(model) else getattr(model, "config", None)
+    if not is_transformers_config(config):
+        return None
+    for field in fields:
+        count = getattr(config, field, None)
+        if isinstance(count, int) and not isinstance(count, bool) and count >= least:
+            return count
+    return None
 
 
 def _divisors(n: int) -> list[int]:

@@ -68,7 +68,7 @@ from ..units import format_bytes
 from .candidates import COLUMNS, HELD_AS, Candidate, Space
 from .depth import depth_of
 from .fit import NothingFitsError
-from .layouts import MESH
+from .layouts import MESH, decoder_layers, routed_experts
 from .plan_checks import check_global_batch, refuse, set_inputs
 from .plan_front import check_tokens, front, gpu_hours, speed
 from .plan_trace import Counts, Job, Learned, planning, take, trace_candidate, trace_run
@@ -359,8 +359,8 @@ def plan(
         activation_checkpointing,
         precisions,
         micro_batches,
-        _decoder_layers(model),
-        _routed_experts(model),
+        decoder_layers(model),
+        routed_experts(model),
     )
     report = progress_function(progress, "plan")
     todo = space.candidates()
@@ -437,36 +437,6 @@ def _runs(candidates: list[Candidate], size: int) -> list[list[tuple[Any, ...]]]
 def by_layout(key: tuple[Any, ...]) -> Any:
     """The layout of a candidate's key (``Candidate.key``)."""
     return key[0]
-
-
-def _decoder_layers(model: Any) -> int | None:
-    """The decoder layers of a transformers config (or of a model's config), which bound the
-    default pipelines; None for other models (no pipeline by default)."""
-    return _config_count(model, ("num_hidden_layers",), least=0)
-
-
-#: the config fields transformers' mixtures of experts name their routed experts by (Mixtral,
-#: Qwen-MoE, DeepSeek-V3)
-EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
-
-
-def _routed_experts(model: Any) -> int | None:
-    """The routed experts of a transformers mixture-of-experts config (or a model's config),
-    which the default layouts shard by ``ep``; None for other models."""
-    return _config_count(model, EXPERT_FIELDS, least=2)
-
-
-def _config_count(model: Any, fields: Sequence[str], least: int) -> int | None:
-    """The first of ``fields`` that a transformers config (``model``, or ``model.config``)
-    holds as a whole number of at least ``least``; None for other models."""
-    config = model if is_transformers_config(model) else getattr(model, "config", None)
-    if not is_transformers_config(config):
-        return None
-    for field in fields:
-        count = getattr(config, field, None)
-        if isinstance(count, int) and not isinstance(count, bool) and count >= least:
-            return count
-    return None
 
 
 def _width(executor: Executor) -> int:

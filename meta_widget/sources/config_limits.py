@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "EXPERT_FIELDS",
     "MAX_CONFIG_BYTES",
     "MAX_DEPTH",
     "MAX_PARAMS",
@@ -76,7 +77,9 @@ _SIZE_NAMES = frozenset({"n_embd", "d_model", "d_ff", "d_kv", "dim", "n_inner", 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
 _LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _INNER = ("intermediate_size", "n_inner", "d_ff", "ffn_dim")
-_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+#: the config fields transformers' mixtures of experts name their routed experts by (Mixtral,
+#: Qwen-MoE, DeepSeek-V3)
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 def _kind(key: str) -> str | None:
@@ -159,7 +162,7 @@ def estimated_params(obj: Mapping[str, Any]) -> int:
         return 0
     layers = _first(obj, _LAYERS, 1)
     inner = _first(obj, _INNER, 4 * h)
-    experts = max(_first(obj, _EXPERTS, 1), 1)
+    experts = max(_first(obj, EXPERT_FIELDS, 1), 1)
     vocab = _first(obj, ("vocab_size",), 0)
     return layers * (4 * h * h + 3 * h * inner * experts) + 2 * vocab * h
 
