@@ -28,8 +28,8 @@ def small_plan() -> Any:
     """The tiny Llama (1, 16) on 2 H100s in 700 MiB each (the CUDA context and NCCL's buffers
     count): every layout, with and without
     checkpointing, as given and bf16 parameters, one micro-batch (12 candidates); the optimizer
-    one parameter at a time, which tensor parallelism alone needs (its norms stay plain
-    tensors, which PyTorch's multi-tensor step refuses beside DTensors)."""
+    one parameter at a time (the tensor-parallel layout shards the sequence, as plan's default
+    layouts do where the model takes it)."""
     return mw.plan(
         llama_config(),
         input_size=(1, 16),

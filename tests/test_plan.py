@@ -246,6 +246,36 @@ def test_sequence_parallel_layouts_are_candidates_traced_as_analyze_traces_them(
         mw.plan(cfg, size, gpu="H100", devices=1, layouts=[{"sequence_parallel": True}])
 
 
+def test_default_tensor_parallel_layouts_shard_the_sequence_where_the_model_takes_it() -> None:
+    """The default layouts with ``tp > 1`` shard the sequence too where the model takes it
+    (its row what ``analyze`` traces with ``sequence_parallel=True``; the tensor-parallel-only
+    layout, whose plain norms beside DTensors fail the multi-tensor optimizer, now traced), and
+    stay plain where it cannot: a ``tp`` that does not divide the sequence, a tensor-parallel
+    plan with a style sequence parallelism has no form for."""
+    from meta_widget.explore.layouts import Layout
+    from meta_widget.explore.plan_checks import on_meta, sequence_parallel_where_taken
+
+    cfg, size = tiny_llama(), (2, 32)
+    space = dict(activation_checkpointing=[False], precisions=["as given"], micro_batches=[1])
+    p = mw.plan(cfg, size, gpu="H100", devices=2, workers=1, **space)
+    df = p.to_dataframe().set_index(["replicate", "fsdp", "tp"])
+    assert df["error"].isna().all(), list(df["error"])
+    assert list(df["sequence_parallel"]) == [False, False, True]  # fsdp 2, replicate 2, tp 2
+    again = mw.analyze(
+        cfg, size, mode="training", gpu="H100", parallel={"tp": 2, "sequence_parallel": True}
+    )
+    assert int(df.loc[(1, 1, 2), "peak_bytes"]) == again.peak_bytes
+    odd = mw.plan(cfg, (2, 33), gpu="H100", devices=2, workers=1, **space)
+    assert not odd.to_dataframe()["sequence_parallel"].any()  # 2 does not divide 33
+    plain = Layout(fsdp=2, tp=2)
+    rowwise_rep = transformers.LlamaConfig(
+        **{**cfg.to_dict(), "base_model_tp_plan": {"layers.*.mlp.down_proj": "rowwise_rep"}}
+    )
+    assert sequence_parallel_where_taken([plain], on_meta(rowwise_rep, [plain]), 32) == (plain,)
+    sharded = Layout(fsdp=2, tp=2, sequence_parallel=True)
+    assert sequence_parallel_where_taken([plain], on_meta(cfg, [plain]), 32) == (sharded,)
+
+
 def test_a_mixture_of_experts_is_planned_with_expert_parallelism_by_default() -> None:
     """For a MoE config the default layouts add, to each without tensor parallelism, the same
     layout with ``ep`` the most ranks within a node dividing its ``fsdp`` and the experts;

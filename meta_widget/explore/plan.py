@@ -69,7 +69,14 @@ from .candidates import COLUMNS, HELD_AS, Candidate, Space
 from .depth import depth_of
 from .fit import NothingFitsError
 from .layouts import MESH, decoder_layers, routed_experts
-from .plan_checks import check_global_batch, refuse, set_inputs
+from .plan_checks import (
+    check_global_batch,
+    on_meta,
+    refuse,
+    sequence_length,
+    sequence_parallel_where_taken,
+    set_inputs,
+)
 from .plan_front import check_tokens, front, gpu_hours, speed
 from .plan_trace import Counts, Job, Learned, planning, take, trace_candidate, trace_run
 from .sweeps import ProgressFn, check_analyze_options, progress_function
@@ -293,7 +300,9 @@ def plan(
         mw.Parallel(pp=2, tp=4)]``. Default every ``replicate x fsdp x tp`` with ``tp <=
         gpu.gpus_per_node``; with more devices than a node and a transformers config, also
         every ``pp x fsdp x tp`` (1F1B) with ``pp`` at most its layers (training only); for
-        a mixture of experts' config, those without ``tp`` again with ``ep``.
+        a mixture of experts' config, those without ``tp`` again with ``ep``. A default
+        layout with ``tp`` shards the sequence too (``sequence_parallel``) where the model
+        takes it and ``tp`` divides the sequence.
     activation_checkpointing
         The settings to try (training): default ``(False, True)``.
     precisions
@@ -362,13 +371,19 @@ def plan(
         decoder_layers(model),
         routed_experts(model),
     )
+    module = on_meta(model, space.layouts)
+    if layouts is None:
+        sequence = sequence_length(input_size, whole)
+        space = replace(
+            space, layouts=sequence_parallel_where_taken(space.layouts, module, sequence)
+        )
     report = progress_function(progress, "plan")
     todo = space.candidates()
     if not isinstance(full_depth, bool):
         raise OptionTypeError(f"plan: full_depth must be True or False, not {full_depth!r}.")
     if whole is not None:
         set_inputs(todo, *whole)
-    refuse(todo, model, input_size)  # what the model or the batch cannot take: no trace
+    refuse(todo, module, input_size)  # what the model or the batch cannot take: no trace
     traced = [c for c in todo if c.error is None]
     by_name = set(analyze_options) & set(_NAMES_MODULES)  # options that name the full model's
     layers = None if full_depth or by_name else depth_of(model)

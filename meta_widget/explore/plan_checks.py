@@ -18,15 +18,25 @@ A candidate refused is a row of the plan with ``error`` the refusal's type and m
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from torch import nn
 
 from ..distributed.parallel import ParallelError
 from ..options import LayoutError, OptionError, OptionTypeError
 from .candidates import Candidate, Layout
 
-__all__ = ["check_global_batch", "refuse", "set_inputs"]
+__all__ = [
+    "check_global_batch",
+    "on_meta",
+    "refuse",
+    "sequence_length",
+    "sequence_parallel_where_taken",
+    "set_inputs",
+]
 
 
 def check_global_batch(
@@ -83,18 +93,70 @@ def set_inputs(candidates: Sequence[Candidate], global_batch: int, seq_len: int)
             c.input_size = (share // c.micro_batches, seq_len)
 
 
-def refuse(candidates: Sequence[Candidate], model: Any, input_size: Any) -> int:
-    """Set the ``error`` of every candidate (none refused yet) whose layout ``model`` cannot
-    take, or whose batch its pipeline cannot split, as ``analyze`` would refuse it; the model
-    is built on meta once and each layout checked once. Returns how many were refused."""
+def on_meta(model: Any, layouts: Sequence[Layout]) -> nn.Module | None:
+    """``model`` built on meta once, for the layout checks of a plan (None when every layout
+    is one device: nothing to check)."""
+    if all(layout.devices == 1 for layout in layouts):
+        return None
+    from ..sources.models import to_meta
+
+    return to_meta(model).module
+
+
+def sequence_parallel_where_taken(
+    layouts: Sequence[Layout], module: nn.Module | None, sequence: int | None
+) -> tuple[Layout, ...]:
+    """The default ``layouts``, each with tensor parallelism (``tp > 1``) sharding the sequence
+    as well (``sequence_parallel``) where the model takes it: ``analyze``'s own check of the
+    layout passes (a transformers tensor-parallel plan whose styles sequence parallelism
+    converts: Llama's, Mistral's, Qwen's...; norms inside the blocks) and ``tp`` divides the
+    ``sequence`` where it is known. Elsewhere plain tensor parallelism, as before.
+
+    The same bytes on the wire (an all-reduce is a reduce-scatter and an all-gather) and the
+    activations between the blocks ``tp`` times smaller (``meta_widget.distributed.sequence``):
+    tensor parallelism as torchtitan and Megatron-LM train with it. Without it nothing of a
+    405B fits on 16,384 H100s (``benchmarks/results/llama3_405b.md``), and a tensor-parallel
+    layout without data parallelism cannot run the multi-tensor optimizer (its norms stay plain
+    tensors beside DTensors), so one layout of each is tried, not both."""
+    if module is None:
+        return tuple(layouts)
+    from ..distributed.parallel import check_world  # FSDP2 and DTensor: only for parallel=
+
+    found = []
+    for layout in layouts:
+        if layout.tp > 1 and not layout.sequence_parallel and (sequence or 0) % layout.tp == 0:
+            sharded = dataclasses.replace(layout, sequence_parallel=True)
+            plan = sharded.parallel()
+            assert plan is not None  # tp > 1
+            if _refusal(check_world, plan, module) is None:
+                layout = sharded
+        found.append(layout)
+    return tuple(found)
+
+
+def sequence_length(input_size: Any, whole: tuple[int, int] | None) -> int | None:
+    """The sequence length of a plan's input: ``seq_len=``, or an ``input_size`` of token ids'
+    second number; None for other inputs."""
+    if whole is not None:
+        return whole[1]
+    if isinstance(input_size, Sequence) and len(input_size) >= 2:
+        length = input_size[1]
+        if isinstance(length, int) and not isinstance(length, bool):
+            return length
+    return None
+
+
+def refuse(candidates: Sequence[Candidate], module: nn.Module | None, input_size: Any) -> int:
+    """Set the ``error`` of every candidate (none refused yet) whose layout the model
+    (``module``, built on meta: :func:`on_meta`) cannot take, or whose batch its pipeline
+    cannot split, as ``analyze`` would refuse it; each layout is checked once. Returns how many
+    were refused."""
     todo = [c for c in candidates if c.error is None and c.layout.devices > 1]
-    if not todo:
+    if not todo or module is None:
         return 0
     from ..distributed.parallel import check_world  # FSDP2 and DTensor: only for parallel=
     from ..distributed.pipelining import check_batch
-    from ..sources.models import to_meta
 
-    module = to_meta(model).module
     by_layout: dict[Layout, str | None] = {}
     refused = 0
     for c in todo:
