@@ -58,6 +58,7 @@ from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
 from .decisions import world_ended, world_started
+from .fsdp_chunks import cut_every_chunk, cut_on_demand
 from .sequence import SEQUENCE_STYLES, sequence_parallel_names
 from .stand_ins import SeenAsReal
 
@@ -133,6 +134,7 @@ class World:
         try:
             # the shape and this process's rank: a pipeline rank's groups differ from another's
             world_started((*plan.sizes, self.rank))  # __exit__ ends it, on any path
+            cut_on_demand()  # FSDP2 cuts this rank's shard only (fsdp_chunks); __exit__ undoes it
             dist.init_process_group(
                 "fake", rank=self.rank, world_size=plan.world, store=FakeStore()
             )
@@ -144,12 +146,14 @@ class World:
 
     def __exit__(self, *exc: Any) -> None:
         """Destroy the process group (if one was made) and undo what making it changed: the
-        exception hook, DTensor's cache of this world's meshes; on every path."""
+        exception hook, FSDP2's chunking, DTensor's cache of this world's meshes; on every
+        path."""
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
         finally:
             sys.excepthook = self._hook
+            cut_every_chunk()
             world_ended()
 
     def tracing(self) -> FakeTensorMode:

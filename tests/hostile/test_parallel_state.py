@@ -30,6 +30,7 @@ TP_PLAN = {"layers.*.0": "colwise", "layers.*.2": "rowwise"}
 
 @pytest.fixture(autouse=True)
 def _nothing_left() -> Iterator[None]:
+    from torch.distributed.fsdp._fully_shard import _fsdp_common, _fsdp_param
     from torch.distributed.tensor._ops import utils
 
     hook, search = sys.excepthook, utils.expand_to_full_mesh_op_strategy
@@ -39,6 +40,8 @@ def _nothing_left() -> Iterator[None]:
     assert sys.excepthook is hook
     # DTensor decides as it did, and no decision of a world is kept (decisions.world_ended)
     assert utils.expand_to_full_mesh_op_strategy is search and no_decision_kept()
+    # FSDP2 cuts every chunk again (meta_widget.distributed.fsdp_chunks)
+    assert _fsdp_param._chunk_with_empty is _fsdp_common._chunk_with_empty
 
 
 def small_llama() -> Any:
