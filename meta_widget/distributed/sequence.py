@@ -123,9 +123,13 @@ def sequence_parallel_names(module: nn.Module, names: dict[str, str]) -> dict[st
     gathered_head = head is not None and out.get(_pattern_of(head, out), "") == (
         "colwise_sequence_gather_output"
     )
-    norms = [p for p, m in paths.items() if _is_norm(m) and not _beside(p, blocks)]
-    in_blocks = [p for p in norms if _in_block(p, paths) and _holds_planned(_parent(p), blocks)]
-    finals = [p for p in norms if not _in_block(p, paths) and _holds_planned(_parent(p), blocks)]
+    # a norm beside a projection (a query norm inside the attention, which runs on heads
+    # already split) is left as it is
+    beside = {_parent(p) for p in blocks}
+    holders = _ancestors(blocks)
+    norms = [p for p, m in paths.items() if _is_norm(m) and _parent(p) not in beside]
+    in_blocks = [p for p in norms if _in_block(p, paths) and _parent(p) in holders]
+    finals = [p for p in norms if not _in_block(p, paths) and _parent(p) in holders]
     if not in_blocks:
         raise LayoutError(
             f"parallel sequence_parallel=True runs each block's norm on the sequence shard, and "
@@ -147,15 +151,17 @@ def _parent(path: str) -> str:
     return path.rsplit(".", 1)[0] if "." in path else ""
 
 
-def _beside(path: str, planned: list[str]) -> bool:
-    """A module beside a planned projection (a query norm inside the attention, which runs on
-    heads already split): left as it is."""
-    return any(_parent(p) == _parent(path) for p in planned)
-
-
-def _holds_planned(path: str, planned: list[str]) -> bool:
-    prefix = f"{path}." if path else ""
-    return any(p.startswith(prefix) for p in planned)
+def _ancestors(planned: list[str]) -> set[str]:
+    """The paths of the modules that hold a planned projection, at any depth ("": the whole
+    model), each found once: linear in the paths (a 126-layer model has 882 projections)."""
+    found: set[str] = set()
+    for path in planned:
+        while path:
+            path = _parent(path)
+            if path in found:
+                break
+            found.add(path)
+    return found
 
 
 def _in_block(path: str, paths: dict[str, nn.Module]) -> bool:
@@ -170,11 +176,13 @@ def _as_patterns(norms: list[str], paths: dict[str, nn.Module]) -> list[str]:
     (``model.layers.*.input_layernorm`` for its 126 paths), else their paths."""
     chosen = set(norms)
     out: list[str] = []
+    names_only: dict[str, bool] = {}  # pattern -> it matches the chosen norms only
     for path in norms:
         block = _parent(path)
         pattern = f"{_parent(block)}.*.{path.rsplit('.', 1)[1]}"
-        matched = {p for p in paths if fnmatch.fnmatchcase(p, pattern)}
-        entry = pattern if matched <= chosen else path
+        if pattern not in names_only:
+            names_only[pattern] = all(p in chosen for p in paths if fnmatch.fnmatchcase(p, pattern))
+        entry = pattern if names_only[pattern] else path
         if entry not in out:
             out.append(entry)
     return out
