@@ -5,6 +5,7 @@
     python benchmarks/llama3_405b.py --no-ac        # without activation checkpointing
     python benchmarks/llama3_405b.py --sequence-parallel   # Megatron's SP over the 8 TP ranks
     python benchmarks/llama3_405b.py --plan         # mw.plan over layouts without a pipeline
+    python benchmarks/llama3_405b.py --default-plan # plan's default space, less its pipelines
 
 The model: transformers' ``LlamaConfig`` with Llama 3 405B's shape (hidden 16384, 126 layers,
 128 heads, 8 key/value heads, intermediate 53248, vocab 128256), built on meta. The layout:
@@ -40,6 +41,7 @@ dense bf16 peak; FLOPs as PyTorch's ``FlopCounterMode`` counts them on the trace
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import sys
 import time
@@ -169,6 +171,44 @@ def plan_without_a_pipeline() -> None:
     )
 
 
+def default_plan_without_pipelines() -> None:
+    """``mw.plan``'s default space of the 405B on 16,384 H100s, global batch 2,048 x 8,192,
+    less its pipelines (each traced at full depth, rank by rank: minutes a candidate): every
+    ``replicate x fsdp x tp`` with tp in a node, tp sharding the sequence as the default does,
+    x checkpointing x 3 precisions x 2 micro-batch counts. Prints the candidates, those traced
+    (the rest cannot take the batch: 2,048 sequences over more data-parallel ranks), the
+    traces, the wall and CPU seconds and the best."""
+    import resource
+
+    from meta_widget.explore.layouts import default_layouts
+    from meta_widget.timing.gpus import resolve_gpu
+
+    layouts = [
+        dataclasses.replace(x, sequence_parallel=x.tp > 1).parallel()
+        for x in default_layouts(16384, resolve_gpu("H100"))
+    ]
+    start = time.perf_counter()
+    p = mw.plan(
+        config(), gpu="H100", devices=16384, global_batch=2048, seq_len=8192, layouts=layouts,
+        progress=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(u.ru_utime + u.ru_stime for u in usage)
+    traced = [c for c in p.candidates if c.error is None]
+    print(
+        f"\n{len(layouts)} layouts, {len(p.candidates)} candidates, {len(traced)} traced or "
+        f"pruned by a traced bound, {p.traces} traces, {seconds:.0f} s ({cpu:.0f} s of CPU)"
+    )
+    best = p.best
+    assert best.layout is not None and best.step_s is not None
+    print(
+        f"best: {best.layout.label()}, checkpointing {best.activation_checkpointing}, "
+        f"{best.precision}, {best.micro_batches} micro-batches: "
+        f"{best.device_bytes / 1e9:.1f} GB a GPU, {best.step_s:.2f} s, {best.mfu:.1%} MFU"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=126)
@@ -177,9 +217,15 @@ def main() -> None:
         "--sequence-parallel", action="store_true", help="sequence parallelism over the TP ranks"
     )
     parser.add_argument("--plan", action="store_true", help="plan layouts without a pipeline")
+    parser.add_argument(
+        "--default-plan", action="store_true", help="plan's default space less its pipelines"
+    )
     args = parser.parse_args()
     if args.plan:
         plan_without_a_pipeline()
+        return
+    if args.default_plan:
+        default_plan_without_pipelines()
         return
     start = time.perf_counter()
     a = trace(args.layers, ac=not args.no_ac, sp=args.sequence_parallel)
