@@ -2,8 +2,8 @@
 
 The list of chunks on demand must be FSDP2's own ``_chunk_with_empty`` chunk for chunk (the same
 views of the same storage, the same empty padding); every layout must trace the same with it and
-without it, with a mesh large enough to have ranks past the last chunk; and FSDP2's function is
-its own again after every world, an interrupt in ``fully_shard`` included.
+without it, meshes with more ranks than rows included; and FSDP2's function is its own again
+after every world, an interrupt in ``fully_shard`` included.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def both_ways(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> mw.Analysis:
 
 LAYOUTS = [
     {"fsdp": 2},
-    {"fsdp": 128},  # more ranks than the 64 rows of most parameters: empty chunks past the last
-    {"fsdp": 48},  # 48 does not divide 64: a short last chunk
+    {"fsdp": 128},  # more ranks than the 64 rows of most parameters: FSDP2's padded shards
+    {"fsdp": 48},  # 48 does not divide 64 (rank 0 reads chunk 0; the others: the test above)
     {"replicate": 2, "fsdp": 4},
     {"fsdp": 2, "tp": 2, "sequence_parallel": True},  # FSDP's _StridedShard over TP's shards
     {"pp": 2, "fsdp": 2, "microbatches": 2},

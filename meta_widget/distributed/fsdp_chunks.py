@@ -7,23 +7,22 @@ padded shard's. On the fake process group of a large mesh that is one fake tenso
 parameter, per trace: a 2-layer trace of the 405B under FSDP 2,048 x TP 8 spent 3.3 of its
 5.7 s making them.
 
-:func:`chunks_on_demand` swaps in :class:`Chunks`, the same list with each chunk cut when it is
+:func:`cut_on_demand` swaps in :class:`Chunks`, the same list with each chunk cut when it is
 read: ``narrow`` at the offset and length ``torch.chunk`` gives it (the same view: size, stride
 and storage offset), an empty tensor past the last, as ``_chunk_with_empty`` pads. It is on
-while a parallel trace's world exists (``World.__enter__`` to ``__exit__``: :func:`cut_on_demand`,
-:func:`cut_every_chunk`) and the original is back after, on every path.
+while a parallel trace's world exists (``World.__enter__``); :func:`cut_every_chunk` puts
+FSDP2's own back (``World.__exit__``, on every path).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, overload
 
 import torch
 from torch.distributed.fsdp._fully_shard import _fsdp_common, _fsdp_param
 
-__all__ = ["Chunks", "chunks_on_demand", "cut_every_chunk", "cut_on_demand"]
+__all__ = ["Chunks", "cut_every_chunk", "cut_on_demand"]
 
 #: FSDP2's own function, which ``_fsdp_param`` imported by name
 _ORIGINAL = _fsdp_common._chunk_with_empty
@@ -73,13 +72,3 @@ def cut_on_demand() -> None:
 def cut_every_chunk() -> None:
     """FSDP2's own ``_chunk_with_empty`` again (``World.__exit__``, on every path)."""
     _fsdp_param._chunk_with_empty = _ORIGINAL  # type: ignore[attr-defined]
-
-
-@contextmanager
-def chunks_on_demand() -> Iterator[None]:
-    """FSDP2 cuts only the chunks it reads, inside; its own ``_chunk_with_empty`` after."""
-    try:
-        cut_on_demand()
-        yield
-    finally:
-        cut_every_chunk()

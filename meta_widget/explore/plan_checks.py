@@ -14,6 +14,9 @@ Two things decide, for each candidate, that it cannot be traced, and neither is 
 
 A candidate refused is a row of the plan with ``error`` the refusal's type and message
 (``"LayoutError: parallel tp=4 does not divide the 2 heads ..."``), and is not traced.
+
+The same check, before the candidates are made, chooses the default tensor-parallel layouts'
+form (:func:`sequence_parallel_where_taken`): sequence-parallel where the model takes it.
 """
 
 from __future__ import annotations
