@@ -58,6 +58,17 @@ def snapshot(a: mw.Analysis) -> dict[str, Any]:
     }
 
 
+def assert_same_analysis(a: mw.Analysis, b: mw.Analysis) -> None:
+    """``a`` and ``b`` report the same: every record of :func:`snapshot`, the peak and the
+    step time."""
+    left, right = snapshot(a), snapshot(b)
+    for key in left:
+        assert left[key] == right[key], key
+    assert a.peak_bytes == b.peak_bytes
+    assert a.time is not None and b.time is not None
+    assert a.time.step_s == b.time.step_s
+
+
 def trace_snapshot(a: mw.Analysis, fast: bool) -> dict[str, Any]:
     """The raw trace of ``a``'s meta model and inputs again: events and allocations included."""
     options = a.options

@@ -16,7 +16,7 @@ from parallel_truth import (
     no_process_group_left,  # noqa: F401  (an autouse fixture)
     tiny_llama_config,
 )
-from test_fast_path import snapshot
+from test_fast_path import assert_same_analysis
 from torch.distributed.fsdp._fully_shard import _fsdp_common, _fsdp_param
 
 import meta_widget as mw
@@ -70,12 +70,7 @@ def both_ways(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> mw.Analysis:
     with monkeypatch.context() as m:
         m.setattr(parallel, "cut_on_demand", lambda: None)
         slow = mw.analyze(tiny_llama_config(), mode="training", gpu="H100", **kwargs)
-    a, b = snapshot(fast), snapshot(slow)
-    for key in a:
-        assert a[key] == b[key], key
-    assert fast.peak_bytes == slow.peak_bytes
-    assert fast.time is not None and slow.time is not None
-    assert fast.time.step_s == slow.time.step_s
+    assert_same_analysis(fast, slow)
     assert _fsdp_param._chunk_with_empty is _fsdp_common._chunk_with_empty
     return fast
 

@@ -18,7 +18,7 @@ from parallel_truth import (
     no_process_group_left,  # noqa: F401  (an autouse fixture)
     tiny_llama_config,
 )
-from test_fast_path import snapshot
+from test_fast_path import assert_same_analysis
 from test_moe import mixtral
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -48,12 +48,7 @@ def both_ways(monkeypatch: pytest.MonkeyPatch, model: Any, **kwargs: Any) -> tup
     with monkeypatch.context() as m:
         m.setattr(passes, "ShardLocalForeach", contextlib.nullcontext)
         slow = mw.analyze(model, mode="training", gpu="H100", **kwargs)
-    a, b = snapshot(fast), snapshot(slow)
-    for key in a:
-        assert a[key] == b[key], key
-    assert fast.peak_bytes == slow.peak_bytes
-    assert fast.time is not None and slow.time is not None
-    assert fast.time.step_s == slow.time.step_s
+    assert_same_analysis(fast, slow)
     return fast, ran
 
 
