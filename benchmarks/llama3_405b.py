@@ -196,9 +196,11 @@ def default_plan_without_pipelines() -> None:
     usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     cpu = sum(u.ru_utime + u.ru_stime for u in usage)
     traced = [c for c in p.candidates if c.error is None]
+    pruned = [c for c in p.candidates if c.error is not None and c.error.startswith("Cannot fit")]
     print(
-        f"\n{len(layouts)} layouts, {len(p.candidates)} candidates, {len(traced)} traced or "
-        f"pruned by a traced bound, {p.traces} traces, {seconds:.0f} s ({cpu:.0f} s of CPU)"
+        f"\n{len(layouts)} layouts, {len(p.candidates)} candidates: {len(traced)} traced, "
+        f"{len(pruned)} pruned by a traced bound, the rest refused; {p.traces} traces, "
+        f"{seconds:.0f} s ({cpu:.0f} s of CPU)"
     )
     best = p.best
     assert best.layout is not None and best.step_s is not None
