@@ -371,11 +371,11 @@ def plan(
         decoder_layers(model),
         routed_experts(model),
     )
-    module = on_meta(model, space.layouts)
+    checks = on_meta(model, space.layouts)
     if layouts is None:
         sequence = sequence_length(input_size, whole)
         space = replace(
-            space, layouts=sequence_parallel_where_taken(space.layouts, module, sequence)
+            space, layouts=sequence_parallel_where_taken(space.layouts, checks, sequence)
         )
     report = progress_function(progress, "plan")
     todo = space.candidates()
@@ -383,7 +383,7 @@ def plan(
         raise OptionTypeError(f"plan: full_depth must be True or False, not {full_depth!r}.")
     if whole is not None:
         set_inputs(todo, *whole)
-    refuse(todo, module, input_size)  # what the model or the batch cannot take: no trace
+    refuse(todo, checks, input_size)  # what the model or the batch cannot take: no trace
     traced = [c for c in todo if c.error is None]
     by_name = set(analyze_options) & set(_NAMES_MODULES)  # options that name the full model's
     layers = None if full_depth or by_name else depth_of(model)

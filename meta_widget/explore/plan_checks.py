@@ -6,7 +6,7 @@ Two things decide, for each candidate, that it cannot be traced, and neither is 
   (``meta_widget.distributed.parallel.check_world``: tp dividing the heads and key/value heads,
   pp splitting a transformers decoder into at most one stage a layer, ep only for a mixture of
   experts whose experts it divides, cp refused on the CPU mesh a trace stands for...), run once
-  per layout on the model built on ``meta`` once: no trace;
+  per layout on the model built on ``meta`` once (:class:`LayoutChecks`): no trace;
 - its *batch*: with ``global_batch=``, every data-parallel rank's share of the sequences
   (``global_batch / (replicate * fsdp)``) split over its micro-batches (gradient accumulation,
   or the pipeline's); and with a pipeline, the batch of one rank dividing into the pipeline's
@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -33,6 +34,7 @@ from ..options import LayoutError, OptionError, OptionTypeError
 from .candidates import Candidate, Layout
 
 __all__ = [
+    "LayoutChecks",
     "check_global_batch",
     "on_meta",
     "refuse",
@@ -96,18 +98,40 @@ def set_inputs(candidates: Sequence[Candidate], global_batch: int, seq_len: int)
             c.input_size = (share // c.micro_batches, seq_len)
 
 
-def on_meta(model: Any, layouts: Sequence[Layout]) -> nn.Module | None:
-    """``model`` built on meta once, for the layout checks of a plan (None when every layout
-    is one device: nothing to check)."""
+@dataclass
+class LayoutChecks:
+    """``analyze``'s check of a plan's layouts against the model built on meta once
+    (``module``; None when every layout is one device: nothing to check), each layout checked
+    once however many times it is asked about."""
+
+    module: nn.Module | None
+    _found: dict[Layout, str | None] = field(default_factory=dict, repr=False)
+
+    def refusal(self, layout: Layout) -> str | None:
+        """Why ``analyze`` refuses ``layout`` (the error's type and message), or None."""
+        if self.module is None or layout.devices == 1:
+            return None
+        if layout not in self._found:
+            from ..distributed.parallel import check_world  # FSDP2 and DTensor: for parallel=
+
+            plan = layout.parallel()
+            assert plan is not None  # more than one device
+            self._found[layout] = _refusal(check_world, plan, self.module)
+        return self._found[layout]
+
+
+def on_meta(model: Any, layouts: Sequence[Layout]) -> LayoutChecks:
+    """The checks of ``layouts`` against ``model``, built on meta once (not built when every
+    layout is one device)."""
     if all(layout.devices == 1 for layout in layouts):
-        return None
+        return LayoutChecks(None)
     from ..sources.models import to_meta
 
-    return to_meta(model).module
+    return LayoutChecks(to_meta(model).module)
 
 
 def sequence_parallel_where_taken(
-    layouts: Sequence[Layout], module: nn.Module | None, sequence: int | None
+    layouts: Sequence[Layout], checks: LayoutChecks, sequence: int | None
 ) -> tuple[Layout, ...]:
     """The default ``layouts``, each with tensor parallelism (``tp > 1``) sharding the sequence
     as well (``sequence_parallel``) where the model takes it: ``analyze``'s own check of the
@@ -121,17 +145,11 @@ def sequence_parallel_where_taken(
     405B fits on 16,384 H100s (``benchmarks/results/llama3_405b.md``), and a tensor-parallel
     layout without data parallelism cannot run the multi-tensor optimizer (its norms stay plain
     tensors beside DTensors), so one layout of each is tried, not both."""
-    if module is None:
-        return tuple(layouts)
-    from ..distributed.parallel import check_world  # FSDP2 and DTensor: only for parallel=
-
     found = []
     for layout in layouts:
         if layout.tp > 1 and not layout.sequence_parallel and (sequence or 0) % layout.tp == 0:
             sharded = dataclasses.replace(layout, sequence_parallel=True)
-            plan = sharded.parallel()
-            assert plan is not None  # tp > 1
-            if _refusal(check_world, plan, module) is None:
+            if checks.refusal(sharded) is None:
                 layout = sharded
         found.append(layout)
     return tuple(found)
@@ -149,27 +167,23 @@ def sequence_length(input_size: Any, whole: tuple[int, int] | None) -> int | Non
     return None
 
 
-def refuse(candidates: Sequence[Candidate], module: nn.Module | None, input_size: Any) -> int:
-    """Set the ``error`` of every candidate (none refused yet) whose layout the model
-    (``module``, built on meta: :func:`on_meta`) cannot take, or whose batch its pipeline
-    cannot split, as ``analyze`` would refuse it; each layout is checked once. Returns how many
-    were refused."""
+def refuse(candidates: Sequence[Candidate], checks: LayoutChecks, input_size: Any) -> int:
+    """Set the ``error`` of every candidate (none refused yet) whose layout the model cannot
+    take (``checks``: each layout checked once, those :func:`sequence_parallel_where_taken`
+    checked not again), or whose batch its pipeline cannot split, as ``analyze`` would refuse
+    it. Returns how many were refused."""
     todo = [c for c in candidates if c.error is None and c.layout.devices > 1]
-    if not todo or module is None:
+    if not todo or checks.module is None:
         return 0
-    from ..distributed.parallel import check_world  # FSDP2 and DTensor: only for parallel=
-    from ..distributed.pipelining import check_batch
+    from ..distributed.pipelining import check_batch  # torch.distributed: only for parallel=
 
-    by_layout: dict[Layout, str | None] = {}
     refused = 0
     for c in todo:
-        plan = c.layout.parallel()
-        assert plan is not None  # more than one device
-        if c.layout not in by_layout:
-            by_layout[c.layout] = _refusal(check_world, plan, module)
-        why = by_layout[c.layout]
+        why = checks.refusal(c.layout)
         batch = _batch(c.input_size if c.input_size is not None else input_size)
-        if why is None and plan.pp > 1 and batch is not None:
+        if why is None and c.layout.pp > 1 and batch is not None:
+            plan = c.layout.parallel()
+            assert plan is not None  # more than one device
             why = _refusal(check_batch, plan, batch)
         if why is not None:
             c.error = why
