@@ -181,7 +181,6 @@ def test_ep_within_fsdp_and_with_replicas_is_a_real_ranks_peak(
     [
         ("llama", {"fsdp": 2, "ep": 2}, "has no stacked experts"),
         ("mixtral", {"fsdp": 8, "ep": 8}, "does not divide the 4 experts"),
-        ("mixtral", {"fsdp": 2, "tp": 2, "ep": 2}, "not yet with tensor parallelism"),
     ],
 )
 def test_an_ep_the_model_cannot_take_is_a_layout_error(

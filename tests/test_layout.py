@@ -30,7 +30,7 @@ from meta_widget.distributed.decisions import forget_meshes
         ({"tp": 2.0}, r"parallel\['tp'\] must be a whole number"),
         ({"fsdp": 1}, "is one device"),
         ({"fsdp": 128, "tp": 256}, "32,768 ranks"),
-        ({"tp": 2, "ep": 2}, "ep=2 must divide fsdp x cp = 1"),
+        ({"pp": 2, "ep": 2}, "ep=2 must divide fsdp x cp = 1"),
         ({"tp": 2, "schedule": "1F1B"}, "pp=1 is no pipeline"),
         ({"pp": 2, "schedule": "looped"}, "not a pipeline schedule"),
         ({"pp": 2, "virtual_stages": 2, "schedule": "gpipe"}, "one stage per rank"),

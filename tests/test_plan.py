@@ -278,8 +278,10 @@ def test_default_tensor_parallel_layouts_shard_the_sequence_where_the_model_take
 
 def test_a_mixture_of_experts_is_planned_with_expert_parallelism_by_default() -> None:
     """For a MoE config the default layouts add, to each without tensor parallelism, the same
-    layout with ``ep`` the most ranks within a node dividing its ``fsdp`` and the experts;
-    each such row is what ``analyze`` traces for it. A dense model's layouts have none."""
+    layout with ``ep`` the most ranks within a node dividing its ``fsdp`` and the experts, and
+    give each with tensor parallelism an ``ep`` over its tp ranks (and some fsdp ones) where
+    the model takes it; each such row is what ``analyze`` traces for it. A dense model's
+    layouts have none."""
     import transformers
 
     from meta_widget.explore.candidates import default_layouts
@@ -300,14 +302,21 @@ def test_a_mixture_of_experts_is_planned_with_expert_parallelism_by_default() ->
         activation_checkpointing=[False], precisions=["as given"], micro_batches=[1],
     )  # fmt: skip
     rows = [c for c in p.candidates if c.layout is not None and c.layout.ep > 1]
-    assert [(c.layout.replicate, c.layout.fsdp, c.layout.ep) for c in rows] == [
-        (1, 4, 4),
-        (2, 2, 2),
+    # the tensor-parallel layouts reach their experts over the tp ranks and some fsdp ones
+    # (tp alone would run every expert on every tp rank); tp 4 cannot split the 2 kv heads
+    assert [(c.layout.replicate, c.layout.fsdp, c.layout.tp, c.layout.ep) for c in rows] == [
+        (1, 2, 2, 4),
+        (2, 1, 2, 2),
+        (1, 4, 1, 4),
+        (2, 2, 1, 2),
     ]
     assert all(c.error is None for c in rows), [c.error for c in rows]
     again = mw.analyze(cfg, (2, 16), mode="training", gpu="H100", parallel={"fsdp": 4, "ep": 4})
-    assert again.peak_bytes == rows[0].peak_bytes
-    assert "ep=4" in rows[0].layout.label()
+    assert again.peak_bytes == rows[2].peak_bytes
+    assert "ep=4" in rows[2].layout.label()
+    with_tp = {"fsdp": 2, "tp": 2, "ep": 4, "sequence_parallel": True}
+    again = mw.analyze(cfg, (2, 16), mode="training", gpu="H100", parallel=with_tp)
+    assert (again.peak_bytes, again.time.step_s) == (rows[0].peak_bytes, rows[0].step_s)
 
 
 def test_default_layouts_use_every_device_and_keep_tensor_parallelism_in_a_node() -> None:

@@ -311,6 +311,12 @@ def test_fsdps_schedule_exposes_the_first_gather_and_the_last_reduce_scatter() -
     assert step_time([], outside, tp, node16, 0).exposed_comm_s == pytest.approx(
         sharp + first + last, rel=1e-12
     )
+    # so are expert parallelism's all-to-alls (the experts wait for their tokens): ep 8 is
+    # one node's ranks, on NVLink, however much compute its phase has
+    ep = [*comms[:2], Comm("all_to_all", n, "ep", 8, "layers.0.mlp.experts", "forward"), *comms[2:]]
+    assert step_time([], outside, ep, H100, 0).exposed_comm_s == pytest.approx(
+        ring(7 / 8, n, nvlink) + first + last, rel=1e-12
+    )
 
 
 def test_a_replica_group_spans_the_fsdp_and_tp_ranks_between_its_members() -> None:

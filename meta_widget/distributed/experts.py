@@ -72,9 +72,10 @@ def expert_modules(module: nn.Module) -> list[tuple[str, Any]]:
 
 
 def check_experts(plan: Parallel, module: nn.Module) -> None:
-    """``ep`` against the model: a mixture of experts, whose experts ``ep`` divides, without
-    tensor parallelism (``ep`` dividing ``fsdp`` is the layout's own check). With ``pp`` each
-    pipeline rank's stages hold their layers' experts, sharded the same way."""
+    """``ep`` against the model: a mixture of experts, whose experts ``ep`` divides, and with
+    ``tp`` MoE blocks of a router and the experts (``experts_tp``); the ranks ``ep`` borrows are
+    the layout's own check. With ``pp`` each pipeline rank's stages hold their layers' experts,
+    sharded the same way."""
     name = type(module).__name__
     experts = expert_modules(module)
     if not experts:
@@ -88,13 +89,10 @@ def check_experts(plan: Parallel, module: nn.Module) -> None:
             f"parallel ep={plan.ep} does not divide the {count} experts of {name}: give an ep "
             f"that divides {count}."
         )
-    if plan.tp > 1:
-        raise LayoutError(
-            f"parallel ep={plan.ep} is traced with FSDP, HSDP and pipeline parallelism "
-            "(replicate x fsdp x pp, ep within fsdp), not yet with tensor parallelism: give "
-            "e.g. {'fsdp': %d, 'ep': %d} or {'pp': 2, 'fsdp': %d, 'ep': %d}."
-            % (plan.ep, plan.ep, plan.ep, plan.ep)
-        )
+    if plan.tp > 1:  # each MoE block a router and its experts (experts_tp)
+        from .experts_tp import moe_names
+
+        moe_names(module, [path for path, _ in experts], plan.sequence_parallel)
 
 
 def wrap_experts(
@@ -109,37 +107,60 @@ def wrap_experts(
     no FSDP2 of their own holds them), and the expert meshes' process groups by name, with the
     dimension's name and size, for the collectives' watcher."""
     ep_mesh, experts_mesh = expert_meshes(mesh, plan)
-    experts = set(shard_experts(module, plan, ep_mesh))
-    if experts_mesh is None:
-        return experts, {}
-    for _, m in expert_modules(module):  # over the ranks holding the same experts
-        fully_shard(m, mesh=experts_mesh, mp_policy=policy)
+    split = (mesh["tp"].get_local_rank(), plan.tp) if plan.tp > 1 else None
+    experts = set(shard_experts(module, plan, ep_mesh, split))
     groups = {
         str(m.get_group(i).group_name): (name, m.size(i))
         for m in (ep_mesh, experts_mesh)
+        if m is not None
         for i, name in enumerate(m.mesh_dim_names or ())
         if m.size(i) > 1
     }
+    if experts_mesh is None:
+        return experts, groups
+    for _, m in expert_modules(module):  # over the ranks holding the same experts
+        fully_shard(m, mesh=experts_mesh, mp_policy=policy)
     return set(), groups  # FSDP2's now: the outer fully_shard calls skip them
 
 
 def expert_meshes(mesh: DeviceMesh, plan: Parallel) -> tuple[DeviceMesh, DeviceMesh | None]:
-    """The mesh of the ``ep`` ranks a rank's tokens go to (the innermost ``ep`` of its ``fsdp``
-    ranks), and the one FSDP2 shards its experts over: the other ``fsdp / ep`` ranks, with the
-    replicas as HSDP's outer dimension; None when there is none (``ep == fsdp``, no replicas)."""
-    outer = plan.fsdp // plan.ep
-    if outer == 1 and plan.replicate == 1:
+    """The mesh of the ``ep`` ranks a rank's tokens go to, and the one FSDP2 shards its experts
+    over: the ranks holding the same experts, with the replicas as HSDP's outer dimension; None
+    when there is none (every FSDP rank holds other experts, no replicas).
+
+    Without ``tp`` the ``ep`` ranks are the innermost ``ep`` of the ``fsdp`` ranks; with it,
+    every tensor-parallel rank and the innermost ``ep / tp`` of the ``fsdp`` ranks (torchtitan's
+    expert tensor parallelism 1), flattened into one dimension ``ep``."""
+    inner = plan.ep // plan.tp  # the fsdp ranks ep borrows
+    outer = plan.fsdp // inner
+    if plan.tp > 1 and inner == 1:  # the tensor-parallel ranks (a group of their own, but
+        ep_mesh = mesh["tp"]._flatten("ep")  # the world's where tp is all of it)
+        if plan.fsdp == 1 and plan.replicate == 1:
+            return ep_mesh, None
+        return ep_mesh, mesh["replicate", "fsdp"] if plan.replicate > 1 else mesh["fsdp"]
+    if outer == 1 and plan.replicate == 1 and plan.tp == 1:
         return mesh["fsdp"], None
-    split = mesh._unflatten("fsdp", (outer, plan.ep), ("efsdp", "ep"))
-    return split["ep"], split["replicate", "efsdp"] if plan.replicate > 1 else split["efsdp"]
+    if plan.tp > 1:
+        split = mesh._unflatten("fsdp", (outer, inner), ("efsdp", "ep_fsdp"))
+        ep_mesh = split["ep_fsdp", "tp"]._flatten("ep")
+    else:
+        split = mesh._unflatten("fsdp", (outer, inner), ("efsdp", "ep"))
+        ep_mesh = split["ep"]
+    if outer == 1 and plan.replicate == 1:
+        return ep_mesh, None
+    return ep_mesh, split["replicate", "efsdp"] if plan.replicate > 1 else split["efsdp"]
 
 
-def shard_experts(module: nn.Module, plan: Parallel, mesh: DeviceMesh) -> list[nn.Parameter]:
+def shard_experts(
+    module: nn.Module, plan: Parallel, mesh: DeviceMesh, split: tuple[int, int] | None = None
+) -> list[nn.Parameter]:
     """Each experts module of ``module`` (this rank's copy) made this rank's: its slice of the
     experts, and the all-to-all ``forward`` (see the module docstring); returns the new
     parameters (which FSDP2 leaves alone). Each is a DTensor of the experts sharded over the
     ``ep`` ranks (``Shard(0)`` on ``mesh``), as torchtitan's are: beside FSDP2's DTensors, one
-    multi-tensor optimizer op takes them all (plain tensors it would refuse)."""
+    multi-tensor optimizer op takes them all (plain tensors it would refuse). With ``split``
+    (this rank's index among the tensor-parallel ranks, and their count: ``experts_tp``), the
+    forward routes this rank's share of the tokens only."""
     group = mesh.get_group()
     rank, ep = dist.get_rank(group), plan.ep
     kept: list[nn.Parameter] = []
@@ -154,9 +175,10 @@ def shard_experts(module: nn.Module, plan: Parallel, mesh: DeviceMesh) -> list[n
             part = nn.Parameter(mine, requires_grad=full.requires_grad)
             setattr(experts, name, part)
             kept.append(part)
-        experts.forward = _expert_parallel_forward(  # type: ignore[method-assign]
-            experts, count, group, plan.capacity_factor
-        )
+        forward = _expert_parallel_forward(experts, count, group, plan.capacity_factor)
+        if split is not None:
+            forward = _share_of_tokens(forward, *split)
+        experts.forward = forward  # type: ignore[method-assign]
     return kept
 
 
@@ -193,3 +215,26 @@ def _expert_parallel_forward(
         return weighted.sum(dim=1).to(hidden_states.dtype)
 
     return forward
+
+
+def _share_of_tokens(forward: Any, rank: int, ranks: int) -> Any:
+    """``forward`` run on this tensor-parallel rank's ``1 / ranks`` of the tokens (the routed
+    tokens split over the ranks, torchtitan's ``ReordererSequenceParallel``), its outputs
+    written into their rows of a zero output of every token: partial sums over the ranks."""
+
+    def share(
+        hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        tokens = hidden_states.shape[0]
+        if tokens % ranks:
+            raise LayoutError(
+                f"parallel ep with tp={ranks}: the {tokens} tokens of a micro-batch (batch x "
+                f"sequence) do not split evenly over the {ranks} tensor-parallel ranks that "
+                "route them (torchtitan's rule); give a batch x sequence that tp divides."
+            )
+        n = tokens // ranks
+        rows = slice(rank * n, (rank + 1) * n)
+        mine = forward(hidden_states[rows], top_k_index[rows], top_k_weights[rows])
+        return nn.functional.pad(mine, (0, 0, rank * n, tokens - (rank + 1) * n))
+
+    return share

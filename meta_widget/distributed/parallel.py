@@ -58,6 +58,7 @@ from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
 from .decisions import world_ended, world_started
+from .experts_tp import MOE_STYLES
 from .fsdp_chunks import cut_every_chunk, cut_on_demand
 from .sequence import SEQUENCE_STYLES, sequence_parallel_names
 from .stand_ins import SeenAsReal
@@ -73,6 +74,7 @@ __all__ = [
     "fake_like",
     "fsdp_blocks",
     "on_fake",
+    "tp_names",
     "tp_plan",
     "trace_rank",
 ]
@@ -85,6 +87,7 @@ TP_STYLES: dict[str, Callable[[], ParallelStyle]] = {
     "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
     "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
     **SEQUENCE_STYLES,
+    **MOE_STYLES,
 }
 
 
@@ -202,7 +205,7 @@ class World:
             for name, size in zip(MESH_DIMS, self.plan.sizes, strict=True)
             if size > 1
         }
-        self.watcher = CommWatcher({**groups, **extra})
+        self.watcher = CommWatcher({**extra, **groups})  # a group both name: the mesh's
 
     def attach(self, recorder: Recorder, undo: Undo) -> None:
         """Give ``recorder`` what a parallel trace adds (see ``passes.trace``'s ``attach``)."""
@@ -411,20 +414,9 @@ def fsdp_blocks(module: nn.Module, names: tuple[str, ...] | None) -> list[nn.Mod
 
 
 def tp_plan(module: nn.Module, plan: Parallel) -> dict[str, ParallelStyle]:
-    """The tensor-parallel plan: ``plan.tp_plan`` if given, else transformers' plan of the
-    model's config (``base_model_tp_plan``, paths under the base model, and the model class's
-    ``_tp_plan``), each style name turned into PyTorch's ``ColwiseParallel``/``RowwiseParallel``."""
-    names = dict(plan.tp_plan) if plan.tp_plan is not None else transformers_plan(module)
-    if not names:
-        raise ParallelError(
-            f"parallel tp={plan.tp} needs a tensor-parallel plan, and {type(module).__name__} "
-            "has none (transformers models carry one in their config). Give one: "
-            'parallel={"tp": 2, "tp_plan": {"layers.*.up": "colwise", "layers.*.down": '
-            '"rowwise"}} (module paths, * for any name; styles: '
-            f"{', '.join(sorted(TP_STYLES))})."
-        )
-    if plan.sequence_parallel:
-        names = sequence_parallel_names(module, names)
+    """The tensor-parallel plan of :func:`tp_names`, each style name turned into PyTorch's
+    style (``ColwiseParallel``, ``RowwiseParallel``...), each path checked against the model."""
+    names = tp_names(module, plan)
     paths = [p for p, _ in module.named_modules()]
     styles: dict[str, ParallelStyle] = {}
     for pattern, style in names.items():
@@ -440,6 +432,31 @@ def tp_plan(module: nn.Module, plan: Parallel) -> dict[str, ParallelStyle]:
             )
         styles[pattern] = TP_STYLES[style]()
     return styles
+
+
+def tp_names(module: nn.Module, plan: Parallel) -> dict[str, str]:
+    """The tensor-parallel plan as style names by module path pattern: ``plan.tp_plan`` if
+    given, else transformers' plan of the model's config (``base_model_tp_plan``, paths under
+    the base model, and the model class's ``_tp_plan``); in its sequence-parallel form with
+    ``sequence_parallel``; with ``ep``, the MoE blocks' styles (``experts_tp``)."""
+    names = dict(plan.tp_plan) if plan.tp_plan is not None else transformers_plan(module)
+    if not names:
+        raise ParallelError(
+            f"parallel tp={plan.tp} needs a tensor-parallel plan, and {type(module).__name__} "
+            "has none (transformers models carry one in their config). Give one: "
+            'parallel={"tp": 2, "tp_plan": {"layers.*.up": "colwise", "layers.*.down": '
+            '"rowwise"}} (module paths, * for any name; styles: '
+            f"{', '.join(sorted(TP_STYLES))})."
+        )
+    if plan.sequence_parallel:
+        names = sequence_parallel_names(module, names)
+    if plan.ep > 1:  # the MoE blocks' tokens split over the ranks that ep borrows
+        from .experts import expert_modules
+        from .experts_tp import moe_names
+
+        experts = [path for path, _ in expert_modules(module)]
+        names.update(moe_names(module, experts, plan.sequence_parallel))
+    return names
 
 
 def transformers_plan(module: nn.Module) -> dict[str, str]:

@@ -59,10 +59,9 @@ from .parallel import (
     World,
     fake_like,
     on_fake,
+    tp_names,
     trace_rank,
-    transformers_plan,
 )
-from .sequence import sequence_parallel_names
 from .stages import DecoderStage, RankStages, layer_ranges, rank_stages, stage_indices
 
 __all__ = [
@@ -448,11 +447,7 @@ def run_stages(
     assert plan is not None
     module = meta.module
     shapes = stage_shapes(plan, module, inputs.args)
-    tp_styles = (
-        dict(plan.tp_plan) if plan.tp_plan is not None else transformers_plan(module)
-    ) if plan.tp > 1 else {}  # fmt: skip
-    if plan.sequence_parallel:
-        tp_styles = sequence_parallel_names(module, tp_styles)
+    tp_styles = tp_names(module, plan) if plan.tp > 1 else {}
     spec = options.trace_spec()
     ranks: list[tuple[Any, RankTrace, Any]] = []
     ran: dict[int, list[Action]] = {}

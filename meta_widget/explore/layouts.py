@@ -148,7 +148,9 @@ def default_layouts(
     gpus_per_node``), run by ``1F1B`` over ``pp`` micro-batches. Given a mixture of experts'
     routed ``experts``, then each of those without tensor parallelism again with expert
     parallelism: ``ep`` the most ranks, within a node, that divide both ``fsdp`` and the
-    experts (the all-to-all inside a node, as torchtitan's recipes lay it out)."""
+    experts (the all-to-all inside a node, as torchtitan's recipes lay it out; those with
+    tensor parallelism take ``ep`` in ``plan`` where the model takes it:
+    ``plan_checks.experts_where_taken``)."""
     node = max(1, gpu.gpus_per_node)
     found = [Layout(r, f, t) for r, f, t in _meshes(devices, node)]
     if layers is not None and devices > node:
@@ -161,10 +163,19 @@ def default_layouts(
                 )
     if experts:
         for layout in list(found):
-            ep = max((d for d in _divisors(math.gcd(layout.fsdp, experts)) if d <= node), default=1)
+            ep = expert_degree(layout, experts, node)
             if layout.tp == 1 and ep > 1:
                 found.append(dataclasses.replace(layout, ep=ep))
     return found
+
+
+def expert_degree(layout: Layout, experts: int, node: int) -> int:
+    """The ``ep`` a default layout takes for ``experts`` routed experts: the most ranks, within
+    a ``node``, that divide the experts and that ``ep`` may borrow (some of ``fsdp``, and with
+    tensor parallelism all of ``tp`` too: ``Parallel._check_expert_ranks``); 1 for none."""
+    tp = layout.tp
+    found = [tp * k for k in _divisors(layout.fsdp) if experts % (tp * k) == 0 and tp * k <= node]
+    return max(found, default=1)
 
 
 def decoder_layers(model: Any) -> int | None:

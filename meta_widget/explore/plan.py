@@ -71,6 +71,7 @@ from .fit import NothingFitsError
 from .layouts import MESH, decoder_layers, routed_experts
 from .plan_checks import (
     check_global_batch,
+    experts_where_taken,
     on_meta,
     refuse,
     sequence_length,
@@ -360,6 +361,7 @@ def plan(
     limit = accelerator.memory_bytes if budget is None else check_budget(budget)
     _check(devices, mode, analyze_options)
     whole = check_global_batch(global_batch, seq_len, input_size, input_data)
+    experts = routed_experts(model)
     space = Space.checked(
         devices,
         mode,
@@ -369,14 +371,14 @@ def plan(
         precisions,
         micro_batches,
         decoder_layers(model),
-        routed_experts(model),
+        experts,
     )
     checks = on_meta(model, space.layouts)
     if layouts is None:
         sequence = sequence_length(input_size, whole)
-        space = replace(
-            space, layouts=sequence_parallel_where_taken(space.layouts, checks, sequence)
-        )
+        found = sequence_parallel_where_taken(space.layouts, checks, sequence)
+        node = max(1, accelerator.gpus_per_node)
+        space = replace(space, layouts=experts_where_taken(found, checks, experts, node))
     report = progress_function(progress, "plan")
     todo = space.candidates()
     if not isinstance(full_depth, bool):

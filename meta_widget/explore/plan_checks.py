@@ -16,7 +16,9 @@ A candidate refused is a row of the plan with ``error`` the refusal's type and m
 (``"LayoutError: parallel tp=4 does not divide the 2 heads ..."``), and is not traced.
 
 The same check, before the candidates are made, chooses the default tensor-parallel layouts'
-form (:func:`sequence_parallel_where_taken`): sequence-parallel where the model takes it.
+form: sequence-parallel (:func:`sequence_parallel_where_taken`) and, for a mixture of experts,
+with expert parallelism over the tensor-parallel ranks (:func:`experts_where_taken`), where the
+model takes it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .candidates import Candidate, Layout
 __all__ = [
     "LayoutChecks",
     "check_global_batch",
+    "experts_where_taken",
     "on_meta",
     "refuse",
     "sequence_length",
@@ -151,6 +154,29 @@ def sequence_parallel_where_taken(
             sharded = dataclasses.replace(layout, sequence_parallel=True)
             if checks.refusal(sharded) is None:
                 layout = sharded
+        found.append(layout)
+    return tuple(found)
+
+
+def experts_where_taken(
+    layouts: Sequence[Layout], checks: LayoutChecks, experts: int | None, node: int
+) -> tuple[Layout, ...]:
+    """The default ``layouts`` of a mixture of ``experts`` routed experts, each with tensor
+    parallelism (``tp > 1``) reaching its experts by expert parallelism that borrows the
+    tensor-parallel ranks (``layouts.expert_degree``: torchtitan's expert tensor parallelism
+    1) where the model takes it (``analyze``'s own check: MoE blocks of a router and the
+    experts, as Mixtral's). Tensor parallelism alone leaves every expert whole on every
+    tensor-parallel rank, running every token: the same layout with ``ep`` holds a share of
+    them and runs a share of the tokens, so it is tried instead. Elsewhere, as before."""
+    from .layouts import expert_degree
+
+    found = []
+    for layout in layouts:
+        if experts and layout.tp > 1 and layout.ep == 1:
+            ep = expert_degree(layout, experts, node)
+            routed = dataclasses.replace(layout, ep=ep)
+            if ep > 1 and checks.refusal(routed) is None:
+                layout = routed
         found.append(layout)
     return tuple(found)
 

@@ -71,7 +71,8 @@ class Parallel:
 
     ``replicate`` x ``fsdp`` x ``tp`` x ``pp`` x ``cp`` ranks in all (``world``); ``ep``
     (expert parallelism: each rank holds ``experts / ep`` of every MoE layer's experts) borrows
-    its ranks from ``fsdp`` x ``cp``, as in torchtitan, so it must divide them.
+    its ranks from ``fsdp`` x ``cp``, as in torchtitan, so it must divide them; with ``tp``
+    every tensor-parallel rank too (``ep`` a multiple of ``tp``).
 
     Parameters
     ----------
@@ -80,7 +81,7 @@ class Parallel:
         config's plan)
     pp : pipeline stages' ranks (``torch.distributed.pipelining``)
     cp : context parallelism (ring attention over the sequence)
-    ep : expert parallelism (within ``fsdp`` x ``cp``)
+    ep : expert parallelism (within ``fsdp`` x ``cp``, and ``tp`` where there is one)
     schedule : the pipeline schedule (see ``SCHEDULES``): ``"1F1B"`` by default, or
         ``"interleaved-1F1B"`` when ``virtual_stages`` > 1
     virtual_stages : stages per pipeline rank (interleaved schedules)
@@ -120,12 +121,7 @@ class Parallel:
     def __post_init__(self) -> None:
         for key in DEGREES:
             _set(self, key, _degree(key, getattr(self, key)))
-        if self.ep > 1 and (self.fsdp * self.cp) % self.ep:
-            raise OptionError(
-                f"parallel ep={self.ep} must divide fsdp x cp = {self.fsdp * self.cp}: expert "
-                "parallelism borrows its ranks from the FSDP and context-parallel ones (as "
-                f"torchtitan's); give fsdp={self.ep} (or a multiple) with ep={self.ep}."
-            )
+        self._check_expert_ranks()
         self._check_capacity()
         world = self.world
         if world < 2:
@@ -148,6 +144,27 @@ class Parallel:
                 f"parallel['mp'] is FSDP2's mixed precision, and parallel={self._given()} "
                 'shards nothing with FSDP2: give "fsdp" (e.g. {"fsdp": 8, "mp": {...}}), or leave '
                 '"mp" out (for compute in bfloat16 on one device, analyze(..., autocast=...))."'
+            )
+
+    def _check_expert_ranks(self) -> None:
+        """``ep`` borrows its ranks as torchtitan's (expert tensor parallelism 1): from ``fsdp``
+        x ``cp``, and with ``tp`` every tensor-parallel rank too (``ep`` a multiple of ``tp``
+        dividing ``fsdp x cp x tp``)."""
+        if self.ep == 1:
+            return
+        if self.tp == 1 and (self.fsdp * self.cp) % self.ep:
+            raise OptionError(
+                f"parallel ep={self.ep} must divide fsdp x cp = {self.fsdp * self.cp}: expert "
+                "parallelism borrows its ranks from the FSDP and context-parallel ones (as "
+                f"torchtitan's); give fsdp={self.ep} (or a multiple) with ep={self.ep}."
+            )
+        ranks = self.fsdp * self.cp * self.tp
+        if self.tp > 1 and (self.ep % (self.tp * self.cp) or ranks % self.ep):
+            raise OptionError(
+                f"parallel ep={self.ep} with tp={self.tp} must be a multiple of tp x cp = "
+                f"{self.tp * self.cp} dividing fsdp x cp x tp = {ranks}: expert parallelism "
+                "borrows every tensor-parallel rank and some FSDP ones (torchtitan's expert "
+                f"tensor parallelism 1); give e.g. ep={self.tp * self.cp}."
             )
 
     def _check_capacity(self) -> None:

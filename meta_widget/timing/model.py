@@ -36,7 +36,8 @@ unit's compute; a unit's reduce-scatter run during the next unit's backward): FS
 but for the two the schedule has no compute to put beside: the first of the forward (the root
 unit's all-gather, before any layer runs) and the last of the backward (the root unit's
 reduce-scatter, or HSDP's last all-reduce, which the optimizer step waits for), exposed whole
-(``edges``); tensor parallelism's sit between dependent matmuls and are exposed whole:
+(``edges``); tensor parallelism's sit between dependent matmuls and expert parallelism's
+all-to-alls between the router and the experts, and are exposed whole:
 
     step_s = forward_s + backward_s + optimizer_s + edges
              + sum over phases (max(0, overlapped comm - compute) + tp comm)
@@ -135,8 +136,12 @@ _RING = {
     "all_to_all": lambda p: (p - 1) / p,
     "all_reduce": lambda p: 2 * (p - 1) / p,
 }
-#: groups whose collectives sit on the critical path (no overlap with compute)
-_BLOCKING = frozenset({"tp"})
+#: groups whose collectives sit on the critical path (no overlap with compute): tensor
+#: parallelism's, between dependent matmuls; expert parallelism's all-to-alls, between the
+#: router and the experts that need their tokens (torchtitan's ``ExpertParallel`` dispatch even
+#: waits on the host for the split sizes: "this would incur a device-to-host sync",
+#: torchtitan/distributed/expert_parallel.py)
+_BLOCKING = frozenset({"tp", "ep"})
 
 
 @dataclass(frozen=True)
@@ -449,11 +454,12 @@ def generation_time(
 
 def mesh_strides(comms: Sequence[CommLike]) -> dict[str, int]:
     """How far apart a group's ranks are, by mesh dimension (replicate, fsdp, tp: tensor
-    parallelism innermost; expert parallelism's ``ep`` the innermost ranks of ``fsdp``, and
-    ``efsdp`` the rest of them), from the group sizes the collectives ran on."""
+    parallelism innermost; expert parallelism's ``ep`` the innermost ranks: the tensor-parallel
+    ones and the innermost of ``fsdp``, and ``efsdp`` the rest of the ``fsdp`` ranks), from the
+    group sizes the collectives ran on."""
     size = {c.group: c.group_size for c in comms}
     tp, fsdp, ep = size.get("tp", 1), size.get("fsdp", 1), size.get("ep", 1)
-    return {"tp": 1, "fsdp": tp, "ep": tp, "efsdp": ep * tp, "replicate": fsdp * tp}
+    return {"tp": 1, "fsdp": tp, "ep": 1, "efsdp": max(ep, tp), "replicate": fsdp * tp}
 
 
 def _communication(
