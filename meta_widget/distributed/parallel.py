@@ -455,8 +455,25 @@ def tp_names(module: nn.Module, plan: Parallel) -> dict[str, str]:
         from .experts_tp import moe_names
 
         experts = [path for path, _ in expert_modules(module)]
-        names.update(moe_names(module, experts, plan.sequence_parallel))
+        moe = moe_names(module, experts, plan.sequence_parallel)
+        placed = [
+            p for p in module_paths(module, moe) if any(fnmatch.fnmatchcase(p, n) for n in names)
+        ]
+        if placed:
+            raise LayoutError(
+                f"parallel ep={plan.ep} with tp={plan.tp} places each MoE block and its router "
+                f"itself (torchtitan's way), and the tensor-parallel plan names "
+                f"{placed[0]!r} too: leave the MoE blocks out of tp_plan."
+            )
+        names.update(moe)
     return names
+
+
+def module_paths(module: nn.Module, plan: dict[str, str]) -> list[str]:
+    """The paths of ``module``'s modules that a pattern of ``plan`` names (``*`` for any
+    name)."""
+    paths = [p for p, _ in module.named_modules()]
+    return [p for p in paths if any(fnmatch.fnmatchcase(p, pattern) for pattern in plan)]
 
 
 def transformers_plan(module: nn.Module) -> dict[str, str]:
