@@ -205,7 +205,7 @@ class World:
             for name, size in zip(MESH_DIMS, self.plan.sizes, strict=True)
             if size > 1
         }
-        self.watcher = CommWatcher({**extra, **groups})  # a group both name: the mesh's
+        self.watcher = CommWatcher({**extra, **groups})  # one group, two names: the mesh's
 
     def attach(self, recorder: Recorder, undo: Undo) -> None:
         """Give ``recorder`` what a parallel trace adds (see ``passes.trace``'s ``attach``)."""
@@ -457,7 +457,7 @@ def tp_names(module: nn.Module, plan: Parallel) -> dict[str, str]:
         experts = [path for path, _ in expert_modules(module)]
         moe = moe_names(module, experts, plan.sequence_parallel)
         placed = [
-            p for p in module_paths(module, moe) if any(fnmatch.fnmatchcase(p, n) for n in names)
+            p for p in _named_paths(module, moe) if any(fnmatch.fnmatchcase(p, n) for n in names)
         ]
         if placed:
             raise LayoutError(
@@ -469,7 +469,7 @@ def tp_names(module: nn.Module, plan: Parallel) -> dict[str, str]:
     return names
 
 
-def module_paths(module: nn.Module, plan: dict[str, str]) -> list[str]:
+def _named_paths(module: nn.Module, plan: dict[str, str]) -> list[str]:
     """The paths of ``module``'s modules that a pattern of ``plan`` names (``*`` for any
     name)."""
     paths = [p for p, _ in module.named_modules()]
