@@ -139,6 +139,7 @@ def test_ep_with_tp_is_a_real_ranks_peak_and_all_to_alls(ep: int) -> None:
         ("mixtral", {"fsdp": 4, "tp": 2, "ep": 3}, mw.OptionError, "a multiple of tp"),
         ("mixtral", {"fsdp": 2, "tp": 2, "ep": 8}, mw.OptionError, "dividing fsdp x cp x tp"),
         ("qwen", {"fsdp": 2, "tp": 2, "ep": 2}, mw.LayoutError, "shared_expert"),
+        ("mixtral", {"fsdp": 2, "tp": 2, "sequence_parallel": True}, mw.LayoutError, "ep=2"),
         (
             "mixtral",
             {"fsdp": 2, "tp": 2, "ep": 2, "tp_plan": {"model.layers.*.mlp": "rowwise"}},
@@ -151,8 +152,9 @@ def test_an_ep_with_tp_the_layout_or_model_cannot_take_is_refused(
     config: str, layout: dict[str, Any], error: type[Exception], match: str
 ) -> None:
     """ep not a multiple of tp, or more ranks than fsdp x tp: refused when the layout is made;
-    an MoE block with a shared expert beside the router (Qwen-MoE), or a tensor-parallel plan
-    that places the MoE blocks itself: a layout error, before any process group."""
+    an MoE block with a shared expert beside the router (Qwen-MoE), a tensor-parallel plan that
+    places the MoE blocks itself, or sequence parallelism on a Mixtral without ep (its router
+    would meet the gathered sequence): a layout error, before any process group."""
     model = tiny_mixtral() if config == "mixtral" else _tiny_qwen_moe()
     with pytest.raises(error, match=match):
         mw.analyze(model, input_size=(2, 128), mode="training", parallel=layout)

@@ -343,6 +343,17 @@ def check_world(plan: Parallel, module: nn.Module) -> None:
         from .experts import check_experts
 
         check_experts(plan, module)
+    elif plan.sequence_parallel and plan.tp_plan is None:
+        from .experts import expert_modules
+
+        if expert_modules(module):
+            raise LayoutError(
+                f"parallel tp={plan.tp} with sequence_parallel=True: {name} is a mixture of "
+                "experts whose tensor-parallel plan (transformers') leaves each MoE block whole, "
+                "and its router cannot take the sequence the block's norm gathers. Give ep as "
+                f"torchtitan does (e.g. ep={plan.tp}: the experts spread over the tp ranks, each "
+                "routing its share of the tokens), or leave sequence_parallel out."
+            )
     if plan.pp > 1:
         from .stages import layer_ranges
 

@@ -376,9 +376,9 @@ def plan(
     checks = on_meta(model, space.layouts)
     if layouts is None:
         sequence = sequence_length(input_size, whole)
-        found = sequence_parallel_where_taken(space.layouts, checks, sequence)
         node = max(1, accelerator.gpus_per_node)
-        space = replace(space, layouts=experts_where_taken(found, checks, experts, node))
+        found = experts_where_taken(space.layouts, checks, experts, node)
+        space = replace(space, layouts=sequence_parallel_where_taken(found, checks, sequence))
     report = progress_function(progress, "plan")
     todo = space.candidates()
     if not isinstance(full_depth, bool):
