@@ -13,7 +13,7 @@ fake process group: by default at 2, 3 and 4 layers and extended by the per-laye
 the first N layouts only (12 candidates each) and prints the seconds per candidate, so a
 shorter run says what the whole plan costs: the "whole plan" line is then that rate times the
 120 candidates, marked as projected. ``--check`` traces the best candidate at full depth and
-prints both peaks and step times. ``--workers N`` sets ``plan``'s processes (default: one per
+prints both peaks, both figures on the GPU and both step times. ``--workers N`` sets ``plan``'s processes (default: one per
 core: this process and a local ``ProcessPoolExecutor``'s children, ``meta_widget.explore.workers``);
 ``--workers 1`` is the plan in one process. ``benchmarks/plan_cluster.py`` runs it on a Dask
 cluster.
@@ -128,8 +128,9 @@ def main() -> None:
             assert a is not None and a.time is not None
             print(
                 f"best at full depth ({time.perf_counter() - start:.1f} s): peak "
-                f"{a.peak_bytes:,} B (rule {best.peak_bytes:,} B), step {a.time.step_s:.6g} s "
-                f"(rule {best.step_s:.6g} s)"
+                f"{a.peak_bytes:,} B (rule {best.peak_bytes:,} B), on the GPU "
+                f"{a.footprint_bytes:,} B (rule {best.device_bytes:,} B), step "
+                f"{a.time.step_s:.6g} s (rule {best.step_s:.6g} s)"
             )
 
 

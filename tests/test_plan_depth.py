@@ -5,6 +5,8 @@ depth."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -14,7 +16,6 @@ import meta_widget as mw
 from meta_widget.explore import depth as depth_rule
 from meta_widget.explore import plan as plan_module
 from meta_widget.explore import plan_trace
-from meta_widget.explore.layouts import Layout
 from meta_widget.timing.gpus import resolve_gpu
 
 transformers = pytest.importorskip("transformers")
@@ -63,6 +64,9 @@ def llama(layers: int = LAYERS, **extra: Any) -> Any:
 def same_numbers(a: plan_module.Candidate, b: plan_module.Candidate) -> None:
     assert a.key == b.key
     assert a.peak_bytes == b.peak_bytes, a.key  # to the byte
+    # the caching allocator's reserve too, where the rule gives it (``depth_reserve``); else
+    # the least the GPU holds, under the budget
+    assert a.device_bytes == b.device_bytes or (not a.fits and a.device_bytes < b.device_bytes)
     assert a.fits == b.fits
     for name in ("step_s", "mfu", "tokens_per_s"):
         assert math.isclose(getattr(a, name), getattr(b, name), rel_tol=1e-9), (a.key, name)
@@ -210,47 +214,78 @@ def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     assert ok.error is None and ok.traced_layers == (2, 3, 4) and ok.peak_bytes
 
 
-def test_a_candidate_that_may_fit_is_traced_at_full_depth_without_the_4_layer_trace() -> None:
-    """Within the budget by the rule found at 2 and 3 layers, a candidate is traced at full
-    depth straight away (only that trace says whether it fits; the 4-layer trace would only
-    check the rule); once one fits, the others of its layout and precision (as given and
-    autocast: 4; bf16 parameters: 2) are traced at full depth alone (``Learned.fitting``):
-    every row the full-depth plan's, 3 traces for the first of each, 1 for the rest."""
-    space = {**SPACE, "budget": None}  # the H100's memory: every candidate may fit
+def test_a_candidate_that_may_fit_has_the_full_depths_numbers() -> None:
+    """Within the budget, what the GPU holds comes from the caching allocator replayed over the
+    full depth's steps by the rule (``depth_reserve``) where the allocator's steps follow it
+    (3 traces), else from a full-depth trace (a fourth): either way every row is the full-depth
+    plan's, what the GPU holds included."""
+    space = {**SPACE, "budget": None}  # the H100's memory: every candidate fits
     by_rule = mw.plan(llama(), SIZE, **space)
     full = mw.plan(llama(), SIZE, full_depth=True, **space)
-    assert all(c.traced_layers == () and c.fits for c in by_rule.candidates)
+    assert all(c.traced_layers in ((2, 3, 4), ()) and c.fits for c in by_rule.candidates)
     for a, b in zip(by_rule.candidates, full.candidates, strict=True):
         same_numbers(a, b)
         assert a.device_bytes == b.device_bytes
-    assert by_rule.traces == 3 * 2 + 4 and full.traces == 6
+    whole = sum(c.traced_layers == () for c in by_rule.candidates)
+    assert by_rule.traces == 3 * 6 + whole and full.traces == 6
 
 
-@pytest.mark.parametrize("layout", [(1, 8, 1), (2, 2, 2)], ids=["fsdp", "hsdp-tp"])
-def test_the_least_bytes_from_2_and_3_layers_are_the_checked_rules(layout: Any) -> None:
-    """``least_device_bytes_unchecked`` (2 and 3 layers) is ``extend``'s figure (2, 3 and 4
-    layers, checked) wherever the rule holds: ``plan`` decides by it whether the 4-layer
-    trace is run, and the rows are the same either way."""
-    replicate, fsdp, tp = layout
-    job = plan_trace.Job(llama(), SIZE, None, "training", resolve_gpu("H100"))
-    for checkpointing in (False, True):
-        c = plan_module.Candidate(
-            Layout(replicate=replicate, fsdp=fsdp, tp=tp), checkpointing, "param_dtype bf16", 2
-        )
-        counts = plan_trace.Counts()
-        with plan_trace.planning():
-            samples = [
-                depth_rule.sample(plan_trace.run_analyze(job, counts, c.options(), d), d)
-                for d in depth_rule.DEPTHS
-            ]
-        full = depth_rule.extend(samples, LAYERS, job.gpu, replicate * fsdp)
-        assert full is not None
-        runs = depth_rule.inserted(*samples[:2])
-        assert runs is not None
-        assert depth_rule.least_device_bytes_unchecked(samples[0], samples[1], runs, LAYERS) == (
-            full.least_device_bytes
-        )
-        assert full.least_device_bytes > full.peak_bytes  # the GPU's figure, not the peak
+RESERVE_CASES = [
+    ({"fsdp": 8}, {}, 1, SIZE),
+    ({"replicate": 2, "fsdp": 2, "tp": 2}, {"param_dtype": "bfloat16"}, 2, (4, 128)),
+    ({"fsdp": 4, "tp": 2, "sequence_parallel": True}, {"autocast": "bfloat16"}, 1, SIZE),
+    ({"replicate": 8}, {"activation_checkpointing": True, "param_dtype": "bfloat16"}, 1, SIZE),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "options", "micro_batches", "size"),
+    RESERVE_CASES,
+    ids=["fsdp", "hsdp-tp-bf16-mb2", "fsdp-tp-sp-autocast", "ddp-ckpt-bf16"],
+)
+def test_the_allocators_reserve_by_the_rule_is_the_full_depths(
+    layout: Any, options: Any, micro_batches: int, size: Any
+) -> None:
+    """The caching allocator's reserve replayed over the steps the rule builds from 2, 3 and 4
+    layers equals the full-depth trace's to the byte, and with it what the GPU holds
+    (``Analysis.footprint_bytes``), for each layout, precision, checkpointing and
+    micro-batches; at 2 layers less than that."""
+    gpu = resolve_gpu("H100")
+    kwargs = dict(mode="training", gpu="H100", parallel=layout, micro_batches=micro_batches)
+    analyses = [mw.analyze(llama(d), size, **kwargs, **options) for d in depth_rule.DEPTHS]
+    samples = [depth_rule.sample(a, d) for a, d in zip(analyses, depth_rule.DEPTHS, strict=True)]
+    dp = layout.get("replicate", 1) * layout.get("fsdp", 1)
+    full = depth_rule.extend(samples, LAYERS, gpu, dp)
+    assert full is not None
+    whole = mw.analyze(llama(), size, **kwargs, **options)
+    assert full.peak_bytes == whole.peak_bytes
+    assert full.device_bytes == whole.footprint_bytes == whole.memory.device_bytes
+    assert full.least_device_bytes <= full.device_bytes
+    assert analyses[0].footprint_bytes < full.device_bytes
+
+
+def test_allocator_steps_that_break_the_rule_give_no_reserve() -> None:
+    """A free in the 4-layer trace that frees another allocation than the rule says (two
+    frees' allocations swapped): no reserve by the rule (``plan`` then traces the candidate at
+    full depth when it may fit)."""
+    gpu = resolve_gpu("H100")
+    kwargs = dict(mode="training", gpu="H100", parallel={"fsdp": 8})
+    samples = [
+        depth_rule.sample(mw.analyze(llama(d), SIZE, **kwargs), d) for d in depth_rule.DEPTHS
+    ]
+    assert depth_rule.extend(samples, LAYERS, gpu, 8).device_bytes is not None  # type: ignore[union-attr]
+    table = samples[2].allocator_steps.copy()
+    frees = [i for i in range(len(table)) if table[i, 1] < 0]
+    # two neighbouring frees of allocations of one size, made before either: swapped
+    i, j = next(
+        (i, j)
+        for i, j in itertools.pairwise(frees)
+        if table[table[i, 2], 1] == table[table[j, 2], 1] and table[j, 2] < i
+    )
+    table[[i, j], 2] = table[[j, i], 2]
+    broken = dataclasses.replace(samples[2], allocator_steps=table)
+    full = depth_rule.extend([*samples[:2], broken], LAYERS, gpu, 8)
+    assert full is not None and full.device_bytes is None
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import transformers
 from test_checkpoint_plan import Net
 
 import meta_widget as mw
+from meta_widget.explore import depth
 from meta_widget.explore import plan as plan_module
 
 SIZE = (2, 32)
@@ -39,23 +40,26 @@ def traced() -> mw.Analysis:
 
 @pytest.mark.parametrize("full_depth", [False, True], ids=["rule", "full-depth"])
 def test_bytes_on_the_gpu_equal_to_the_budget_fit(traced: mw.Analysis, full_depth: bool) -> None:
-    """What the GPU holds is replayed at full depth for a candidate that may fit, by the rule
-    too (it cannot give the caching allocator's reserve): equal to the budget, it fits."""
+    """What the GPU holds is the caching allocator's reserve replayed at full depth, by the
+    rule too (over the steps it builds, ``depth_reserve``): equal to the budget, it fits."""
     assert traced.footprint_bytes == traced.memory.device_bytes > traced.peak_bytes
     held = traced.footprint_bytes
     for budget, fits in ((held, True), (held - 1, False)):
         p = mw.plan(llama(), SIZE, budget=budget, full_depth=full_depth, workers=1, **ONE)
         (c,) = p.candidates
         assert (c.peak_bytes, c.device_bytes, c.fits) == (traced.peak_bytes, held, fits)
-        assert c.traced_layers == ()
+        assert c.traced_layers == (() if full_depth else (2, 3, 4))
         assert (p.best is c) if fits else not p.to_dataframe()["fits"].any()
 
 
-def test_the_rule_rejects_what_cannot_fit_by_its_least_bytes_on_the_gpu(
-    traced: mw.Analysis,
+def test_without_the_reserve_the_rule_rejects_what_cannot_fit_by_its_least_bytes(
+    traced: mw.Analysis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under the least the GPU can hold (the peak, cuBLAS's workspaces, the CUDA context,
-    NCCL's buffers), the rule's numbers stand: not traced at full depth."""
+    """Where the allocator's steps do not follow the rule (no reserve by it), under the least
+    the GPU can hold (the peak, cuBLAS's workspaces, the CUDA context, NCCL's buffers) the
+    rule's numbers stand: not traced at full depth; at that least, the full-depth trace's
+    reserve decides."""
+    monkeypatch.setattr(depth, "reserved_at", lambda *args: None)
     m = traced.memory
     least = m.peak_bytes + m.workspace_bytes + m.device_bytes - m.reserved_bytes
     assert m.peak_bytes < least < m.device_bytes

@@ -98,12 +98,15 @@ class Candidate:
     device_bytes
         What rank 0's GPU holds at that peak, as ``nvidia-smi`` shows it
         (``Analysis.footprint_bytes``: the caching allocator's reserve, the CUDA context,
-        NCCL's buffers). By the per-layer rule, which only decides that a candidate cannot fit,
-        the least it holds: the peak, cuBLAS's workspaces, the context and NCCL's buffers (the
-        allocator's cached blocks come on top; ``meta_widget.explore.depth.least_device_bytes``).
+        NCCL's buffers); by the per-layer rule the same, the reserve replayed over the full
+        depth's allocator steps (``meta_widget.explore.depth_reserve``). Where those steps do
+        not follow the rule and the candidate cannot fit, the least it holds: the peak,
+        cuBLAS's workspaces, the context and NCCL's buffers (the allocator's cached blocks
+        come on top; ``meta_widget.explore.depth.least_device_bytes``).
     fits
-        ``device_bytes <= budget`` (False when not traced). A candidate that may fit is traced
-        at full depth, so that the caching allocator's reserve is replayed exactly.
+        ``device_bytes <= budget`` (False when not traced). A candidate that may fit whose
+        allocator steps do not follow the rule is traced at full depth, so that the caching
+        allocator's reserve is replayed exactly.
     step_s, mfu, tokens_per_s, samples_per_s
         ``analysis.time``'s (with a pipeline, the pipeline's step, its bubble included);
         ``tokens_per_s`` and ``samples_per_s`` are the whole job's (every data-parallel

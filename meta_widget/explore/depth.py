@@ -13,21 +13,20 @@ at 2, 3 and 4 layers, and
   inserted run doubled, every byte and op; its costs, collectives, FLOPs and parameter bytes
   the 3-layer trace's plus the same again. Any difference and the candidate is traced at full
   depth (``Candidate.traced_layers`` says which);
-- **or stops early**, two ways. The parameters, buffers, gradients and optimizer state one rank
-  holds (:func:`held_state_at`) grow by the same bytes with each alike layer (alike layers hold
+- **or stops early**: the parameters, buffers, gradients and optimizer state one rank holds
+  (:func:`held_state_at`) grow by the same bytes with each alike layer (alike layers hold
   alike shards), so the 2- and 3-layer traces give them exactly at full depth, with no rule to
   check: where they and the CUDA context alone are over the budget the candidate cannot fit,
-  and nor can any other with its layout and precision (``plan`` traces none of those). And
-  the least bytes on the GPU by the rule found at 2 and 3 layers
-  (:func:`least_device_bytes_unchecked`) within the budget, the candidate may fit, which only
-  a full-depth trace decides; ``plan`` then traces that and not the 4-layer trace;
+  and nor can any other with its layout and precision (``plan`` traces none of those);
 - **applies it**: the full depth's events are the 3-layer trace's with each run repeated once
   per middle layer. The peak is the maximum of their running sum over the parameters, buffers
   and inputs (the traced peak of that event sequence, as ``MemoryReport`` takes it); the step
   time is ``step_time`` of the costs and collectives so extended. The collectives are counted,
   not ordered: only the two whose place the time model reads (``timing.model.schedule_edges``:
   the forward's first, the backward's last; the root unit's, alike at every depth) are kept
-  with their place, checked like the rest.
+  with their place, checked like the rest. What the GPU holds is the caching allocator's
+  reserve replayed over the full depth's allocator steps, built and checked the same way
+  (``depth_reserve``), and what does not grow with depth (the CUDA context, NCCL's buffers).
 
 Where the layers are not all alike (a layer type list with two kinds, a first dense layer
 before MoE layers, any module attribute other than the layer's index differing), or the model
@@ -40,7 +39,7 @@ import copy
 import difflib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,9 +48,11 @@ import torch
 from ..analysis import Analysis
 from ..data.records import CallRecord
 from ..distributed.comms import CommRecord
+from ..memory.allocator import read_table
 from ..sources.models import is_transformers_config, to_meta
 from ..timing.gpus import GPU
 from ..timing.model import StepTime, schedule_edges, step_time
+from .depth_reserve import reserved_at
 
 __all__ = [
     "DEPTHS",
@@ -63,7 +64,6 @@ __all__ = [
     "held_state",
     "held_state_at",
     "inserted",
-    "least_device_bytes_unchecked",
     "overheads",
     "sample",
     "with_layers",
@@ -104,6 +104,8 @@ class Sample:
     edges: tuple[CommKey, ...] = ()
     #: the parameters, buffers, gradients and optimizer state on the device (:func:`held_state`)
     state_bytes: int = 0
+    #: the caching allocator's steps (``MemoryReport.allocator_steps``)
+    allocator_steps: Any = field(default=None, compare=False, repr=False)
 
 
 def depth_of(model: Any) -> int | None:
@@ -169,6 +171,7 @@ def sample(a: Analysis, layers: int) -> Sample:
         layers, tuple(events), base, costs, Counter(keys), int(a.total_flops), tokens, samples,
         recomputed, tuple(report.steps), report.peak_bytes, report.reserved_bytes,
         report.workspace_bytes, a.footprint_bytes, edges, held_state(a),
+        read_table(report.allocator_steps),
     )  # fmt: skip
 
 
@@ -231,6 +234,10 @@ class Extended:
     #: the least the GPU holds at the peak: the peak and what does not grow with depth
     #: (``least_device_bytes``)
     least_device_bytes: int
+    #: what the GPU holds (``Analysis.footprint_bytes``): the caching allocator's reserve
+    #: replayed over the full depth's steps (``depth_reserve``) and what does not grow with
+    #: depth; None where the steps do not follow the rule
+    device_bytes: int | None = None
 
 
 def extend(
@@ -280,27 +287,25 @@ def extend(
     batch = None if three.samples is None else three.samples // dp
     flops = totals["flops"]
     time = step_time([call], outside, records, gpu, flops, tokens, batch, data_parallel=dp)
-    return Extended(peak, time, least_device_bytes(peak, four))
+    least = least_device_bytes(peak, four)
+    return Extended(peak, time, least, _device_bytes(samples, runs, layers, peak))
 
 
-def least_device_bytes_unchecked(
-    two: Sample, three: Sample, runs: Sequence[tuple[int, int]], layers: int
-) -> int:
-    """What :func:`extend` would give as ``least_device_bytes`` at ``layers`` layers, from the
-    samples at 2 and 3 layers alone and the ``runs`` the third layer inserts (:func:`inserted`:
-    the rule found, not checked).
-
-    ``plan`` reads it before the 4-layer trace: where it is within the budget the candidate
-    may fit, and only a full-depth trace says whether it does (the rule decides only what
-    cannot fit), so the 4-layer trace, which only checks the rule, would be spent for nothing.
-    Where the rule holds this is ``extend``'s figure: the same runs and events give the same
-    peak, the parameters and inputs grow by the same step, and what does not grow with depth
-    (cuBLAS's workspaces, the CUDA context, NCCL's buffers) is alike at 3 and 4 layers."""
-    extra = layers - three.layers
-    deltas = np.array([t[0] for t in _repeat(three.events, runs, extra + 1)], dtype=np.int64)
-    baseline = three.baseline + (three.baseline - two.baseline) * extra
-    peak = baseline + (int(np.cumsum(deltas).max()) if deltas.size else 0)
-    return least_device_bytes(peak, three)
+def _device_bytes(
+    samples: Sequence[Sample], runs: Sequence[tuple[int, int]], layers: int, peak: int
+) -> int | None:
+    """What the GPU holds at ``layers`` layers (``Analysis.footprint_bytes``): the caching
+    allocator's reserve by the rule (``depth_reserve.reserved_at``) and the CUDA context and
+    NCCL's buffers, alike at 3 and 4 layers; the peak without a caching allocator (no
+    ``gpu=``); None where the allocator's steps do not follow the rule."""
+    three, four = samples[1], samples[2]
+    if four.reserved_bytes <= 0 or four.device_bytes <= four.peak_bytes:
+        return peak
+    if overheads(three) != overheads(four):
+        return None
+    tables = [s.allocator_steps for s in samples]
+    reserved = reserved_at(tables, runs, layers, _inserted, _repeat)
+    return None if reserved is None else reserved + overheads(four)
 
 
 def least_device_bytes(peak: int, deepest: Sample) -> int:

@@ -31,7 +31,6 @@ from .depth import (
     held_state,
     held_state_at,
     inserted,
-    least_device_bytes_unchecked,
     overheads,
     sample,
     with_layers,
@@ -70,19 +69,12 @@ class Learned:
     - ``over``: a layout and precision whose parameters, gradients and optimizer state alone
       (with the CUDA context) are over the budget on one rank, with the bytes and the row's
       reason: no candidate of them can fit, whatever its checkpointing or micro-batches (which
-      change neither), and none is traced (the bound and its proof: ``depth.held_state``);
-    - ``fitting``: a layout and precision one of whose candidates fit, traced at full depth.
-      The others of them are traced at full depth at once, not first at 2 and 3 layers: those
-      two traces only spare a full-depth trace where they show the candidate cannot fit, and
-      the same state in the same layout fit already (the 16-layer Llama of docs/explore.md,
-      every candidate fitting: 2 + 3 + 16 layer-traces a candidate before, 16 now). This
-      chooses traces, not numbers: a full-depth trace is what the rule's numbers equal.
+      change neither), and none is traced (the bound and its proof: ``depth.held_state``).
 
     Keyed by ``HELD_AS``: autocast holds what the precision as given holds."""
 
     refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
     over: dict[tuple[Layout, str], tuple[int, str]] = field(default_factory=dict)
-    fitting: set[tuple[Layout, str]] = field(default_factory=set)
 
 
 class Counts:
@@ -199,13 +191,12 @@ def _trace(
     layers: int | None,
     gpu: GPU,
 ) -> None:
-    """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given, the traces
-    follow it and the least the candidate holds on the GPU is over ``budget`` (it cannot fit),
-    else from a full-depth trace (whose caching allocator's reserve decides whether it fits);
-    or record why its layout was refused, or why no candidate of its layout and precision can
-    fit (what ``learned`` holds already is not traced again, in this process or in a worker).
-    A pipeline is traced at full depth (the per-layer rule assumes one stage), and so is a
-    candidate of a layout and precision that fit already (``learned.fitting``)."""
+    """Fill in ``c``'s numbers: by the per-layer rule when ``layers`` is given and the traces
+    follow it (peak, step time and what the GPU holds, or that it cannot fit), else from a
+    full-depth trace; or record why its layout was refused, or why no candidate of its layout
+    and precision can fit (what ``learned`` holds already is not traced again, in this process
+    or in a worker). A pipeline is traced at full depth (the per-layer rule assumes one
+    stage)."""
     shape = (c.layout, c.input_size)
     if shape in learned.refused:
         c.error = learned.refused[shape]
@@ -218,13 +209,9 @@ def _trace(
         if (
             layers is not None
             and c.layout.pp == 1
-            and group not in learned.fitting
             and _by_rule(c, run, layers, gpu, budget, learned)
         ):
-            if c.error is not None or (c.device_bytes or 0) > budget:
-                return  # failed, or cannot fit: its least bytes on the GPU are over the budget
-            # it may fit: the caching allocator's reserve decides, replayed at full depth
-            c.traced_layers, c._trace_full = (), None
+            return
         c._analysis = run(c.options())
     except (OptionError, ParallelError) as e:
         if not _is_layout(e):
@@ -237,8 +224,6 @@ def _trace(
         return
     c.peak_bytes, c.device_bytes = int(a.peak_bytes), int(a.footprint_bytes)
     c.fits = c.device_bytes <= budget
-    if c.fits:
-        learned.fitting.add(group)
     if a.time is not None:
         _set_time(c, a.time)
     held = min(held_state(a), int(a.peak_bytes))  # the peak holds them (never less, as traced)
@@ -275,12 +260,11 @@ def _by_rule(
 ) -> bool:
     """Fill in ``c``'s numbers from its traces at ``DEPTHS`` layers and the per-layer rule;
     False when a trace failed or the traces do not follow the rule (then a full-depth trace
-    says what happened), or when the rule found at 2 and 3 layers puts the least the
-    candidate holds on the GPU within ``budget`` (``least_device_bytes_unchecked``: it may
-    fit, which only a full-depth trace decides; the 4-layer trace is not run). When the 2- and
-    3-layer traces put its parameters, gradients and optimizer state alone over the budget
-    (``held_state_at``: exact), it cannot fit and nor can the others of its layout and
-    precision (``learned.over``): the 4-layer trace is not run either."""
+    says what happened), or when the allocator's steps do not and the least the candidate
+    holds on the GPU is within ``budget`` (it may fit: the full-depth trace's reserve decides).
+    When the 2- and 3-layer traces put its parameters, gradients and optimizer state alone over
+    the budget (``held_state_at``: exact), it cannot fit and nor can the others of its layout
+    and precision (``learned.over``): the 4-layer trace is not run."""
     samples: list[Sample] = []
     options = c.options()
     runs: list[tuple[int, int]] | None = None
@@ -293,7 +277,7 @@ def _by_rule(
                 c.traced_layers, c._trace_full = (2, 3), lambda: run(options)
                 return True
             runs = inserted(two, three)
-            if runs is None or least_device_bytes_unchecked(two, three, runs, layers) <= budget:
+            if runs is None:
                 return False
         a = run(options, d)
         if a.error is not None:  # the full depth fails the same way: not traced for nothing
@@ -304,9 +288,11 @@ def _by_rule(
             return False
         samples.append(sample(a, d))
     full = extend(samples, layers, gpu, c.layout.data_parallel, runs)
-    if full is None:
+    if full is None or (full.device_bytes is None and full.least_device_bytes <= budget):
         return False
-    c.peak_bytes, c.device_bytes = full.peak_bytes, full.least_device_bytes
+    c.peak_bytes = full.peak_bytes
+    c.device_bytes = full.least_device_bytes if full.device_bytes is None else full.device_bytes
+    c.fits = c.device_bytes <= budget
     c.traced_layers = DEPTHS
     c._trace_full = lambda: run(options)
     _set_time(c, full.time)

@@ -12,12 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .caching import DEFAULT_CONFIG, AllocatorConfig, Block, CachingAllocator
 
 if TYPE_CHECKING:
     from ..data.records import Allocation
 
-__all__ = ["AllocatorConfig", "Reserved", "replay", "run", "steps_of"]
+__all__ = ["AllocatorConfig", "Reserved", "read_table", "replay", "run", "step_table", "steps_of"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,36 @@ def steps_of(
         steps += here
         where += [event] * len(here)
     return steps, where
+
+
+#: the columns of :func:`step_table`
+EVENT, NBYTES, FREES, KIND = range(4)
+#: a step's kind in :func:`step_table`: a tensor alive before the trace, an allocation placed
+#: beside the trace's (a cuBLAS workspace), an allocation of the trace
+INITIAL, EXTRA, TRACED = range(3)
+
+
+def step_table(steps: Sequence[Step], where: Sequence[int]) -> np.ndarray:
+    """``steps`` (and the event of each, :func:`steps_of`) as plain numbers, one row a step:
+    ``(event, bytes, freed step, kind)``. An allocation has its bytes and ``freed step`` -1;
+    a free has bytes -1 and the row of the allocation it frees. ``plan``'s per-layer rule
+    extends it to a model's full depth and replays it (``explore.depth_reserve``)."""
+    rows: list[tuple[int, int, int, int]] = []
+    row_of: dict[object, int] = {}
+    kinds = {"initial": INITIAL, "extra": EXTRA}
+    for i, ((key, nbytes), event) in enumerate(zip(steps, where, strict=True)):
+        if nbytes is None:
+            rows.append((event, -1, row_of.pop(key), TRACED))
+            continue
+        row_of[key] = i
+        kind = kinds.get(key[0], TRACED) if isinstance(key, tuple) else TRACED
+        rows.append((event, nbytes, -1, kind))
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+
+
+def read_table(raw: bytes) -> np.ndarray:
+    """A :func:`step_table` from its bytes (``MemoryReport.allocator_steps``)."""
+    return np.frombuffer(raw, dtype=np.int64).reshape(-1, 4)
 
 
 def replay(

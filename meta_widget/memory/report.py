@@ -43,7 +43,7 @@ from ..data.tree import held_bytes
 from ..data.walk import walk
 from ..trace.storage import local
 from ..units import DTYPE_BYTES
-from .allocator import replay
+from .allocator import run, step_table, steps_of
 from .device import cublas_workspace_bytes, device_bytes, workspaces
 from .modules import ModuleMemory, module_memory
 
@@ -111,6 +111,10 @@ class MemoryReport:
     #: ``reserved_bytes`` + the CUDA context + NCCL's buffers in a parallel trace
     #: (``meta_widget.memory.device.OVERHEADS``, each figure with its source)
     device_bytes: int = 0
+    #: the steps the caching allocator replayed for ``reserved_bytes``, one row a step
+    #: (``memory.allocator.step_table``, its bytes: ``allocator.read_table`` reads them back):
+    #: what ``plan``'s per-layer rule extends to full depth
+    allocator_steps: bytes = field(default=b"", repr=False)
 
     @property
     def baseline_bytes(self) -> int:
@@ -353,7 +357,9 @@ def device_memory(
     initial += storage_sizes(inputs)
     allocations = trace.allocations if trace is not None else []
     extra = workspaces(trace.events, cublas_workspace_bytes()) if trace is not None else []
-    report.reserved_bytes = replay(allocations, initial, extra=extra).peak_bytes
+    steps, where = steps_of(allocations, initial, extra)
+    report.reserved_bytes = run(steps).peak_bytes
+    report.allocator_steps = step_table(steps, where).tobytes()
     report.workspace_bytes = sum(n for _, n in extra)
     report.device_bytes = device_bytes(report.reserved_bytes, communicators(tree, allocations))
     return report

@@ -1,0 +1,276 @@
+"""The caching allocator's reserve at a decoder's full depth, from its traces at 2, 3 and 4
+layers (``plan``'s per-layer rule, ``explore.depth``).
+
+What the GPU holds is not the running sum of the events' bytes that the rule extends: the
+caching allocator rounds, splits, caches and reuses blocks, so its reserve depends on which
+block each free gives back. ``MemoryReport.allocator_steps`` keeps each trace's allocator
+steps with that link (the row a free frees). The full depth's steps are built the way the rule
+builds its events, and replayed through the same allocator:
+
+- **the tensors alive before the trace** (parameters, buffers, inputs, in the order
+  ``module.to("cuda")`` moves them): the third layer's run inserted into the 2-layer list,
+  checked on the 4-layer list (repeated twice), repeated once per middle layer;
+- **the trace's steps**: those of each event run the third layer inserts (``depth.inserted``)
+  repeated with the run (a cuBLAS workspace, placed once per thread, never), checked step by
+  step against the 4-layer trace's;
+- **which allocation each free frees**, a rule per free of the 3-layer trace, read off the
+  4-layer trace (what each of the two copies of a layer's free gives back) and checked on the
+  3-layer trace (the one copy). Copy ``c`` of ``k`` frees copy ``c`` of an allocation (a free in
+  the same layer), copy ``k - 1 - c`` (the reverse order: the backward freeing what the forward
+  saved), or one copy back or on, the copy at the end freeing an allocation of its own (FSDP2's
+  prefetch: layer ``c``'s all-gathered parameters freed in layer ``c + 1``); a free outside the
+  runs frees the first or the last copy of an allocation, or one outside the runs. Where none of
+  those fits both traces, the ``r``-th newest (or oldest) live allocation of the free's size,
+  the same ``r`` in both (an optimizer's list of per-parameter results, freed in the order
+  made). The 4-layer steps the rules build must free exactly what that trace frees. Where no
+  rule fits, or the steps do not follow the runs, there is no reserve by the rule.
+
+``tests/test_plan_depth.py`` checks the reserve so found against full-depth traces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..memory.allocator import EVENT, EXTRA, FREES, INITIAL, KIND, NBYTES, Step, run
+
+__all__ = ["reserved_at"]
+
+Place = tuple[int, int]  # (row of the 3-layer trace's steps, copy)
+Token = tuple[int, str, str]  # ``depth``'s token: an initial tensor's is its size
+
+
+def reserved_at(
+    tables: Sequence[np.ndarray | None],
+    runs: Sequence[tuple[int, int]],
+    layers: int,
+    inserted: Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None],
+    repeat: Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]],
+) -> int | None:
+    """The caching allocator's reserved peak at ``layers`` layers from the allocator steps of
+    the traces at 2, 3 and 4 layers (``tables``) and the event ``runs`` the third layer inserts;
+    None where the steps do not follow the rule (module docstring). ``inserted`` and ``repeat``
+    are ``depth``'s diff and repeat of a token sequence."""
+    if len(tables) != 3 or any(t is None for t in tables):
+        return None
+    two, three, four = (t for t in tables if t is not None)
+    lists = [_initial(t) for t in (two, three, four)]
+    initial_runs = inserted(lists[0], lists[1])
+    if initial_runs is None or repeat(lists[1], initial_runs, 2) != lists[2]:
+        return None
+    traced3, traced4 = three[len(lists[1]) :], four[len(lists[2]) :]
+    copied = _copied(traced3, runs)
+    order2 = _order(traced3, runs, copied, 2)
+    if len(order2) != len(traced4) or not _same_steps(traced3, order2, traced4):
+        return None
+    rules = _rules(traced3, len(lists[1]), traced4, len(lists[2]), order2, copied)
+    if rules is None:
+        return None
+    again = _steps(traced3, len(lists[1]), order2, rules, [], 2)
+    if again is None or not _follows(again, traced4, len(lists[2]), order2):
+        return None
+    times = layers - 2
+    initial = [size for size, _, _ in repeat(lists[1], initial_runs, times)]
+    order = _order(traced3, runs, copied, times)
+    steps = _steps(traced3, len(lists[1]), order, rules, initial, times)
+    return None if steps is None else run(steps).peak_bytes
+
+
+def _initial(table: np.ndarray) -> list[Token]:
+    """The sizes of the tensors alive before the trace, as ``depth``'s tokens."""
+    kinds = table[:, KIND]
+    count = int(np.argmax(kinds != INITIAL)) if (kinds != INITIAL).any() else len(table)
+    return [(int(n), "", "") for n in table[:count, NBYTES]]
+
+
+def _copied(traced: np.ndarray, runs: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Whether each step is repeated with its event's run (a workspace never is)."""
+    events = traced[:, EVENT]
+    inside = np.zeros(len(traced), dtype=bool)
+    for start, end in runs:
+        inside |= (events >= start) & (events < end)
+    return inside & (traced[:, KIND] != EXTRA)
+
+
+def _order(
+    traced: np.ndarray, runs: Sequence[tuple[int, int]], copied: np.ndarray, times: int
+) -> list[Place]:
+    """The steps at ``times`` copies of each run: each run's steps, then its copies."""
+    events = traced[:, EVENT]
+    out: list[Place] = []
+    at = 0
+    for start, end in runs:
+        first, stop = np.searchsorted(events, [start, end], side="left").tolist()
+        out.extend((row, 0) for row in range(at, stop))
+        inner = [row for row in range(first, stop) if copied[row]]
+        for copy in range(1, times):
+            out.extend((row, copy) for row in inner)
+        at = stop
+    out.extend((row, 0) for row in range(at, len(traced)))
+    return out
+
+
+def _same_steps(traced3: np.ndarray, order: list[Place], traced4: np.ndarray) -> bool:
+    """Whether the 3-layer steps in ``order`` are the 4-layer trace's, bytes and kinds."""
+    rows = np.fromiter((row for row, _ in order), dtype=np.int64, count=len(order))
+    cols = [NBYTES, KIND]
+    return bool(np.array_equal(traced3[rows][:, cols], traced4[:, cols]))
+
+
+def _ranks(traced: np.ndarray, offset: int) -> dict[int, tuple[int, int]] | None:
+    """For each free, the place of the allocation it frees among the allocations of its size
+    then live: (from the newest, from the oldest); None where a free frees none of them.
+    ``offset``: the initial rows before the traced steps of the table (a free's link counts
+    them)."""
+    live: dict[int, list[int]] = {}
+    out: dict[int, tuple[int, int]] = {}
+    nbytes, links = traced[:, NBYTES].tolist(), traced[:, FREES].tolist()
+    for row, n in enumerate(nbytes):
+        if n >= 0:
+            live.setdefault(n, []).append(row)
+            continue
+        alloc = links[row] - offset
+        same = live.get(nbytes[alloc], [])
+        if alloc not in same:
+            return None
+        at = same.index(alloc)
+        out[row] = (len(same) - 1 - at, at)
+        del same[at]
+    return out
+
+
+Rule = Callable[[int, int], Place]  # (copy, copies) -> the allocation's place
+
+
+def _rules(
+    traced3: np.ndarray,
+    offset3: int,
+    traced4: np.ndarray,
+    offset4: int,
+    order2: list[Place],
+    copied: np.ndarray,
+) -> dict[int, Rule | tuple[int, int]] | None:
+    """For each free of the 3-layer trace, which allocation each of its copies frees: a rule
+    naming the allocation's place (:func:`_by_place`), else ``(0, r)``: the ``r``-th newest
+    live allocation of its size, or ``(1, r)``: the ``r``-th oldest; the one that gives what
+    the 3- and the 4-layer traces free. None where none does."""
+    frees3: dict[int, Place] = {}
+    nbytes3, links3 = traced3[:, NBYTES].tolist(), traced3[:, FREES].tolist()
+    for row, n in enumerate(nbytes3):
+        if n < 0:
+            frees3[row] = (links3[row] - offset3, 0)
+    frees4: dict[int, dict[int, Place]] = {}
+    for p in np.flatnonzero(traced4[:, NBYTES] < 0).tolist():
+        row, copy = order2[p]
+        frees4.setdefault(row, {})[copy] = order2[int(traced4[p, FREES]) - offset4]
+    ranks3, ranks4 = _ranks(traced3, offset3), _ranks(traced4, offset4)
+    if ranks3 is None or ranks4 is None:
+        return None
+    ranks: dict[int, list[tuple[int, int]]] = {}
+    for row, r in ranks3.items():
+        ranks.setdefault(row, []).append(r)
+    for p, r in ranks4.items():
+        ranks[order2[p][0]].append(r)
+    rules: dict[int, Rule | tuple[int, int]] = {}
+    for row, first in frees3.items():
+        seen = frees4.get(row, {})
+        named = [
+            rule
+            for rule in _by_place(seen, bool(copied[row]), copied)
+            if rule(0, 1) == first and all(rule(c, 2) == place for c, place in seen.items())
+        ]
+        if len(named) == 1:
+            rules[row] = named[0]
+            continue
+        same = [side for side in (0, 1) if len({r[side] for r in ranks[row]}) == 1]
+        if not same:
+            return None
+        rules[row] = (same[0], ranks[row][0][same[0]])
+    return rules
+
+
+def _by_place(seen: dict[int, Place], in_run: bool, copied: np.ndarray) -> list[Rule]:
+    """The rules naming a place that the 4-layer trace's frees (copy -> what it freed) allow:
+    copy ``c`` of ``k`` frees copy ``c`` of an allocation (a free in the same layer), copy
+    ``k - 1 - c`` (the reverse order: the backward freeing a forward's activation), or one copy
+    back or on, the copy at the end freeing an allocation of its own (FSDP2's prefetch: layer
+    ``c``'s all-gathered parameters freed in layer ``c + 1``); a free outside the runs frees
+    the first or the last copy of an allocation, or one outside the runs."""
+
+    def end(place: Place) -> Callable[[int], Place]:
+        row, copy = place
+        if not copied[row] or copy == 0:
+            return lambda times: (row, 0)
+        return lambda times: (row, times - 1)
+
+    if not in_run:
+        if 0 not in seen:
+            return []
+        at = end(seen[0])
+        return [lambda c, times: at(times)]
+    if 0 not in seen or 1 not in seen:
+        return []
+    (a0, j0), (a1, j1) = seen[0], seen[1]
+    rules: list[Rule] = []
+    if a0 == a1 and copied[a0] and j0 != j1:
+        rules.append(lambda c, times: (a0, c if j0 == 0 else times - 1 - c))
+    if a0 != a1 and copied[a1]:  # copy c >= 1 frees copy c - 1 (j1 0) or k - c (j1 1)
+        first = end(seen[0])
+        rules.append(
+            lambda c, times: first(times) if c == 0 else (a1, c - 1 if j1 == 0 else times - c)
+        )
+    if a0 != a1 and copied[a0]:  # copy c <= k - 2 frees copy c + 1 (j0 1) or k - 2 - c (j0 0)
+        last = end(seen[1])
+        rules.append(
+            lambda c, times: (
+                last(times) if c == times - 1 else (a0, c + 1 if j0 == 1 else times - 2 - c)
+            )
+        )
+    return rules
+
+
+def _steps(
+    traced3: np.ndarray,
+    offset3: int,
+    order: list[Place],
+    rules: dict[int, Rule | tuple[int, int]],
+    initial: list[int],
+    times: int,
+) -> list[Step] | None:
+    """The allocator's steps in ``order``, after the ``initial`` tensors, each free freeing the
+    allocation its rule names; None where that allocation is not live or not of its size."""
+    steps: list[Step] = [(("initial", k), n) for k, n in enumerate(initial)]
+    live: dict[int, list[Place]] = {}
+    nbytes, links = traced3[:, NBYTES].tolist(), traced3[:, FREES].tolist()
+    for place in order:
+        row, copy = place
+        n = nbytes[row]
+        if n >= 0:
+            live.setdefault(n, []).append(place)
+            steps.append((place, n))
+            continue
+        same = live.get(nbytes[links[row] - offset3], [])
+        rule = rules[row]
+        if isinstance(rule, tuple):
+            side, rank = rule
+            if rank >= len(same):
+                return None
+            steps.append((same.pop(-1 - rank if side == 0 else rank), None))
+            continue
+        alloc = rule(copy, times)
+        if alloc not in same:
+            return None
+        same.remove(alloc)
+        steps.append((alloc, None))
+    return steps
+
+
+def _follows(steps: list[Step], traced4: np.ndarray, offset4: int, order2: list[Place]) -> bool:
+    """Whether ``steps`` (the rule's at 4 layers) free what the 4-layer trace frees."""
+    links = traced4[:, FREES].tolist()
+    return all(
+        nbytes is not None or key == order2[links[p] - offset4]
+        for p, (key, nbytes) in enumerate(steps)
+    )
