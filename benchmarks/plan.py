@@ -13,9 +13,10 @@ fake process group: by default at 2, 3 and 4 layers and extended by the per-laye
 the first N layouts only (12 candidates each) and prints the seconds per candidate, so a
 shorter run says what the whole plan costs: the "whole plan" line is then that rate times the
 120 candidates, marked as projected. ``--check`` traces the best candidate at full depth and
-prints both peaks, both figures on the GPU and both step times. ``--workers N`` sets ``plan``'s processes (default: one per
-core: this process and a local ``ProcessPoolExecutor``'s children, ``meta_widget.explore.workers``);
-``--workers 1`` is the plan in one process. ``benchmarks/plan_cluster.py`` runs it on a Dask
+prints both peaks, both figures on the GPU and both step times. ``--workers N`` sets
+``plan``'s processes (default: one per core: this process and a local
+``ProcessPoolExecutor``'s children, ``meta_widget.explore.workers``); ``--workers 1`` is the
+plan in one process. ``benchmarks/plan_cluster.py`` runs it on a Dask
 cluster.
 
 Beside the wall time it prints the CPU time of the plan's processes and the load average before
