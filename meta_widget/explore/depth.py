@@ -311,10 +311,11 @@ def _device_bytes(
 def least_device_bytes(peak: int, deepest: Sample) -> int:
     """The least the GPU holds at the full depth's ``peak``: the peak and the deepest trace's
     bytes that do not grow with depth (cuBLAS's workspaces, the CUDA context, NCCL's buffers).
-    The caching allocator's rounding and cached blocks come on top; the rule cannot give them
-    (it extends events' bytes, not the allocator's blocks, and they do not grow with depth in
-    any regular way: 8.5, 6.9, 6.3 and 2.5 GB at 2, 3, 4 and 8 layers of a 70B FSDP 8 rank,
-    7.6 GB at 80). Without ``gpu=``: the peak."""
+    The caching allocator's rounding and cached blocks come on top. They do not grow with depth
+    in any regular way (8.5, 6.9, 6.3 and 2.5 GB at 2, 3, 4 and 8 layers of a 70B FSDP 8 rank,
+    7.6 GB at 80), so the bytes of the events cannot give them: the allocator replayed over the
+    full depth's steps does (:func:`_device_bytes`), and this bound stands where those steps
+    follow no rule. Without ``gpu=``: the peak."""
     if deepest.reserved_bytes <= 0 or deepest.device_bytes <= deepest.peak_bytes:
         return peak
     return peak + deepest.device_bytes - deepest.reserved_bytes + deepest.workspace_bytes
