@@ -14,8 +14,9 @@ import pytest
 
 import meta_widget as mw
 from meta_widget.explore import depth as depth_rule
+from meta_widget.explore import depth_reserve, plan_trace
 from meta_widget.explore import plan as plan_module
-from meta_widget.explore import plan_trace
+from meta_widget.memory.allocator import FREES, INITIAL, KIND, NBYTES
 from meta_widget.timing.gpus import resolve_gpu
 
 transformers = pytest.importorskip("transformers")
@@ -230,25 +231,40 @@ def test_a_candidate_that_may_fit_has_the_full_depths_numbers() -> None:
     assert by_rule.traces == 3 * 6 + whole and full.traces == 6
 
 
+CHECKPOINTING = {"activation_checkpointing": True}
 RESERVE_CASES = [
     ({"fsdp": 8}, {}, 1, SIZE),
     ({"replicate": 2, "fsdp": 2, "tp": 2}, {"param_dtype": "bfloat16"}, 2, (4, 128)),
     ({"fsdp": 4, "tp": 2, "sequence_parallel": True}, {"autocast": "bfloat16"}, 1, SIZE),
-    ({"replicate": 8}, {"activation_checkpointing": True, "param_dtype": "bfloat16"}, 1, SIZE),
+    ({"replicate": 8}, {**CHECKPOINTING, "param_dtype": "bfloat16"}, 1, SIZE),
+    # a free whose rank among the live allocations of its size moves with the copy
+    ({"fsdp": 8}, {}, 2, (4, 128)),
+    ({"fsdp": 8}, {**CHECKPOINTING, "autocast": "bfloat16"}, 1, SIZE),
+    # ... and one outside the runs whose rank moves with the depth (checked at 2 layers)
+    ({"replicate": 2, "fsdp": 4}, CHECKPOINTING, 2, (4, 128)),
 ]
 
 
 @pytest.mark.parametrize(
     ("layout", "options", "micro_batches", "size"),
     RESERVE_CASES,
-    ids=["fsdp", "hsdp-tp-bf16-mb2", "fsdp-tp-sp-autocast", "ddp-ckpt-bf16"],
+    ids=[
+        "fsdp",
+        "hsdp-tp-bf16-mb2",
+        "fsdp-tp-sp-autocast",
+        "ddp-ckpt-bf16",
+        "fsdp-mb2",
+        "fsdp-ckpt-autocast",
+        "hsdp-ckpt-mb2",
+    ],
 )
 def test_the_allocators_reserve_by_the_rule_is_the_full_depths(
     layout: Any, options: Any, micro_batches: int, size: Any
 ) -> None:
-    """The caching allocator's reserve replayed over the steps the rule builds from 2, 3 and 4
-    layers equals the full-depth trace's to the byte, and with it what the GPU holds
-    (``Analysis.footprint_bytes``), for each layout, precision, checkpointing and
+    """The caching allocator's steps the rule builds from 2, 3 and 4 layers are the full-depth
+    trace's, step by step (each free freeing the allocation the full depth's frees), so its
+    reserve replayed over them equals the full-depth trace's to the byte, and with it what the
+    GPU holds (``Analysis.footprint_bytes``), for each layout, precision, checkpointing and
     micro-batches; at 2 layers less than that."""
     gpu = resolve_gpu("H100")
     kwargs = dict(mode="training", gpu="H100", parallel=layout, micro_batches=micro_batches)
@@ -262,6 +278,21 @@ def test_the_allocators_reserve_by_the_rule_is_the_full_depths(
     assert full.device_bytes == whole.footprint_bytes == whole.memory.device_bytes
     assert full.least_device_bytes <= full.device_bytes
     assert analyses[0].footprint_bytes < full.device_bytes
+    runs = depth_rule.inserted(samples[0], samples[1])
+    tables = [s.allocator_steps for s in samples]
+    built = depth_reserve.steps_at(tables, runs, LAYERS, depth_rule._inserted, depth_rule._repeat)
+    assert built is not None
+    steps, places = built
+    table = depth_rule.sample(whole, LAYERS).allocator_steps
+    initial = len(steps) - len(places)
+    assert [n for _, n in steps[:initial]] == table[:initial, NBYTES].tolist()
+    assert table[initial, KIND] != INITIAL and len(steps) == len(table)
+    index = {place: i for i, place in enumerate(places)}
+    for (place, nbytes), row in zip(steps[initial:], table[initial:], strict=True):
+        if nbytes is None:  # a free: of the allocation the full depth's frees
+            assert index[place] + initial == row[FREES]
+        else:
+            assert nbytes == row[NBYTES]
 
 
 def test_allocator_steps_that_break_the_rule_give_no_reserve() -> None:

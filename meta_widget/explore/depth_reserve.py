@@ -20,10 +20,15 @@ builds its events, and replayed through the same allocator:
   saved), or one copy back or on, the copy at the end freeing an allocation of its own (FSDP2's
   prefetch: layer ``c``'s all-gathered parameters freed in layer ``c + 1``); a free outside the
   runs frees the first or the last copy of an allocation, or one outside the runs. Where none of
-  those fits both traces, the ``r``-th newest (or oldest) live allocation of the free's size,
-  the same ``r`` in both (an optimizer's list of per-parameter results, freed in the order
-  made). The 4-layer steps the rules build must free exactly what that trace frees. Where no
-  rule fits, or the steps do not follow the runs, there is no reserve by the rule.
+  those fits both traces, the ``r``-th newest (or oldest) live allocation of the free's size
+  (an optimizer's list of per-parameter results, freed in the order made): the same ``r`` in
+  both, or for a free repeated with a layer an ``r`` that moves by a step with the copy, from
+  the last copy or with the depth (a layer's share of such a list, or a free whose allocation
+  the diff of the events put outside the runs). The step is read off two of the three ranks
+  seen and checked on the third; where several rank rules fit, all must name the same
+  allocation at the full depth. The 4-layer steps the rules build must free exactly what that
+  trace frees. Where no rule fits, or the steps do not follow the runs, there is no reserve by
+  the rule.
 
 ``tests/test_plan_depth.py`` checks the reserve so found against full-depth traces.
 """
@@ -31,12 +36,13 @@ builds its events, and replayed through the same allocator:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..memory.allocator import EVENT, EXTRA, FREES, INITIAL, KIND, NBYTES, Step, run
 
-__all__ = ["reserved_at"]
+__all__ = ["reserved_at", "steps_at"]
 
 Place = tuple[int, int]  # (row of the 3-layer trace's steps, copy)
 Token = tuple[int, str, str]  # ``depth``'s token: an initial tensor's is its size
@@ -53,6 +59,20 @@ def reserved_at(
     the traces at 2, 3 and 4 layers (``tables``) and the event ``runs`` the third layer inserts;
     None where the steps do not follow the rule (module docstring). ``inserted`` and ``repeat``
     are ``depth``'s diff and repeat of a token sequence."""
+    built = steps_at(tables, runs, layers, inserted, repeat)
+    return None if built is None else run(built[0]).peak_bytes
+
+
+def steps_at(
+    tables: Sequence[np.ndarray | None],
+    runs: Sequence[tuple[int, int]],
+    layers: int,
+    inserted: Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None],
+    repeat: Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]],
+) -> tuple[list[Step], list[Place]] | None:
+    """:func:`reserved_at`'s allocator steps at ``layers`` layers, and the place of each traced
+    step among the 3-layer trace's (after the initial tensors' steps); None where the steps do
+    not follow the rule."""
     if len(tables) != 3 or any(t is None for t in tables):
         return None
     two, three, four = (t for t in tables if t is not None)
@@ -65,7 +85,15 @@ def reserved_at(
     order2 = _order(traced3, runs, copied, 2)
     if len(order2) != len(traced4) or not _same_steps(traced3, order2, traced4):
         return None
-    rules = _rules(traced3, len(lists[1]), traced4, len(lists[2]), order2, copied)
+    # the 2-layer steps are the 3-layer ones less the runs', but for where a workspace lands
+    traced2 = two[len(lists[0]) :]
+    order0 = [p for p in _order(traced3, runs, copied, 0) if traced3[p[0], KIND] != EXTRA]
+    plain2 = np.flatnonzero(traced2[:, KIND] != EXTRA)
+    alike = len(order0) == len(plain2) and _same_steps(traced3, order0, traced2[plain2])
+    before = (
+        (traced2, len(lists[0]), dict(zip(plain2.tolist(), order0, strict=True))) if alike else None
+    )
+    rules = _rules(traced3, len(lists[1]), traced4, len(lists[2]), order2, copied, before)
     if rules is None:
         return None
     again = _steps(traced3, len(lists[1]), order2, rules, [], 2)
@@ -75,7 +103,7 @@ def reserved_at(
     initial = [size for size, _, _ in repeat(lists[1], initial_runs, times)]
     order = _order(traced3, runs, copied, times)
     steps = _steps(traced3, len(lists[1]), order, rules, initial, times)
-    return None if steps is None else run(steps).peak_bytes
+    return None if steps is None else (steps, order)
 
 
 def _initial(table: np.ndarray) -> list[Token]:
@@ -97,14 +125,16 @@ def _copied(traced: np.ndarray, runs: Sequence[tuple[int, int]]) -> np.ndarray:
 def _order(
     traced: np.ndarray, runs: Sequence[tuple[int, int]], copied: np.ndarray, times: int
 ) -> list[Place]:
-    """The steps at ``times`` copies of each run: each run's steps, then its copies."""
+    """The steps at ``times`` copies of each run: each run's steps, then its copies (none:
+    the 2-layer trace's, a workspace placed in a run kept)."""
     events = traced[:, EVENT]
     out: list[Place] = []
     at = 0
     for start, end in runs:
         first, stop = np.searchsorted(events, [start, end], side="left").tolist()
-        out.extend((row, 0) for row in range(at, stop))
+        out.extend((row, 0) for row in range(at, first))
         inner = [row for row in range(first, stop) if copied[row]]
+        out.extend((row, 0) for row in range(first, stop) if times > 0 or not copied[row])
         for copy in range(1, times):
             out.extend((row, copy) for row in inner)
         at = stop
@@ -143,6 +173,66 @@ def _ranks(traced: np.ndarray, offset: int) -> dict[int, tuple[int, int]] | None
 
 Rule = Callable[[int, int], Place]  # (copy, copies) -> the allocation's place
 
+#: how a rank rule's count moves (:class:`Rank`): with the copy of the layer, from the last
+#: copy, or with the depth (a list of per-layer results, one longer a layer deeper)
+_COUNTS: dict[str, Callable[[int, int], int]] = {
+    "copy": lambda copy, times: copy,
+    "from the last copy": lambda copy, times: times - 1 - copy,
+    "depth": lambda copy, times: times - 1,
+}
+
+
+@dataclass(frozen=True)
+class Rank:
+    """A free that frees the ``base + step * n``-th newest (``side`` 0) or oldest (1) live
+    allocation of its size, ``n`` counted by ``_COUNTS[count]`` (``step`` 0: always the same
+    rank): an optimizer's lists of per-parameter results, freed in the order made or reversed,
+    and a layer's share of them."""
+
+    side: int
+    base: int
+    step: int = 0
+    count: str = "copy"
+
+    def at(self, copy: int, times: int) -> int:
+        return self.base + self.step * _COUNTS[self.count](copy, times)
+
+
+Seen = tuple[int, int, tuple[int, int]]  # (copies, copy, (from the newest, from the oldest))
+
+
+def _rank_rules(seen: Sequence[Seen], before: Sequence[Seen] = ()) -> list[Rank]:
+    """The rank rules that give every rank ``seen`` (at 3 and 4 layers), each checked on one
+    rank at least that it was not read from: the same rank on either side, else one moving by
+    a step with the copy, from the last copy or with the depth, where three ranks are seen
+    (a free repeated with a layer; one outside the runs with its rank at 2 layers,
+    ``before``)."""
+    rules = []
+    for side in (0, 1):
+        ranks = [r[side] for _, _, r in seen]
+        if len(set(ranks)) == 1:
+            rules.append(Rank(side, ranks[0]))
+    seen = [*before, *seen]
+    if rules or len(seen) < 3:
+        return rules
+    for count, n in _COUNTS.items():
+        ns = [n(copy, times) for times, copy, _ in seen]
+        if len(set(ns)) < 2:
+            continue
+        n0, n1 = sorted(set(ns))[:2]
+        i0, i1 = ns.index(n0), ns.index(n1)
+        for side in (0, 1):
+            r0, r1 = seen[i0][2][side], seen[i1][2][side]
+            step, left = divmod(r1 - r0, n1 - n0)
+            rule = Rank(side, r0 - step * n0, step, count)
+            if (
+                left == 0
+                and step != 0
+                and all(rule.at(copy, times) == r[side] for times, copy, r in seen)
+            ):
+                rules.append(rule)
+    return rules
+
 
 def _rules(
     traced3: np.ndarray,
@@ -151,11 +241,14 @@ def _rules(
     offset4: int,
     order2: list[Place],
     copied: np.ndarray,
-) -> dict[int, Rule | tuple[int, int]] | None:
+    before: tuple[np.ndarray, int, dict[int, Place]] | None = None,
+) -> dict[int, Rule | list[Rank]] | None:
     """For each free of the 3-layer trace, which allocation each of its copies frees: a rule
-    naming the allocation's place (:func:`_by_place`), else ``(0, r)``: the ``r``-th newest
-    live allocation of its size, or ``(1, r)``: the ``r``-th oldest; the one that gives what
-    the 3- and the 4-layer traces free. None where none does."""
+    naming the allocation's place (:func:`_by_place`), else the rank rules (:class:`Rank`)
+    that give what the 3- and the 4-layer traces free (all of them: at the full depth they
+    must name one allocation), a free outside the runs checked on the 2-layer trace too
+    (``before``: its steps, initial rows and each step's place among the 3-layer steps, where
+    they are those less the runs). None where none does."""
     frees3: dict[int, Place] = {}
     nbytes3, links3 = traced3[:, NBYTES].tolist(), traced3[:, FREES].tolist()
     for row, n in enumerate(nbytes3):
@@ -168,26 +261,32 @@ def _rules(
     ranks3, ranks4 = _ranks(traced3, offset3), _ranks(traced4, offset4)
     if ranks3 is None or ranks4 is None:
         return None
-    ranks: dict[int, list[tuple[int, int]]] = {}
+    seen: dict[int, list[Seen]] = {}
     for row, r in ranks3.items():
-        ranks.setdefault(row, []).append(r)
+        seen.setdefault(row, []).append((1, 0, r))
     for p, r in ranks4.items():
-        ranks[order2[p][0]].append(r)
-    rules: dict[int, Rule | tuple[int, int]] = {}
+        row, copy = order2[p]
+        seen[row].append((2, copy, r))
+    earlier: dict[int, list[Seen]] = {}
+    if before is not None:
+        traced2, offset2, order0 = before
+        for p, r in (_ranks(traced2, offset2) or {}).items():
+            earlier[order0[p][0]] = [(0, 0, r)]
+    rules: dict[int, Rule | list[Rank]] = {}
     for row, first in frees3.items():
-        seen = frees4.get(row, {})
+        places = frees4.get(row, {})
         named = [
             rule
-            for rule in _by_place(seen, bool(copied[row]), copied)
-            if rule(0, 1) == first and all(rule(c, 2) == place for c, place in seen.items())
+            for rule in _by_place(places, bool(copied[row]), copied)
+            if rule(0, 1) == first and all(rule(c, 2) == place for c, place in places.items())
         ]
         if len(named) == 1:
             rules[row] = named[0]
             continue
-        same = [side for side in (0, 1) if len({r[side] for r in ranks[row]}) == 1]
-        if not same:
+        ranked = _rank_rules(seen[row], earlier.get(row, ()))
+        if not ranked:
             return None
-        rules[row] = (same[0], ranks[row][0][same[0]])
+        rules[row] = ranked
     return rules
 
 
@@ -235,7 +334,7 @@ def _steps(
     traced3: np.ndarray,
     offset3: int,
     order: list[Place],
-    rules: dict[int, Rule | tuple[int, int]],
+    rules: dict[int, Rule | list[Rank]],
     initial: list[int],
     times: int,
 ) -> list[Step] | None:
@@ -253,11 +352,12 @@ def _steps(
             continue
         same = live.get(nbytes[links[row] - offset3], [])
         rule = rules[row]
-        if isinstance(rule, tuple):
-            side, rank = rule
-            if rank >= len(same):
+        if isinstance(rule, list):
+            found = {_nth(same, r.side, r.at(copy, times)) for r in rule}
+            index = found.pop() if len(found) == 1 else None
+            if index is None:
                 return None
-            steps.append((same.pop(-1 - rank if side == 0 else rank), None))
+            steps.append((same.pop(index), None))
             continue
         alloc = rule(copy, times)
         if alloc not in same:
@@ -265,6 +365,14 @@ def _steps(
         same.remove(alloc)
         steps.append((alloc, None))
     return steps
+
+
+def _nth(live: list[Place], side: int, rank: int) -> int | None:
+    """Where in ``live`` (oldest first) the ``rank``-th newest (``side`` 0) or oldest (1)
+    allocation is; None where there is none."""
+    if not 0 <= rank < len(live):
+        return None
+    return len(live) - 1 - rank if side == 0 else rank
 
 
 def _follows(steps: list[Step], traced4: np.ndarray, offset4: int, order2: list[Place]) -> bool:
