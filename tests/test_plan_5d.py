@@ -138,7 +138,9 @@ def test_global_batch_gives_each_candidate_its_share() -> None:
         assert c.samples_per_s * c.step_s == pytest.approx(16)
     c = p.candidates[1]
     a = analyzed(c.input_size, {"fsdp": 4}, micro_batches=2)
-    assert a.peak_bytes == c.peak_bytes and a.time is not None and a.time.step_s == c.step_s
+    assert a.peak_bytes == c.peak_bytes and a.time is not None
+    # by the per-layer rule (2, 3, 4 layers) the costs are summed in another order
+    assert a.time.step_s == pytest.approx(c.step_s, rel=1e-9)
 
 
 def test_a_global_batch_that_does_not_divide_is_a_row_with_why() -> None:
