@@ -10,6 +10,7 @@ import gc
 import operator
 import os
 import signal
+import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
@@ -185,6 +186,42 @@ def test_a_worker_traces_a_refused_layout_once_a_run() -> None:
     first, again = plan_trace.trace_run(job, keys)
     assert first["runs"] == 1 and again["runs"] == 0
     assert first["error"] == again["error"] and "LayoutError" in str(again["error"])
+
+
+def test_a_thread_holding_every_frame_moves_no_free() -> None:
+    """A Dask worker's profile holds every thread's frames for a moment
+    (``sys._current_frames``): a function of a trace that returned meanwhile kept its tensors
+    alive, moving their frees, and the rule failed or a number moved at random. A worker's run
+    gives the same numbers beside a thread that holds them for 10 ms at a time (without
+    ``plan_trace.unpreempted``, each of these traces differed), and the switch interval is
+    the program's again after."""
+    job = plan_trace.Job(
+        llama(), SIZE, None, "training", resolve_gpu("H100"), {}, depth_of(llama()), 2**40
+    )
+    keys = [(Layout(fsdp=4), c, "param_dtype bf16", 1, None) for c in (False, True)]
+    alone = plan_trace.trace_run(job, keys)
+    interval = sys.getswitchinterval()
+    done, held = threading.Event(), []
+
+    def hold_every_frame() -> None:
+        while not done.is_set():
+            frames = sys._current_frames()
+            held.append(len(frames))
+            sum(range(300_000))  # ~10 ms holding them, as a profile's walk of a deep stack
+            del frames
+            done.wait(0.0002)
+
+    holder = threading.Thread(target=hold_every_frame)
+    holder.start()
+    try:
+        beside = plan_trace.trace_run(job, keys)
+    finally:
+        done.set()
+        holder.join()
+    assert held, "the other thread never ran"
+    assert [a["traced_layers"] for a in alone] == [(2, 3, 4)] * 2
+    assert beside == alone
+    assert sys.getswitchinterval() == interval
 
 
 def test_runs_are_consecutive_candidates_of_one_layout() -> None:

@@ -9,6 +9,7 @@ their numbers sent back (never an analysis). :func:`trace_candidate` fills in a 
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ __all__ = ["Job", "Learned", "planning", "trace_run"]
 #: installs process-wide hooks, so the threads of one worker (a Dask worker's, a thread pool's)
 #: take turns
 _ONE_AT_A_TIME = threading.RLock()
+#: the switch interval of :func:`unpreempted`, in seconds (Python's default: 0.005)
+_LONG_SWITCH_S = 1000.0
 
 
 @dataclass(frozen=True)
@@ -119,16 +122,39 @@ def trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     10 ms) holds each frame it reads for a moment, and with it the tensors of a function that
     returns meanwhile; their frees then land where the profiler lets go, two traces of one
     candidate differ, and the per-layer rule failed at random (one candidate in four, on a
-    Dask worker). A thread the worker does not know of is not sampled."""
+    Dask worker). A thread the worker does not know of is not walked, but the profile still
+    takes every thread's frame for a moment (``sys._current_frames``), and a traced function
+    returning in that moment moved frees too (one CI run in many): the traces also run
+    :func:`unpreempted`, so that this moment never falls while one of them runs."""
     with ThreadPoolExecutor(1, thread_name_prefix="meta_widget-plan") as own:
         return own.submit(_trace_run, job, keys).result()
+
+
+@contextmanager
+def unpreempted() -> Iterator[None]:
+    """Run the body with the interpreter's switch interval (``sys.setswitchinterval``) so long
+    that no other thread takes the GIL from this one by force; restored after, on any path.
+
+    Another thread then runs only where this one lets go of the GIL on its own (inside
+    torch's operators, many times a millisecond): a worker's event loop still answers, but a
+    thread that holds every thread's frames (a Dask worker's profile, every millisecond in
+    the tests) lets them go before this one runs again. Taken mid-hold, it kept a returning
+    function's tensors alive, moving their frees; with a thread holding the frames for 10 ms at
+    a time, 6 of 6 traces of one candidate differed from its trace alone, and 0 of 9 run
+    unpreempted (beside the last 3, the other thread held the frames 1,386 times)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(_LONG_SWITCH_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def _trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """:func:`trace_run`'s traces, in the thread they run in."""
     learned = Learned()
     answers = []
-    with _ONE_AT_A_TIME, planning():
+    with _ONE_AT_A_TIME, planning(), unpreempted():
         for key in keys:
             counts = Counts()
             c = Candidate(*key)  # layout, checkpointing, precision, micro-batches, input size
