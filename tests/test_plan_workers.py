@@ -209,7 +209,7 @@ def test_a_thread_holding_every_frame_moves_no_free() -> None:
             held.append(len(frames))
             sum(range(300_000))  # ~10 ms holding them, as a profile's walk of a deep stack
             del frames
-            done.wait(0.0002)
+            done.wait(0.02)
 
     holder = threading.Thread(target=hold_every_frame)
     holder.start()
