@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from parallel_truth import no_process_group_left  # noqa: F401  (an autouse fixture)
-from test_plan_workers import SIZE, SPACE, children, llama
+from test_plan_workers import SIZE, SPACE, assert_same_rows, children, llama
 
 import meta_widget as mw
 
@@ -123,21 +123,6 @@ def snippet() -> str:
     block = re.search(r"```python\n(.*?)```", text.split(MARKER, 1)[1], re.S)
     assert block is not None
     return block.group(1)
-
-
-def assert_same_rows(p: mw.Plan, local: mw.Plan) -> None:
-    """``p``'s table is ``local``'s, cell for cell; where not, the failure names each cell
-    that differs (candidate, column, the two values: a table's repr shows neither)."""
-    a, b = local.to_dataframe(), p.to_dataframe()
-    assert list(a.columns) == list(b.columns) and len(a) == len(b)
-    cells = []
-    for i, (x, y) in enumerate(zip(a.to_dict("records"), b.to_dict("records"), strict=True)):
-        cells += [
-            f"{local.candidates[i].key} {column}: here {x[column]!r}, there {y[column]!r}"
-            for column in a.columns
-            if not a[[column]].iloc[[i]].equals(b[[column]].iloc[[i]])
-        ]
-    assert not cells, "the plans differ:\n" + "\n".join(cells)
 
 
 def run_snippet(address: str) -> mw.Plan:
