@@ -197,6 +197,36 @@ def test_a_layer_the_diff_splits_is_one_run_again(config: Any) -> None:
     same_numbers(by_rule.candidates[0], full.candidates[0])
 
 
+def test_a_run_holding_the_ends_of_two_groups_is_cut_in_two() -> None:
+    """FSDP 4 with checkpointing: the 2 -> 3 diff finds one run of the optimizer phase that
+    holds the third layer's update at the end of one group and at the start of the next
+    (``AB``), which the 4-layer trace extends each on its own (``AABB``, not ``ABAB``). The
+    check failed, and the plan traced the candidate at full depth; the run is now cut where
+    exactly one cut gives the 4-layer trace (``depth._regrouped``), and the peak and step time
+    by the rule are the full depth's."""
+    kwargs = dict(mode="training", gpu="H100", parallel={"fsdp": 4}, activation_checkpointing=True)
+    samples = [
+        depth_rule.sample(mw.analyze(llama(d), SIZE, **kwargs), d) for d in depth_rule.DEPTHS
+    ]
+    runs = depth_rule.inserted(samples[0], samples[1])
+    assert runs is not None
+    assert depth_rule._repeat(samples[1].events, runs, 2) != list(samples[2].events)
+    full = depth_rule.extend(samples, LAYERS, resolve_gpu("H100"), 4)
+    whole = mw.analyze(llama(), SIZE, **kwargs)
+    assert full is not None and whole.time is not None
+    assert full.peak_bytes == whole.peak_bytes
+    assert math.isclose(full.time.step_s, whole.time.step_s, rel_tol=1e-9)
+
+
+def test_a_run_is_cut_only_where_one_cut_gives_the_next_depth() -> None:
+    x, a, b, y = ((n, "op", "optimizer") for n in (1, 2, 3, 4))
+    events = [x, a, b, y]
+    assert depth_rule._regrouped(events, [(1, 3)], [x, a, b, a, b, y]) == [(1, 3)]
+    assert depth_rule._regrouped(events, [(1, 3)], [x, a, a, b, b, y]) == [(1, 2), (2, 3)]
+    assert depth_rule._regrouped(events, [(1, 3)], [x, b, a, a, b, y]) is None
+    assert depth_rule._regrouped(events, [(1, 3)], [x, a, a, b, b]) is None
+
+
 def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     """Tensor parallelism alone leaves the norms plain tensors beside DTensors, and PyTorch's
     multi-tensor AdamW (its default on CUDA) fails on the mix, as a real run does: the 2-layer

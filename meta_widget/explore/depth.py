@@ -252,7 +252,8 @@ def extend(
     :func:`inserted`, when found already)."""
     two, three, four = samples
     runs = inserted(two, three) if runs is None else list(runs)
-    if runs is None or _repeat(three.events, runs, 2) != list(four.events):
+    runs = None if runs is None else _regrouped(three.events, runs, four.events)
+    if runs is None:
         return None
     if not two.edges == three.edges == four.edges:
         return None
@@ -415,6 +416,39 @@ def _joined(
         else:
             i += 1
     return out
+
+
+def _regrouped(
+    events: Sequence[Token], runs: Sequence[tuple[int, int]], four: Sequence[Token]
+) -> list[tuple[int, int]] | None:
+    """``runs`` such that ``four`` (the next depth's events) is ``events`` with each run
+    doubled (:func:`_repeat`); None where no such runs are found.
+
+    A run may hold the ends of two groups that the next layer extends each on its own: an
+    optimizer's loop over one group of parameters, then over the next (FSDP2 with
+    checkpointing), where the diff sees the third layer's last entry of one group and first of
+    the next as one run ``AB``, and the fourth layer's trace holds ``AABB``, not ``ABAB``.
+    Such a run is cut in two where exactly one cut gives ``four`` there (either half alone is
+    an insertion too: cutting a run leaves what is left of ``events`` as it was).
+    """
+    out: list[tuple[int, int]] = []
+    at = pos = 0
+    for start, end in runs:
+        whole = [*events[at:end], *events[start:end]]
+        here = list(four[pos : pos + len(whole)])
+        if here == whole:
+            out.append((start, end))
+        else:
+            cuts = [
+                k
+                for k in range(start + 1, end)
+                if here == [*events[at:k], *events[start:k], *events[k:end], *events[k:end]]
+            ]
+            if len(cuts) != 1:
+                return None
+            out += [(start, cuts[0]), (cuts[0], end)]
+        at, pos = end, pos + len(whole)
+    return out if list(four[pos:]) == list(events[at:]) else None
 
 
 def _without(events: Sequence[Token], runs: Sequence[tuple[int, int]]) -> list[Token]:
