@@ -434,20 +434,19 @@ def _regrouped(
     out: list[tuple[int, int]] = []
     at = pos = 0
     for start, end in runs:
-        whole = [*events[at:end], *events[start:end]]
-        here = list(four[pos : pos + len(whole)])
-        if here == whole:
+        run = list(events[start:end])
+        size = (start - at) + 2 * len(run)
+        if list(four[pos : pos + start - at]) != list(events[at:start]):
+            return None
+        doubled = list(four[pos + start - at : pos + size])
+        if doubled == run * 2:
             out.append((start, end))
         else:
-            cuts = [
-                k
-                for k in range(start + 1, end)
-                if here == [*events[at:k], *events[start:k], *events[k:end], *events[k:end]]
-            ]
+            cuts = [k for k in range(1, len(run)) if doubled == run[:k] * 2 + run[k:] * 2]
             if len(cuts) != 1:
                 return None
-            out += [(start, cuts[0]), (cuts[0], end)]
-        at, pos = end, pos + len(whole)
+            out += [(start, start + cuts[0]), (start + cuts[0], end)]
+        at, pos = end, pos + size
     return out if list(four[pos:]) == list(events[at:]) else None
 
 
