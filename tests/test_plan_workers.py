@@ -224,6 +224,8 @@ def test_a_thread_holding_every_frame_moves_no_free() -> None:
             held.append(len(frames))
             sum(range(300_000))  # ~10 ms holding them, as a profile's walk of a deep stack
             del frames
+            # then lets go for 20 ms: with the trace unpreempted it runs only while the holder
+            # waits, and at 0.2 ms it got about one op a hold (a test of ten minutes)
             done.wait(0.02)
 
     holder = threading.Thread(target=hold_every_frame)

@@ -49,12 +49,17 @@ print(json.dumps({"log": stream.getvalue(), "params": a.total_params, "running":
 
 
 def run(code: str, **env: str) -> tuple[dict[str, object], str, str]:
+    """``code`` run by this interpreter in a child process: its last line of output (JSON),
+    its whole output and its stderr. The child's environment is this process's less
+    ``VIRTUAL_ENV``: a shell that activated another virtual environment than this
+    interpreter's makes IPython warn "Attempting to work in a virtualenv" on stderr."""
+    inherited = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        env={**inherited, "PYTHONPATH": str(ROOT), **env},
         check=True,
     )
     *_, last = done.stdout.strip().splitlines()
