@@ -6,6 +6,7 @@
     python benchmarks/llama3_405b.py --sequence-parallel   # Megatron's SP over the 8 TP ranks
     python benchmarks/llama3_405b.py --plan         # mw.plan over layouts without a pipeline
     python benchmarks/llama3_405b.py --default-plan # plan's default space, less its pipelines
+    python benchmarks/llama3_405b.py --pipelines 2 [--full-depth]  # plan PP 2 and PP 4
 
 The model: transformers' ``LlamaConfig`` with Llama 3 405B's shape (hidden 16384, 126 layers,
 128 heads, 8 key/value heads, intermediate 53248, vocab 128256), built on meta. The layout:
@@ -173,7 +174,7 @@ def plan_without_a_pipeline() -> None:
 
 def default_plan_without_pipelines() -> None:
     """``mw.plan``'s default space of the 405B on 16,384 H100s, global batch 2,048 x 8,192,
-    less its pipelines (each traced at full depth, rank by rank: minutes a candidate): every
+    less its pipelines (each traced rank by rank: minutes a candidate): every
     ``replicate x fsdp x tp`` with tp in a node, tp sharding the sequence as the default does,
     x checkpointing x 3 precisions x 2 micro-batch counts. Prints the candidates, those traced
     (the rest cannot take the batch: 2,048 sequences over more data-parallel ranks), the
@@ -211,6 +212,39 @@ def default_plan_without_pipelines() -> None:
     )
 
 
+#: ``--pipelines``' layouts: the default 1F1B pipelines of 16,384 GPUs whose data-parallel ranks
+#: take the 2,048 sequences whole (one a micro-batch) and whose stages hold more than 9 layers
+#: (the per-layer rule's, rank by rank), each with TP 8 sharding the sequence
+PIPELINES = [
+    {"fsdp": 1024, "tp": 8, "pp": 2, "schedule": "1F1B", "microbatches": 2},
+    {"fsdp": 512, "tp": 8, "pp": 4, "schedule": "1F1B", "microbatches": 4},
+    {"fsdp": 256, "tp": 8, "pp": 8, "schedule": "1F1B", "microbatches": 8},
+]
+
+
+def plan_pipelines(full_depth: bool, count: int) -> None:
+    """``mw.plan`` of the 405B over the first ``count`` of :data:`PIPELINES` (sequence
+    parallel, every layer checkpointed, bf16 parameters, global batch 2,048 x 8,192): by the
+    per-layer rule rank by rank (``explore.depth_stages``), or with ``full_depth`` every rank
+    at its 63, 32 or 16 layers a stage. Prints each candidate's numbers and the seconds."""
+    start = time.perf_counter()
+    p = mw.plan(
+        config(), gpu="H100", devices=16384, global_batch=2048, seq_len=8192,
+        layouts=[{**x, "sequence_parallel": True} for x in PIPELINES[:count]],
+        activation_checkpointing=[True], precisions=["param_dtype bf16"], progress=True,
+        full_depth=full_depth,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    print(f"\n{len(p.candidates)} candidates, {p.traces} traces, {seconds:.0f} s")
+    for c in p.candidates:
+        assert c.layout is not None and c.peak_bytes is not None and c.step_s is not None
+        print(
+            f"{c.layout.label():<36} layers {c.row()['traced_layers']:<8} peak "
+            f"{c.peak_bytes:,} B, on the GPU {c.device_bytes:,} B, fits {c.fits}, step "
+            f"{c.step_s:.9g} s, MFU {c.mfu:.2%}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=126)
@@ -222,7 +256,12 @@ def main() -> None:
     parser.add_argument(
         "--default-plan", action="store_true", help="plan's default space less its pipelines"
     )
+    parser.add_argument("--pipelines", type=int, default=0, help="plan the first N pipelines")
+    parser.add_argument("--full-depth", action="store_true", help="--pipelines at full depth")
     args = parser.parse_args()
+    if args.pipelines:
+        plan_pipelines(args.full_depth, args.pipelines)
+        return
     if args.plan:
         plan_without_a_pipeline()
         return

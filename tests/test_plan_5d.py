@@ -12,9 +12,11 @@ from typing import Any
 import pandas as pd
 import pytest
 from parallel_truth import no_process_group_left  # noqa: F401  (an autouse fixture)
+from test_plan_depth import same_numbers
 
 import meta_widget as mw
 from meta_widget.explore.candidates import Layout, Space, candidates, default_layouts
+from meta_widget.explore.depth_stages import stage_layers
 from meta_widget.timing.gpus import resolve_gpu
 
 transformers = pytest.importorskip("transformers")
@@ -77,7 +79,8 @@ def test_pipeline_layouts_are_traced_as_analyze_traces_them() -> None:
     assert len(piped) == 4 and piped["error"].isna().all()  # one candidate a pipeline
     assert list(piped["schedule"]) == ["1F1B", "1F1B", "gpipe", "interleaved-1F1B"]
     assert list(piped["micro_batches"]) == [2, 2, 4, 4]  # the schedule's micro-batches
-    assert (piped["traced_layers"] == "all").all()  # a pipeline: at full depth
+    # at full depth: 3 layers a stage or fewer, no more than the rule's deepest trace
+    assert (piped["traced_layers"] == "all").all()
     for (_, row), given in zip(piped.iterrows(), pipelines, strict=True):
         a = analyzed(size, given, foreach=False)
         assert a.error is None and a.time is not None and a.stages
@@ -86,6 +89,45 @@ def test_pipeline_layouts_are_traced_as_analyze_traces_them() -> None:
         assert row["tokens_per_s"] == a.time.tokens_per_s
     plain = df[df["pp"] == 1]
     assert plain["schedule"].isna().all() and list(plain["micro_batches"]) == [1, 2]
+
+
+def test_a_pipelines_ranks_follow_the_per_layer_rule_each_on_its_own() -> None:
+    """21 layers over 2 stages (11 and 10 layers): each rank traced at 2, 3 and 4 layers a stage
+    and extended on its own (``explore.depth_stages``) gives the full depth's peak, what the GPU
+    holds, step time (the schedule's bubble included) and rates, with and without
+    checkpointing. Under a budget below the least either holds, the rule's numbers stand where
+    the allocator's steps follow no rule too."""
+    space: dict[str, Any] = dict(
+        gpu="H100",
+        devices=4,
+        layouts=[{"pp": 2, "fsdp": 2, "schedule": "1F1B", "microbatches": 2}],
+        precisions=["param_dtype bf16"],
+        activation_checkpointing=[False, True],
+        workers=1,
+        budget="600MiB",
+    )
+    rule = mw.plan(llama(21), (4, 32), **space)
+    full = mw.plan(llama(21), (4, 32), full_depth=True, **space)
+    assert [c.traced_layers for c in rule.candidates] == [(2, 3, 4)] * 2
+    assert rule.traces == 6 and full.traces == 2
+    for by_rule, whole in zip(rule.candidates, full.candidates, strict=True):
+        same_numbers(by_rule, whole)
+    # with checkpointing the allocator's steps follow the rule: what the GPU holds, exactly
+    checkpointed = rule.candidates[1]
+    assert checkpointed.device_bytes == full.candidates[1].device_bytes
+
+
+def test_stage_layers_are_the_full_depths_split() -> None:
+    """The layers a stage of each rank, as ``layer_ranges`` splits them; None where a rank's
+    stages differ, a stage holds 9 layers or fewer (the rule's traces, 2 + 3 + 4 layers a
+    stage, would cost more than the full depth), or the boundaries are given."""
+    assert stage_layers(mw.Parallel(pp=2), 21) == [11, 10]
+    assert stage_layers(mw.Parallel(pp=3), 31) == [11, 10, 10]
+    assert stage_layers(mw.Parallel(pp=2), 19) is None  # 10 and 9 layers a stage
+    interleaved = dict(pp=2, virtual_stages=2, schedule="interleaved-1F1B")
+    assert stage_layers(mw.Parallel(**interleaved), 40) == [10, 10]
+    assert stage_layers(mw.Parallel(**interleaved), 42) is None  # rank 0: stages of 11 and 10
+    assert stage_layers(mw.Parallel(pp=2, stage_boundaries=(11,)), 22) is None
 
 
 def test_what_the_model_cannot_take_is_a_row_with_its_reason_and_never_traced() -> None:

@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_map_only
 
 from ..choices import Phase
 from ..options import MESH_DIMS, SCHEDULES, LayoutError, Options, Parallel
-from ..timing.model import in_pipeline
+from ..timing.model import in_pipeline, stage_step_s
 from ..trace.assume import MetaFixes
 from ..trace.passes import default_loss
 from ..trace.recorder import Recorder
@@ -486,8 +486,7 @@ def run_stages(
         got = sum(c.bytes for c in rank.comms if c.collective == "recv")
         step_s = None
         if timed is not None:
-            busy = timed.forward_s + timed.backward_s
-            step_s = busy / (1 - bubbles[r]) + timed.optimizer_s + timed.exposed_comm_s
+            step_s = stage_step_s(timed, bubbles[r])
         reports.append(
             StageReport(
                 rank=r,

@@ -123,8 +123,8 @@ class Candidate:
         ``meta_widget.explore.depth``); ``(2, 3)`` when those two put its parameters,
         gradients and optimizer state alone over the budget (``error`` says so); the one depth
         whose trace failed (its ``error``, which the full depth gives too: it is not traced for
-        nothing); ``()`` when the model was traced at full depth (always with a pipeline: the
-        rule assumes no stage split), or not at all (its ``error`` says why).
+        nothing); ``()`` when the model was traced at full depth, or not at all (its ``error``
+        says why). With a pipeline the depths are layers a stage (``explore.depth_stages``).
     analysis
         The traced :class:`~meta_widget.Analysis` at full depth (traced when first asked for
         after the per-layer rule); None when ``analyze`` refused the layout.

@@ -41,9 +41,10 @@ parameters, gradients and optimizer state at 2 and 3 layers are over the budget 
 stops there, and the others of its layout and precision are not traced (they cannot fit); one
 that may fit by the rule found at 2 and 3 layers is traced at full depth without the 4-layer
 trace, and once one fits, the others of its layout and precision are traced at full depth
-straight away. ``full_depth=True`` traces every candidate at full depth, as a pipeline's always is
-(the rule assumes no stage split); a pipeline's ``peak_bytes`` is its worst stage's rank's and
-its ``step_s`` the pipeline's step, the bubble included.
+straight away. A pipeline is traced at 2, 3 and 4 layers a stage and each rank extended on its
+own where a stage holds more than 9 layers (``explore.depth_stages``), else at full depth;
+``full_depth=True`` traces every candidate at full depth. A pipeline's ``peak_bytes`` is its
+worst stage's rank's and its ``step_s`` the pipeline's step, the bubble included.
 The fastest candidate that fits is the one with the most tokens per second (samples per second
 for inputs that are not tokens; the shortest step when neither is known).
 """

@@ -27,6 +27,7 @@ from ..units import format_bytes
 from .candidates import _NUMBERS, HELD_AS, Candidate, Layout
 from .depth import (
     DEPTHS,
+    Extended,
     Sample,
     extend,
     held_state,
@@ -36,6 +37,7 @@ from .depth import (
     sample,
     with_layers,
 )
+from .depth_stages import extend_stages, stage_layers
 
 __all__ = ["Job", "Learned", "planning", "trace_run"]
 
@@ -221,8 +223,7 @@ def _trace(
     follow it (peak, step time and what the GPU holds, or that it cannot fit), else from a
     full-depth trace; or record why its layout was refused, or why no candidate of its layout
     and precision can fit (what ``learned`` holds already is not traced again, in this process
-    or in a worker). A pipeline is traced at full depth (the per-layer rule assumes one
-    stage)."""
+    or in a worker). A pipeline's ranks are extended each on its own (``depth_stages``)."""
     shape = (c.layout, c.input_size)
     if shape in learned.refused:
         c.error = learned.refused[shape]
@@ -232,10 +233,10 @@ def _trace(
         c.device_bytes, c.error = learned.over[group]
         return
     try:
-        if (
-            layers is not None
-            and c.layout.pp == 1
-            and _by_rule(c, run, layers, gpu, budget, learned)
+        if layers is not None and (
+            _by_rule(c, run, layers, gpu, budget, learned)
+            if c.layout.pp == 1
+            else _stages_by_rule(c, run, layers, gpu, budget)
         ):
             return
         c._analysis = run(c.options())
@@ -306,21 +307,62 @@ def _by_rule(
             if runs is None:
                 return False
         a = run(options, d)
-        if a.error is not None:  # the full depth fails the same way: not traced for nothing
-            c.error, c.traced_layers = failure_reason(a.error), (d,)
-            c._trace_full = lambda: run(options)
+        if a.error is not None:
+            _take_failure(c, a.error, d, lambda: run(options))
             return True
         if a.time is None:
             return False
         samples.append(sample(a, d))
     full = extend(samples, layers, gpu, c.layout.data_parallel, runs)
+    return _take_extended(c, full, budget, lambda: run(options))
+
+
+def _stages_by_rule(
+    c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU, budget: int
+) -> bool:
+    """:func:`_by_rule` for a pipeline: its traces at ``DEPTHS`` layers a stage, each rank
+    extended on its own (``depth_stages``); False where the stages do not allow it or the
+    traces do not follow the rule."""
+    plan = c.layout.parallel()
+    sizes = None if plan is None else stage_layers(plan, layers)
+    if plan is None or sizes is None:
+        return False
+    options = c.options()
+    analyses = []
+    for d in DEPTHS:
+        a = run(options, d * plan.stages)
+        if a.error is not None:
+            _take_failure(c, a.error, d, lambda: run(options))
+            return True
+        if a.time is None:
+            return False
+        analyses.append(a)
+    full = extend_stages(analyses, sizes, gpu, plan.data_parallel)
+    return _take_extended(c, full, budget, lambda: run(options))
+
+
+def _take_failure(
+    c: Candidate, error: Explanation, depth: int, trace_full: Callable[[], Analysis]
+) -> None:
+    """``c`` failed in its trace at ``depth`` layers (a stage): the full depth fails the same
+    way, and is traced only when its analysis is asked for."""
+    c.error, c.traced_layers = failure_reason(error), (depth,)
+    c._trace_full = trace_full
+
+
+def _take_extended(
+    c: Candidate, full: Extended | None, budget: int, trace_full: Callable[[], Analysis]
+) -> bool:
+    """Fill in ``c``'s numbers from ``full``, its numbers by the rule; False (nothing filled
+    in) where there are none, or where the allocator's steps follow no rule and the least the
+    candidate holds on the GPU is within ``budget`` (it may fit: the full depth decides)."""
     if full is None or (full.device_bytes is None and full.least_device_bytes <= budget):
         return False
     c.peak_bytes = full.peak_bytes
     c.device_bytes = full.least_device_bytes if full.device_bytes is None else full.device_bytes
     c.fits = c.device_bytes <= budget
     c.traced_layers = DEPTHS
-    c._trace_full = lambda: run(options)
+    c._trace_full = trace_full
     _set_time(c, full.time)
     return True
 

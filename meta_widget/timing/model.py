@@ -72,6 +72,7 @@ __all__ = [
     "StepTime",
     "generation_time",
     "in_pipeline",
+    "stage_step_s",
     "step_time",
     "tokens_of",
 ]
@@ -259,6 +260,13 @@ class StepTime:
         if total == 0.0:  # no call ran an op (a container such as a ModuleList): nothing bounds it
             return total, ""
         return total, "compute" if compute >= memory else "memory"
+
+
+def stage_step_s(t: StepTime, bubble: float) -> float:
+    """One pipeline rank's step with the schedule's ``bubble`` (the fraction of its slots it
+    waits, ``distributed.pipelining.bubble_fractions``): its forward and backward stretched
+    over the slots it works in, then its optimizer step and its exposed collectives."""
+    return (t.forward_s + t.backward_s) / (1 - bubble) + t.optimizer_s + t.exposed_comm_s
 
 
 def in_pipeline(t: StepTime, step_s: float) -> StepTime:
