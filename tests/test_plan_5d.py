@@ -1,7 +1,8 @@
 """``mw.plan`` over replicate x fsdp x tp x pp x cp x ep: pipeline layouts traced as ``analyze``
 traces them; layouts and batches the model cannot take found before any trace, each a row with
 ``analyze``'s reason; ``global_batch`` and ``seq_len`` giving each candidate its share; default
-pipelines beyond one node; and the same plan in one process, in workers and on an executor."""
+pipelines beyond one node; the same plan in one process, in workers and on an executor; a
+pipeline by the per-layer rule, rank by rank; and a pipeline's forward under autocast."""
 
 from __future__ import annotations
 
@@ -305,3 +306,27 @@ def test_every_pipeline_rank_counts_the_steps_tokens() -> None:
         assert t is not None and t.tokens_per_s is not None and t.samples_per_s is not None
         assert t.tokens_per_s * t.step_s == pytest.approx(2 * 4 * 32)  # 2 data-parallel ranks
         assert t.samples_per_s * t.step_s == pytest.approx(2 * 4)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_pipelines_forward_runs_under_autocast(checkpointed: bool) -> None:
+    """``autocast=`` under a pipeline: every stage's forward in bf16, as without a pipeline (it
+    ran in the parameters' float32, and its checkpointed layers, recomputed under autocast,
+    failed with "Failed to run stage backward"); the candidates of ``plan``'s "autocast bf16"
+    are then not those of "as given"."""
+    options: dict[str, Any] = dict(
+        mode="training",
+        gpu="H100",
+        parallel=mw.Parallel(pp=2, microbatches=2, schedule="1F1B"),
+        activation_checkpointing=checkpointed,
+    )
+    a = mw.analyze(llama(4), (4, 32), autocast="bfloat16", **options)
+    given = mw.analyze(llama(4), (4, 32), **options)
+    assert a.error is None and given.error is None, a.error
+    for stage, plain in zip(a.stages, given.stages, strict=True):
+        linears = [c for c in stage.analysis.calls if c.type == "Linear"]
+        assert linears and {out.dtype for c in linears for _, out in c.outputs} == {"bfloat16"}
+        assert {
+            out.dtype for c in plain.analysis.calls if c.type == "Linear" for _, out in c.outputs
+        } == {"float32"}
+    assert a.peak_bytes != given.peak_bytes

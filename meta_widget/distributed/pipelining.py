@@ -271,7 +271,7 @@ def _mark_phases(stage: Any, run: Any, ran: list[Action]) -> None:
     def forward_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
         run.phase(Phase.FORWARD)
         ran.append(("F", index, chunk))
-        with run.saving():
+        with run.forward_pass():
             return forward(chunk, *args, **kwargs)
 
     def backward_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:

@@ -161,7 +161,7 @@ def trace(
     of ``meta_widget.trace.decode_skip`` (where it did not hold, the trace is made again so).
     ``drive(run, params)``: a training step's forward and backward passes run by the caller
     instead (a pipeline schedule, ``meta_widget.distributed.pipelining``), marking its phases
-    with ``run.phase``, its forward passes inside ``run.saving()``, and its gradients with
+    with ``run.phase``, its forward passes inside ``run.forward_pass()``, and its gradients with
     ``run.mark_grads(params)``; the optimizer step follows as usual.
 
     Every change made to global or user state is undone before returning, on every path, and
@@ -426,12 +426,16 @@ class _Run:
         self._phase(name, None)
 
     @contextmanager
-    def saving(self) -> Iterator[None]:
-        """Autograd's saved tensors marked (a forward pass), until the block ends."""
-        assert self._saved is not None, "saving() is for a drive"
+    def forward_pass(self) -> Iterator[None]:
+        """A forward pass of a drive, until the block ends: autograd's saved tensors marked,
+        under the trace's autocast (as :meth:`_forward` runs one; without it a pipeline's
+        forward ran in the parameters' dtype, and its checkpointed layers recomputed under
+        autocast failed on the saved tensors' dtypes)."""
+        assert self._saved is not None, "forward_pass() is for a drive"
         self._saved.push(_pack(self.recorder), _unpack)
         try:
-            yield
+            with self._autocast():
+                yield
         finally:
             self._saved.restore()
 
