@@ -45,8 +45,16 @@ class _Stage(nn.Module):
     #: the tensor-parallel mesh under sequence parallelism (set after the plan is applied):
     #: between stages each rank's shard of the sequence travels, inside a DTensor of the whole
     sequence_mesh: Any = None
+    #: the forward under CPU autocast to bf16 (a training loop's ``with torch.autocast``)
+    autocast: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self._forward(x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x) if self.embed is not None else x
         if self.embed is None and self.sequence_mesh is not None:
             from torch.distributed.tensor import DTensor, Shard
@@ -141,6 +149,7 @@ def _rank(
         stages, modules = [], []
         for s in mine:
             module = _Stage(model, range(bounds[s], bounds[s + 1]), s == 0, s == n_stages - 1)
+            module.autocast = layout["autocast"]
             between = x.shape[1] // tp if sp else x.shape[1]  # the sequence a rank sends on
             given = (
                 torch.empty(mb, x.shape[1], dtype=torch.long, device="meta")
@@ -291,13 +300,15 @@ def real_pipeline_ranks(
     tp: int = 1,
     sequence_parallel: bool = False,
     ep: int = 1,
+    autocast: bool = False,
 ) -> list[dict[str, Any]]:
     """Each of ``pp * fsdp`` real ranks' steady and first-step peaks (bytes, CPU allocator) and
     the bytes it sent and received in a step, one process a rank (rank ``r`` is pipeline rank
     ``r // (fsdp * tp)``; with ``tp`` > 1 each stage is ``parallelize_module``-d with the Llama
     plan, its sequence-parallel form with ``sequence_parallel``; with ``ep`` (equal to
     ``fsdp``, a Mixtral) each rank holds its slice of the stage's experts, reached by
-    all-to-all; with ``fsdp`` > 1 its blocks, then the stage, are ``fully_shard``-ed).
+    all-to-all; with ``fsdp`` > 1 its blocks, then the stage, are ``fully_shard``-ed; with
+    ``autocast`` each stage's forward runs under CPU autocast to bf16).
     ``backend="gloo"``: the ranks run together; ``"fake"``: each runs alone under PyTorch's
     fake process group (real tensors, nothing moved, no threads of gloo's), one after another,
     the schedule's first-step vote settled as static (no number arrives; as in the trace)."""
@@ -312,6 +323,7 @@ def real_pipeline_ranks(
         "sequence_parallel": sequence_parallel,
         "ep": ep,
         "config_class": type(config).__name__,
+        "autocast": autocast,
     }
     assert ep in (1, fsdp), "the truth's experts are sharded over the fsdp ranks (ep = fsdp)"
     with socket.socket() as sock:

@@ -57,6 +57,25 @@ def agree(a: mw.Analysis, truth: list[dict[str, Any]]) -> None:
     assert f"Pipeline rank {worst.rank}" in a.notes[-1]
 
 
+def test_a_pipeline_under_autocast_is_its_real_gloo_ranks(tmp_path: Path) -> None:
+    """``autocast=`` runs every stage's forward under autocast, as a training loop's
+    ``with torch.autocast`` around the schedule's step does (it was ignored under a pipeline:
+    each stage ran in float32)."""
+    config, x = tiny_llama_config(), tokens()
+    truth = real_pipeline_ranks(config, x, 2, tmp_path, autocast=True)
+    a = mw.analyze(
+        config, input_data=x, mode="training", device="cpu", parallel={"pp": 2}, autocast="bfloat16"
+    )
+    assert all(stage.analysis.error is None for stage in a.stages)
+    agree(a, truth)
+    # the bound is not vacuous: the trace in float32 (autocast ignored, as it was) misses it
+    ignored = mw.analyze(config, input_data=x, mode="training", device="cpu", parallel={"pp": 2})
+    assert any(
+        abs(s.peak_bytes - t["steady"]) > TOLERANCE * t["steady"]
+        for s, t in zip(ignored.stages, truth, strict=True)
+    )
+
+
 @pytest.mark.parametrize(
     ("schedule", "v", "bounds"),
     [("1F1B", 1, ()), ("interleaved-1F1B", 2, ()), ("1F1B", 1, (1,))],
