@@ -257,6 +257,8 @@ def measured_seconds(row: dict[str, Any]) -> float:
             return value / 1e3
         return run["batch"] / value  # tokens/s at batch b -> one decode step
     if kind == "gemm":
+        if row["unit"] == "s":  # a time as published
+            return value
         return 2 * run["m"] * run["n"] * run["k"] / (value * 1e12)
     if kind == "attention":
         b, h, s, d = run["batch"], run["heads"], run["seq"], run["head_dim"]
