@@ -7,6 +7,7 @@
     python benchmarks/llama3_405b.py --plan         # mw.plan over layouts without a pipeline
     python benchmarks/llama3_405b.py --default-plan # plan's default space, less its pipelines
     python benchmarks/llama3_405b.py --pipelines 2 [--full-depth]  # plan PP 2 and PP 4
+    python benchmarks/llama3_405b.py --on-64        # pipelines on 64 H100s, over the budget
 
 The model: transformers' ``LlamaConfig`` with Llama 3 405B's shape (hidden 16384, 126 layers,
 128 heads, 8 key/value heads, intermediate 53248, vocab 128256), built on meta. The layout:
@@ -245,6 +246,33 @@ def plan_pipelines(full_depth: bool, count: int) -> None:
         )
 
 
+ON_64 = [
+    {"pp": 2, "fsdp": 4, "tp": 8, "sequence_parallel": True, "schedule": "1F1B"},
+    {"pp": 4, "fsdp": 2, "tp": 8, "sequence_parallel": True, "schedule": "1F1B"},
+]
+
+
+def plan_on_64() -> None:
+    """``mw.plan`` of the 405B on 64 H100s over :data:`ON_64` as given (float32 AdamW), with
+    and without checkpointing, 4 sequences of 8,192 tokens a step: no rank of either pipeline
+    can hold its parameters, gradients and optimizer state in 80 GB, which its traces at 2 and
+    3 layers a stage show (``depth_stages.held_by_ranks``), and the plan traces no more."""
+    start = time.perf_counter()
+    p = mw.plan(
+        config(), (4, 8192), gpu="H100", devices=64, layouts=ON_64, precisions=["as given"],
+        activation_checkpointing=[False, True], progress=True,
+    )  # fmt: skip
+    print(
+        f"\n{len(p.candidates)} candidates, {p.traces} traces, {time.perf_counter() - start:.0f} s"
+    )
+    for c in p.candidates:
+        assert c.layout is not None
+        print(
+            f"{c.layout.label():<28} checkpointing {c.activation_checkpointing!s:<5} layers "
+            f"{c.row()['traced_layers']:<8} on the GPU {c.device_bytes:,} B, fits {c.fits}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=126)
@@ -258,7 +286,11 @@ def main() -> None:
     )
     parser.add_argument("--pipelines", type=int, default=0, help="plan the first N pipelines")
     parser.add_argument("--full-depth", action="store_true", help="--pipelines at full depth")
+    parser.add_argument("--on-64", action="store_true", help="pipelines on 64 H100s, pruned")
     args = parser.parse_args()
+    if args.on_64:
+        plan_on_64()
+        return
     if args.pipelines:
         plan_pipelines(args.full_depth, args.pipelines)
         return

@@ -17,6 +17,7 @@ from test_plan_depth import same_numbers
 
 import meta_widget as mw
 from meta_widget.explore.candidates import Layout, Space, candidates, default_layouts
+from meta_widget.explore.depth import held_state, overheads
 from meta_widget.explore.depth_stages import stage_layers
 from meta_widget.timing.gpus import resolve_gpu
 
@@ -116,6 +117,36 @@ def test_a_pipelines_ranks_follow_the_per_layer_rule_each_on_its_own() -> None:
     # with checkpointing the allocator's steps follow the rule: what the GPU holds, exactly
     checkpointed = rule.candidates[1]
     assert checkpointed.device_bytes == full.candidates[1].device_bytes
+
+
+def test_a_pipeline_whose_held_state_is_over_the_budget_is_pruned_at_2_and_3_layers() -> None:
+    """A rank's parameters, gradients and optimizer state at the full depth, with the CUDA
+    context, come exactly from its traces at 2 and 3 layers a stage (``held_by_ranks``): one
+    byte of budget below the most a rank of the 21-layer pipeline holds so, neither candidate
+    of the layout and precision can fit, the first is pruned after two traces and the second
+    is not traced; at that budget itself, both are traced by the rule."""
+    parallel = {"pp": 2, "fsdp": 2, "schedule": "1F1B", "microbatches": 2}
+    whole = mw.analyze(llama(21), (4, 32), mode="training", gpu="H100", parallel=parallel)
+    assert whole.stages is not None
+    held = max(held_state(s.analysis) + overheads(s.analysis) for s in whole.stages)
+    space: dict[str, Any] = dict(
+        gpu="H100",
+        devices=4,
+        layouts=[parallel],
+        precisions=["as given"],
+        activation_checkpointing=[False, True],
+        workers=1,
+    )
+    pruned = mw.plan(llama(21), (4, 32), budget=held - 1, **space)
+    assert pruned.traces == 2
+    assert [c.traced_layers for c in pruned.candidates] == [(2, 3), ()]
+    for c in pruned.candidates:
+        assert not c.fits and c.device_bytes == held
+        assert c.error is not None and c.error.startswith("Cannot fit")
+        assert "at 2 and 3 layers a stage" in c.error
+    traced = mw.plan(llama(21), (4, 32), budget=held, **space)
+    assert traced.traces == 6 and all(c.traced_layers == (2, 3, 4) for c in traced.candidates)
+    assert all(c.error is None and not c.fits for c in traced.candidates)  # over, by activations
 
 
 def test_stage_layers_are_the_full_depths_split() -> None:

@@ -191,7 +191,13 @@ def held_state_at(two: Sample, three: Sample, layers: int) -> int:
     sharded alike (FSDP2 and tensor parallelism split each parameter by its shape), and with
     them the same gradients and optimizer state; the rest (embeddings, head, norm) is the same
     at every depth."""
-    return three.state_bytes + (three.state_bytes - two.state_bytes) * (layers - three.layers)
+    return state_at(two.state_bytes, three.state_bytes, layers)
+
+
+def state_at(two: int, three: int, layers: int) -> int:
+    """What held ``two`` bytes at 2 layers and ``three`` at 3 holds at ``layers``: each layer
+    alike adds the same (:func:`held_state_at`)."""
+    return three + (three - two) * (layers - 3)
 
 
 def overheads(s: Sample | Analysis) -> int:

@@ -22,7 +22,8 @@ more than 9 (the Llama 3 405B's 126 layers over 2, 4 or 8 stages: 63, 32 and 16 
 stage; over 16 stages, 8 layers a stage are traced whole). Where a rank's stages differ in
 size (virtual stages over layers they do not divide), the schedule's bubbles change with depth
 or any rank's traces break the rule, there is no result either: the pipeline is traced at
-full depth.
+full depth. After its traces at 2 and 3 layers a stage, what each rank holds besides its
+activations at the full depth is exact (:func:`held_by_ranks`), and prunes as for one stage.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from ..distributed.stages import stage_indices
 from ..options import Parallel
 from ..timing.gpus import GPU
 from ..timing.model import in_pipeline, stage_step_s
-from .depth import DEPTHS, Extended, extend, sample
+from .depth import DEPTHS, Extended, extend, held_state, overheads, sample, state_at
 
-__all__ = ["extend_stages", "stage_layers"]
+__all__ = ["extend_stages", "held_by_ranks", "stage_layers"]
 
 
 def stage_layers(plan: Parallel, layers: int) -> list[int] | None:
@@ -55,6 +56,23 @@ def stage_layers(plan: Parallel, layers: int) -> list[int] | None:
             return None
         out.append(mine.pop())
     return out if min(out) > sum(DEPTHS) else None
+
+
+def held_by_ranks(two: Analysis, three: Analysis, sizes: Sequence[int]) -> int | None:
+    """The most one rank of the pipeline holds on its GPU through a step at the full depth
+    (``sizes``: :func:`stage_layers`) besides what its activations take: its parameters,
+    buffers, gradients and optimizer state (``depth.held_state_at``, exact as for one stage:
+    each rank's layers are alike) and the CUDA context and NCCL's buffers; from the analyses
+    at 2 and 3 layers a stage. None where they lack a rank."""
+    ranks = (two.stages, three.stages)
+    if any(r is None or len(r) != len(sizes) for r in ranks):
+        return None
+    at_two, at_three = ranks
+    assert at_two is not None and at_three is not None
+    return max(
+        state_at(held_state(a.analysis), held_state(b.analysis), layers) + overheads(b.analysis)
+        for a, b, layers in zip(at_two, at_three, sizes, strict=True)
+    )
 
 
 def extend_stages(

@@ -37,7 +37,7 @@ from .depth import (
     sample,
     with_layers,
 )
-from .depth_stages import extend_stages, stage_layers
+from .depth_stages import extend_stages, held_by_ranks, stage_layers
 
 __all__ = ["Job", "Learned", "planning", "trace_run"]
 
@@ -236,7 +236,7 @@ def _trace(
         if layers is not None and (
             _by_rule(c, run, layers, gpu, budget, learned)
             if c.layout.pp == 1
-            else _stages_by_rule(c, run, layers, gpu, budget)
+            else _stages_by_rule(c, run, layers, gpu, budget, learned)
         ):
             return
         c._analysis = run(c.options())
@@ -300,8 +300,7 @@ def _by_rule(
             two, three = samples
             held = held_state_at(two, three, layers) + overheads(three)
             if _learn_over(c, learned, held, budget, "at 2 and 3 layers"):
-                c.device_bytes, c.error = learned.over[c.layout, HELD_AS[c.precision]]
-                c.traced_layers, c._trace_full = (2, 3), lambda: run(options)
+                _take_over(c, learned, lambda: run(options))
                 return True
             runs = inserted(two, three)
             if runs is None:
@@ -318,18 +317,32 @@ def _by_rule(
 
 
 def _stages_by_rule(
-    c: Candidate, run: Callable[..., Analysis], layers: int, gpu: GPU, budget: int
+    c: Candidate,
+    run: Callable[..., Analysis],
+    layers: int,
+    gpu: GPU,
+    budget: int,
+    learned: Learned,
 ) -> bool:
     """:func:`_by_rule` for a pipeline: its traces at ``DEPTHS`` layers a stage, each rank
     extended on its own (``depth_stages``); False where the stages do not allow it or the
-    traces do not follow the rule."""
+    traces do not follow the rule. Where a rank's parameters, gradients and optimizer state
+    alone put it over the budget at 2 and 3 layers a stage (``held_by_ranks``: exact), no
+    candidate of the layout and precision fits, and the 4-layer trace is not run."""
     plan = c.layout.parallel()
     sizes = None if plan is None else stage_layers(plan, layers)
     if plan is None or sizes is None:
         return False
     options = c.options()
-    analyses = []
+    analyses: list[Analysis] = []
     for d in DEPTHS:
+        if len(analyses) == 2:
+            held = held_by_ranks(analyses[0], analyses[1], sizes)
+            if held is not None and _learn_over(
+                c, learned, held, budget, "at 2 and 3 layers a stage"
+            ):
+                _take_over(c, learned, lambda: run(options))
+                return True
         a = run(options, d * plan.stages)
         if a.error is not None:
             _take_failure(c, a.error, d, lambda: run(options))
@@ -339,6 +352,13 @@ def _stages_by_rule(
         analyses.append(a)
     full = extend_stages(analyses, sizes, gpu, plan.data_parallel)
     return _take_extended(c, full, budget, lambda: run(options))
+
+
+def _take_over(c: Candidate, learned: Learned, trace_full: Callable[[], Analysis]) -> None:
+    """``c`` cannot fit: its traces at 2 and 3 layers put what it holds besides activations over
+    the budget (``learned.over``, for its layout and precision)."""
+    c.device_bytes, c.error = learned.over[c.layout, HELD_AS[c.precision]]
+    c.traced_layers, c._trace_full = (2, 3), trace_full
 
 
 def _take_failure(
