@@ -27,4 +27,4 @@ npm run check
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$PWD/test-artifacts/site"
 # Two processes by default (pytest-xdist, work-stealing): most tests trace on one core, and a
 # notebook's kernel or a browser waits while the other process runs; PYTEST_WORKERS=0 is one process.
-python -m pytest tests -n "${PYTEST_WORKERS:-2}" --dist worksteal --durations=30 "$@"
+python -m pytest tests -n "${PYTEST_WORKERS:-2}" --dist worksteal --durations=60 "$@"
