@@ -4,8 +4,9 @@
 
 max_fit rows: the largest sequence length of a Llama-3-8B-shaped ``LlamaForCausalLM`` (bf16
 weights, ``--layers`` decoder layers) in 80 GiB, for inference and for a pure-bf16 training step;
-the largest batch of a small CNN in 1 GiB. Peer: exponential then binary search (1, 2, 4, ...
-until a size does not fit, then halving), over the same traces. Both must give the same size.
+the largest batch of a small CNN in 1 GiB; the longest prompts of a whole ``generate()`` (2 new
+tokens, bf16 weights), as notebooks/08-serving asks. Peer: exponential then binary search (1, 2,
+4, ... until a size does not fit, then halving), over the same traces. Both must give the same size.
 
 sweep rows: four sequence lengths of the Llama config, and of GPT-2 small given as a real module
 (124 M parameters on the CPU). Peer: one ``mw.analyze`` call per point, which builds the meta
@@ -27,13 +28,24 @@ from meta_widget.explore.sweeps import Tracer
 from meta_widget.options import check_budget
 
 
-def llama(layers: int) -> Any:
+def llama(layers: int, use_cache: bool = False) -> Any:
     import transformers
 
     return transformers.LlamaConfig(
         hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-        max_position_embeddings=131072, architectures=["LlamaForCausalLM"], use_cache=False,
+        max_position_embeddings=131072, architectures=["LlamaForCausalLM"], use_cache=use_cache,
+    )  # fmt: skip
+
+
+def gemma3_4b() -> Any:
+    """Gemma 3 4B's text model: five sliding-window layers (1,024 positions) to one full."""
+    import transformers
+
+    return transformers.Gemma3TextConfig(
+        hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, vocab_size=262208, sliding_window=1024,
+        max_position_embeddings=131072, architectures=["Gemma3ForCausalLM"],
     )  # fmt: skip
 
 
@@ -72,6 +84,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32, help="decoder layers of the Llama")
     args = parser.parse_args()
     bf16 = {"param_dtype": torch.bfloat16}
+    serve = {**bf16, "dtypes": "long", "mode": "generate", "new_tokens": 2}
     fits = [
         ("Llama-3-8B shape, seq, inference", llama(args.layers), (1, 1024), "80GiB", "seq", bf16),
         (
@@ -83,7 +96,11 @@ def main() -> None:
             {**bf16, "mode": "training", "activation_checkpointing": True},
         ),
         ("CNN, batch, inference", cnn(), (1, 3, 224, 224), "1GiB", "batch", {}),
-    ]
+        # notebooks/08-serving's longest prompts for a whole generate() (2 new tokens)
+        ("Llama-3-8B shape, seq, generate, 16 prompts", llama(args.layers, True), (16, 1024),
+         "80GiB", "seq", serve),
+        ("Gemma 3 4B, seq, generate, 1 prompt", gemma3_4b(), (1, 1024), "80GiB", "seq", serve),
+    ]  # fmt: skip
     print(f"torch {torch.__version__}; {args.layers} Llama layers\n")
     print("| max_fit | size | traces | bisection's traces | seconds | bisection's | time ratio |")
     print("|---|---|---|---|---|---|---|")

@@ -297,3 +297,36 @@ def test_the_search_finds_what_a_scan_finds(peak: Callable[[int], int]) -> None:
         assert after == size + 1 and peak(size) <= budget < peak(size + 1)
         assert all(peak(n) <= budget for n in range(1, size))  # monotone: a scan agrees
         assert len(set(traced)) <= 2 * size.bit_length() + 4
+
+
+@pytest.mark.parametrize(
+    "peak",
+    [
+        # Llama-3-8B's generate() peaks, 16 prompts (notebooks/08-serving): the prompt's
+        # activations, then from about 8,700 tokens the KV cache and logits, 4,006,272 B a token
+        lambda n: max(
+            16_111_018_893 + 2_097_664 * (n - 1), 85_873_818_761 + 4_006_272 * (n - 17_426)
+        ),
+        # Gemma 3 4B's, one prompt: linear, and a little convex (full-attention layers)
+        lambda n: 7_768_875_049 + 168_848 * n + 4 * n * n,
+    ],
+    ids=["kinked", "convex"],
+)
+def test_a_peak_nearly_linear_near_the_answer_is_found_in_a_few_traces(
+    peak: Callable[[int], int],
+) -> None:
+    """The line through a guess and its neighbour has the slope where the answer is; the line
+    through the bracket's far ends, under the peak, crept up on it one halving at a time (18 to
+    22 traces where these take 7 to 11)."""
+    from meta_widget.explore.fit import _search
+
+    for budget in (22 * 2**30, 40 * 2**30, 80 * 2**30):
+        traced: set[int] = set()
+
+        def at(n: int, traced: set[int] = traced) -> int:
+            traced.add(n)
+            return peak(n)
+
+        size, after = _search(at, budget, limit=2**17)
+        assert after == size + 1 and peak(size) <= budget < peak(size + 1)
+        assert len(traced) <= 11, (budget, sorted(traced))

@@ -2,10 +2,11 @@
 
 A search over traces: from size 1, sizes grow (at least doubling, guided by the line through
 the last two peaks) until one does not fit; then the bracket between the last size that fits and
-the first that does not closes, by the same line's guesses (a peak that grows linearly is found
-in two more traces), or by halving once a guess did not help. Each trace is a full analysis, so
-the answer is what ``analyze`` says at ``size`` and at ``size + 1``. It assumes the peak grows
-with the size (true of batch and sequence length in the models we know).
+the first that does not closes, by guesses on the line through the last guess and its neighbour
+(a peak that grows linearly near the answer is found in two more traces), with midpoints while
+guesses stop closing in. Each trace is a full analysis, so the answer is what ``analyze`` says at
+``size`` and at ``size + 1``. It assumes the peak grows with the size (true of batch and
+sequence length in the models we know).
 
 Per device under a parallel strategy (``devices=8, strategy="zero3"``), the bytes compared with
 the budget are ``meta_widget.views.estimates.distributed``'s per-device total, the larger of its
@@ -201,9 +202,14 @@ def _search(at: Callable[[int], int], budget: int, limit: int) -> tuple[int, int
 
     Bracketing: each new size is where the line through the last two traced points reaches
     the budget, a little past it, and at least twice the last size. Then, between the last size
-    that fits and the first that does not: the same line's guess and its neighbour (for a peak
-    linear in the size, the answer in two traces) until a guess does not halve the bracket,
-    then midpoints. Every answer is checked by traces at ``size`` and ``size + 1``.
+    that fits and the first that does not: a guess and its neighbour, the first guess on the
+    line through the bracket's ends, each later one on the line through the last guess and its
+    neighbour (the slope where the answer is: a peak linear there is found in two more traces,
+    where the line through the far ends of a convex peak creeps up on it); a round of those
+    whose guess would not close in on the last ones (:func:`_guess`) gives way to midpoints, as
+    does a flat line (steps), and after six of them (a bracket 64 times narrower, where a curved
+    peak is nearly straight) to lines again. Every answer is checked by traces at ``size`` and
+    ``size + 1``.
     """
     lo, x = 1, 2
     while True:  # bracketing
@@ -215,23 +221,48 @@ def _search(at: Callable[[int], int], budget: int, limit: int) -> tuple[int, int
             return limit, None
         guess = _where_line_meets(lo, at(lo), x, at(x), budget)
         lo, x = x, max(2 * x, int(guess * 1.05) + 1)
-    bisect = False
+    line = (lo, hi)  # the bracket's ends, then the last guess and its neighbour
+    guesses: list[int] = []
+    bisect = 0  # the bracket's width when midpoints began; 0: guesses on lines
     while hi - lo > 1:
-        width = hi - lo
-        if bisect:
-            g = (lo + hi) // 2
-        else:
-            g = min(max(int(_where_line_meets(lo, at(lo), hi, at(hi), budget)), lo + 1), hi - 1)
+        if bisect and hi - lo <= bisect // 64:  # six halvings on: a line may follow it now
+            bisect, line, guesses = 0, (lo, hi), []
+        g = None if bisect else _guess(at, line, lo, hi, budget, guesses)
+        if g is None:
+            bisect, g = bisect or hi - lo, (lo + hi) // 2
         if at(g) <= budget:
             lo = g
-            if g + 1 < hi and not bisect:
+            if not bisect and g + 1 < hi:
                 lo, hi = (g + 1, hi) if at(g + 1) <= budget else (lo, g + 1)
+                line = (g, g + 1)
         else:
             hi = g
-            if g - 1 > lo and not bisect:
+            if not bisect and g - 1 > lo:
                 lo, hi = (g - 1, hi) if at(g - 1) <= budget else (lo, g - 1)
-        bisect = bisect or hi - lo > width // 2  # once a guess did not help: halve to the end
+                line = (g - 1, g)
     return lo, hi
+
+
+def _guess(
+    at: Callable[[int], int],
+    line: tuple[int, int],
+    lo: int,
+    hi: int,
+    budget: int,
+    guesses: list[int],
+) -> int | None:
+    """Where ``line`` reaches the budget, inside the bracket; None where no line helps: a flat
+    one, or guesses no longer closing in (each move at most a quarter of the one before, as a
+    line through a guess and its neighbour moves near a smooth peak's answer; a steep curve
+    makes it crawl, and then halving is quicker)."""
+    a, b = line
+    if at(b) <= at(a):
+        return None
+    g = min(max(int(_where_line_meets(a, at(a), b, at(b), budget)), lo + 1), hi - 1)
+    if len(guesses) >= 2 and 4 * abs(g - guesses[-1]) > abs(guesses[-1] - guesses[-2]):
+        return None
+    guesses.append(g)
+    return g
 
 
 def _where_line_meets(x0: int, y0: int, x1: int, y1: int, budget: int) -> float:
