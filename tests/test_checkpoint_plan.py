@@ -263,3 +263,57 @@ def test_with_a_gpu_the_plan_recomputes_the_fewest_seconds() -> None:
         peak, seconds = table[tuple(plan.modules)]
         assert peak <= budget and plan.recompute_s == pytest.approx(seconds, rel=1e-12)
     assert mw.plan_checkpointing(model, SHAPE, budget=budget).recompute_s is None
+
+
+def test_alike_blocks_are_traced_alone_at_the_ends_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder's layers before its last save and recompute the same alone (each traced here
+    to show it; the last saves less: its recomputation begins the backward): the search
+    traces four of eight alone, and finds the plan it finds tracing all eight."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=8192, hidden_size=64, intermediate_size=256, num_hidden_layers=8,
+        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
+    )  # fmt: skip
+    size = (4, 256)
+    layers = [f"layers.{i}" for i in range(8)]
+    alone = [
+        mw.analyze(config, size, mode="training", activation_checkpointing=[p]).peak_bytes
+        for p in layers
+    ]
+    assert len(set(alone[:-1])) == 1  # what the search takes for granted after three
+    base = mw.analyze(config, size, mode="training").peak_bytes
+    budget = base - 5 * (base - alone[0]) // 2  # about three layers' savings
+    plan = mw.plan_checkpointing(config, size, budget=budget)
+    singles = [t.modules for t in plan.history if len(t.modules) == 1]
+    assert singles == [("layers.0",), ("layers.1",), ("layers.6",), ("layers.7",)]
+    monkeypatch.setattr(
+        checkpointing._Search, "_singles", lambda self, c: [self.trace([p]) for p in c]
+    )
+    traced_all = mw.plan_checkpointing(config, size, budget=budget)
+    assert 0 < len(plan.modules) < 8
+    assert (plan.modules, plan.peak_bytes, plan.recompute_flops) == (
+        traced_all.modules, traced_all.peak_bytes, traced_all.recompute_flops,
+    )  # fmt: skip
+    assert plan.traces < traced_all.traces
+
+
+def test_alike_blocks_that_disagree_alone_are_each_traced_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the first, second and second-to-last of alike blocks do not agree alone, each is
+    traced alone (here the second-to-last of six identical MLP blocks made to differ: its
+    trace is taken from the last's)."""
+    torch.manual_seed(0)
+    model = Net(SAME)
+    trace = checkpointing._Search.trace
+
+    def unlike(self: Any, modules: Any) -> Any:
+        if list(modules) == ["blocks.4"]:
+            return trace(self, ["blocks.5"])
+        return trace(self, modules)
+
+    monkeypatch.setattr(checkpointing._Search, "trace", unlike)
+    budget = mw.analyze(model, SHAPE, mode="training").peak_bytes - 1
+    plan = mw.plan_checkpointing(model, SHAPE, budget=budget)
+    singles = sorted(t.modules for t in plan.history if len(t.modules) == 1)
+    assert singles == [(b,) for b in BLOCKS if b != "blocks.4"]  # blocks.4's is blocks.5's
