@@ -374,25 +374,33 @@ _MEASURING = (
 )
 
 
+@pytest.mark.parametrize(
+    ("given", "own_sites"),
+    [
+        ("module", ()),  # the user's module, run as it is
+        ("class", ("without_grad",)),  # built for real, initialized without grad
+    ],
+    ids=["module", "class"],
+)
 def test_an_interrupt_at_every_step_of_measures_plain_run_leaves_nothing(
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest, given: str, own_sites: tuple[str, ...]
 ) -> None:
     """Grad mode included: ``with torch.no_grad():`` here once left gradients off for the
-    session when an interrupt landed inside its ``__enter__`` (a CI run's random soak)."""
+    session when an interrupt landed inside its ``__enter__`` (a CI run's random soak). The two
+    ways to give the model, each its own test: every run of the injection repeats the steps
+    before its interrupt, so one test of both took four times as long as each."""
     if _ran_in_own_process(request):
         return
     torch.manual_seed(0)
     net = Net()
+    model = net if given == "module" else Net
 
     def work() -> None:
-        mw.measure(net, input_size=(4, 8))  # the user's module, run as it is
-        mw.measure(Net, input_size=(4, 8))  # a class: built for real, initialized without grad
+        mw.measure(model, input_size=(4, 8))
 
     sites = _inject_everywhere(work, net, None, _MEASURING)
-    assert any(s.startswith("_wall_times") for s in sites)
-    assert any(s.startswith("set_grad_enabled") for s in sites)
-    assert any(s.startswith("profile._start_trace") for s in sites)
-    assert any(s.startswith("without_grad") for s in sites)
+    for name in ("_wall_times", "set_grad_enabled", "profile._start_trace", *own_sites):
+        assert any(s.startswith(name) for s in sites), name
 
 
 def test_the_interrupt_reaches_the_caller(request: pytest.FixtureRequest) -> None:
