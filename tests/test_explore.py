@@ -278,13 +278,15 @@ def test_compare_modules_on_one_side_only() -> None:
         lambda n: 1000 + 3 * n * n,  # quadratic (attention scores)
         lambda n: 1000 + 512 * ((n + 63) // 64),  # steps (allocation granularity)
         lambda n: 1000 + int(500 * n**0.5),  # concave
+        # a tiny Llama's training step by sequence length (eager attention: seq^2 scores)
+        lambda n: 20_338_248 + 264 * n + 176 * n * n,
     ],
-    ids=["linear", "quadratic", "steps", "concave"],
+    ids=["linear", "quadratic", "steps", "concave", "steep"],
 )
 def test_the_search_finds_what_a_scan_finds(peak: Callable[[int], int]) -> None:
     from meta_widget.explore.fit import _search
 
-    for budget in (1100, 5000, 123_457, 10**6):
+    for budget in (1100, 5000, 123_457, 10**6, 200 * 2**20):
         traced: list[int] = []
 
         def at(n: int, traced: list[int] = traced) -> int:
@@ -294,6 +296,9 @@ def test_the_search_finds_what_a_scan_finds(peak: Callable[[int], int]) -> None:
         if peak(1) > budget:
             continue
         size, after = _search(at, budget, limit=2**24)
+        if after is None:  # the limit fits
+            assert size == 2**24 and peak(size) <= budget
+            continue
         assert after == size + 1 and peak(size) <= budget < peak(size + 1)
         assert all(peak(n) <= budget for n in range(1, size))  # monotone: a scan agrees
         assert len(set(traced)) <= 2 * size.bit_length() + 4

@@ -252,14 +252,17 @@ def _guess(
     guesses: list[int],
 ) -> int | None:
     """Where ``line`` reaches the budget, inside the bracket; None where no line helps: a flat
-    one, or guesses no longer closing in (each move at most a quarter of the one before, as a
-    line through a guess and its neighbour moves near a smooth peak's answer; a steep curve
-    makes it crawl, and then halving is quicker)."""
+    one, or guesses no longer closing in (each move at most a quarter of the one before, the
+    first at most half the bracket, as a line through a guess and its neighbour moves near a
+    smooth peak's answer; a steep curve makes it overshoot or crawl, and then halving is
+    quicker)."""
     a, b = line
     if at(b) <= at(a):
         return None
     g = min(max(int(_where_line_meets(a, at(a), b, at(b), budget)), lo + 1), hi - 1)
-    if len(guesses) >= 2 and 4 * abs(g - guesses[-1]) > abs(guesses[-1] - guesses[-2]):
+    if guesses and 4 * abs(g - guesses[-1]) > (
+        abs(guesses[-1] - guesses[-2]) if len(guesses) >= 2 else 2 * (hi - lo)
+    ):
         return None
     guesses.append(g)
     return g
