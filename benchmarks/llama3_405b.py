@@ -7,6 +7,7 @@
     python benchmarks/llama3_405b.py --plan         # mw.plan over layouts without a pipeline
     python benchmarks/llama3_405b.py --default-plan # plan's default space, less its pipelines
     python benchmarks/llama3_405b.py --pipelines 2 [--full-depth]  # plan PP 2 and PP 4
+    python benchmarks/llama3_405b.py --interleaved [--full-depth]  # PP 2, 3 stages a rank
     python benchmarks/llama3_405b.py --on-64        # pipelines on 64 H100s, over the budget
 
 The model: transformers' ``LlamaConfig`` with Llama 3 405B's shape (hidden 16384, 126 layers,
@@ -222,16 +223,24 @@ PIPELINES = [
     {"fsdp": 256, "tp": 8, "pp": 8, "schedule": "1F1B", "microbatches": 8},
 ]
 
+#: ``--interleaved``'s layout: PP 2 with 3 stages a rank (6 stages of 21 layers: the fewest
+#: virtual stages that split the 126 layers evenly), as ``PIPELINES``' first otherwise
+INTERLEAVED = {
+    "fsdp": 1024, "tp": 8, "pp": 2, "schedule": "interleaved-1F1B", "virtual_stages": 3,
+    "microbatches": 2,
+}  # fmt: skip
 
-def plan_pipelines(full_depth: bool, count: int) -> None:
-    """``mw.plan`` of the 405B over the first ``count`` of :data:`PIPELINES` (sequence
-    parallel, every layer checkpointed, bf16 parameters, global batch 2,048 x 8,192): by the
-    per-layer rule rank by rank (``explore.depth_stages``), or with ``full_depth`` every rank
-    at its 63, 32 or 16 layers a stage. Prints each candidate's numbers and the seconds."""
+
+def plan_pipelines(full_depth: bool, layouts: list[dict[str, Any]]) -> None:
+    """``mw.plan`` of the 405B over ``layouts`` (:data:`PIPELINES`' first few or
+    :data:`INTERLEAVED`; sequence parallel, every layer checkpointed, bf16 parameters, global
+    batch 2,048 x 8,192): by the per-layer rule rank by rank (``explore.depth_stages``), or with
+    ``full_depth`` every rank at its layers a stage (63, 32 or 16; 21 interleaved). Prints each
+    candidate's numbers and the seconds."""
     start = time.perf_counter()
     p = mw.plan(
         config(), gpu="H100", devices=16384, global_batch=2048, seq_len=8192,
-        layouts=[{**x, "sequence_parallel": True} for x in PIPELINES[:count]],
+        layouts=[{**x, "sequence_parallel": True} for x in layouts],
         activation_checkpointing=[True], precisions=["param_dtype bf16"], progress=True,
         full_depth=full_depth,
     )  # fmt: skip
@@ -285,14 +294,18 @@ def main() -> None:
         "--default-plan", action="store_true", help="plan's default space less its pipelines"
     )
     parser.add_argument("--pipelines", type=int, default=0, help="plan the first N pipelines")
+    parser.add_argument(
+        "--interleaved", action="store_true", help="plan PP 2 interleaved, 3 stages a rank"
+    )
     parser.add_argument("--full-depth", action="store_true", help="--pipelines at full depth")
     parser.add_argument("--on-64", action="store_true", help="pipelines on 64 H100s, pruned")
     args = parser.parse_args()
     if args.on_64:
         plan_on_64()
         return
-    if args.pipelines:
-        plan_pipelines(args.full_depth, args.pipelines)
+    if args.pipelines or args.interleaved:
+        layouts = [INTERLEAVED] if args.interleaved else PIPELINES[: args.pipelines]
+        plan_pipelines(args.full_depth, layouts)
         return
     if args.plan:
         plan_without_a_pipeline()

@@ -17,8 +17,8 @@ from test_plan_depth import same_numbers
 
 import meta_widget as mw
 from meta_widget.explore.candidates import Layout, Space, candidates, default_layouts
-from meta_widget.explore.depth import held_state, overheads
-from meta_widget.explore.depth_stages import stage_layers
+from meta_widget.explore.depth import DEPTHS, held_state, overheads
+from meta_widget.explore.depth_stages import extend_stages, stage_layers
 from meta_widget.timing.gpus import resolve_gpu
 
 transformers = pytest.importorskip("transformers")
@@ -361,3 +361,29 @@ def test_a_pipelines_forward_runs_under_autocast(checkpointed: bool) -> None:
             out.dtype for c in plain.analysis.calls if c.type == "Linear" for _, out in c.outputs
         } == {"float32"}
     assert a.peak_bytes != given.peak_bytes
+
+
+def test_an_interleaved_pipelines_ranks_follow_the_per_layer_rule() -> None:
+    """PP 2 x FSDP 2, interleaved 1F1B, 2 stages a rank: a rank runs its two stages' forwards
+    and backwards by turns, and the layer more each stage has is one block of the deeper trace
+    only within one phase run (``depth._chunks``). Each rank extended from 2, 3 and 4 layers a
+    stage to 5 gives the 20-layer pipeline's peak, to the byte, and step time."""
+    parallel = {
+        "pp": 2,
+        "fsdp": 2,
+        "schedule": "interleaved-1F1B",
+        "virtual_stages": 2,
+        "microbatches": 2,
+    }
+    options: dict[str, Any] = dict(
+        mode="training",
+        gpu="H100",
+        parallel=parallel,
+        param_dtype="bfloat16",
+    )
+    analyses = [mw.analyze(llama(4 * d), (4, 32), **options) for d in DEPTHS]
+    full = extend_stages(analyses, [5, 5], resolve_gpu("H100"), 2)
+    whole = mw.analyze(llama(20), (4, 32), **options)
+    assert full is not None and whole.time is not None
+    assert full.peak_bytes == whole.peak_bytes
+    assert full.time.step_s == pytest.approx(whole.time.step_s, rel=1e-9)

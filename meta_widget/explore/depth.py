@@ -94,6 +94,9 @@ class Sample:
     recompute_flops: int = 0
     #: the event index where each training step begins (``MemoryReport.steps``)
     steps: tuple[int, ...] = (0,)
+    #: the event index where each phase run begins (``MemoryReport.phase_runs``: one
+    #: micro-batch's forward or backward on one stage, the optimizer's step)
+    phase_runs: tuple[int, ...] = ()
     #: ``MemoryReport``'s peak, the caching allocator's reserved peak and the cuBLAS
     #: workspaces in it, and ``Analysis.footprint_bytes``
     peak_bytes: int = 0
@@ -169,8 +172,8 @@ def sample(a: Analysis, layers: int) -> Sample:
     recomputed = sum(c.recompute_self_flops for c in a.calls)
     return Sample(
         layers, tuple(events), base, costs, Counter(keys), int(a.total_flops), tokens, samples,
-        recomputed, tuple(report.steps), report.peak_bytes, report.reserved_bytes,
-        report.workspace_bytes, a.footprint_bytes, edges, held_state(a),
+        recomputed, tuple(report.steps), tuple(i for i, _ in runs), report.peak_bytes,
+        report.reserved_bytes, report.workspace_bytes, a.footprint_bytes, edges, held_state(a),
         read_table(report.allocator_steps),
     )  # fmt: skip
 
@@ -353,23 +356,31 @@ def _step(before: Counter[Any], after: Counter[Any]) -> dict[Any, int]:
 
 def inserted(short: Sample, long: Sample) -> list[tuple[int, int]] | None:
     """The runs of ``long``'s events that the layer it has more inserts into ``short``'s, found
-    by :func:`_inserted` step by step (a training trace holds two alike steps: one diff of the
-    whole could match a layer of one step against the other's); None when it inserts nothing,
-    or changes anything (the rule is not found)."""
-    if len(short.steps) != len(long.steps):
+    by :func:`_inserted` chunk by chunk (:func:`_chunks`), the chunks alike in both skipped;
+    None when the two are not cut into as many chunks, or the layer inserts nothing, or changes
+    anything (the rule is not found)."""
+    cuts = _chunks(short), _chunks(long)
+    if len(cuts[0]) != len(cuts[1]):
         return None
     runs: list[tuple[int, int]] = []
-    bounds = zip(
-        [*short.steps[1:], len(short.events)], [*long.steps[1:], len(long.events)], strict=True
-    )
-    for (a, b), (end_a, end_b) in zip(
-        zip(short.steps, long.steps, strict=True), bounds, strict=True
-    ):
+    for (a, end_a), (b, end_b) in zip(*cuts, strict=True):
+        if short.events[a:end_a] == long.events[b:end_b]:
+            continue  # a chunk no layer runs in: a stage without the layer, an embedding's
         found = _inserted(short.events[a:end_a], long.events[b:end_b])
         if found is None:
             return None
         runs.extend((start + b, end + b) for start, end in found)
-    return runs
+    return runs or None
+
+
+def _chunks(s: Sample) -> list[tuple[int, int]]:
+    """``s``'s events cut where each training step and each phase run begins: one diff of the
+    whole could match a layer's events in one against another's (a training trace holds two
+    alike steps; a rank of an interleaved pipeline runs the forwards and backwards of two stages
+    by turns, and the layer more each stage has is not one block of the deeper trace: diffed
+    whole, a stage's closing frees are taken into the layer's run)."""
+    starts = sorted({0, *s.steps, *s.phase_runs} - {len(s.events)})
+    return list(zip(starts, [*starts[1:], len(s.events)], strict=True))
 
 
 def _inserted(short: Sequence[Token], long: Sequence[Token]) -> list[tuple[int, int]] | None:
