@@ -7,7 +7,7 @@
     python benchmarks/llama3_405b.py --plan         # mw.plan over layouts without a pipeline
     python benchmarks/llama3_405b.py --default-plan # plan's default space, less its pipelines
     python benchmarks/llama3_405b.py --pipelines 2 [--full-depth]  # plan PP 2 and PP 4
-    python benchmarks/llama3_405b.py --interleaved [--full-depth]  # PP 2, 3 stages a rank
+    python benchmarks/llama3_405b.py --interleaved [--full-depth] [--no-ac]  # PP 2 x 3 stages
     python benchmarks/llama3_405b.py --on-64        # pipelines on 64 H100s, over the budget
 
 The model: transformers' ``LlamaConfig`` with Llama 3 405B's shape (hidden 16384, 126 layers,
@@ -231,17 +231,17 @@ INTERLEAVED = {
 }  # fmt: skip
 
 
-def plan_pipelines(full_depth: bool, layouts: list[dict[str, Any]]) -> None:
+def plan_pipelines(full_depth: bool, layouts: list[dict[str, Any]], ac: bool = True) -> None:
     """``mw.plan`` of the 405B over ``layouts`` (:data:`PIPELINES`' first few or
-    :data:`INTERLEAVED`; sequence parallel, every layer checkpointed, bf16 parameters, global
-    batch 2,048 x 8,192): by the per-layer rule rank by rank (``explore.depth_stages``), or with
-    ``full_depth`` every rank at its layers a stage (63, 32 or 16; 21 interleaved). Prints each
-    candidate's numbers and the seconds."""
+    :data:`INTERLEAVED`; sequence parallel, every layer checkpointed unless not ``ac``, bf16
+    parameters, global batch 2,048 x 8,192): by the per-layer rule rank by rank
+    (``explore.depth_stages``), or with ``full_depth`` every rank at its layers a stage (63, 32
+    or 16; 21 interleaved). Prints each candidate's numbers and the seconds."""
     start = time.perf_counter()
     p = mw.plan(
         config(), gpu="H100", devices=16384, global_batch=2048, seq_len=8192,
         layouts=[{**x, "sequence_parallel": True} for x in layouts],
-        activation_checkpointing=[True], precisions=["param_dtype bf16"], progress=True,
+        activation_checkpointing=[ac], precisions=["param_dtype bf16"], progress=True,
         full_depth=full_depth,
     )  # fmt: skip
     seconds = time.perf_counter() - start
@@ -305,7 +305,7 @@ def main() -> None:
         return
     if args.pipelines or args.interleaved:
         layouts = [INTERLEAVED] if args.interleaved else PIPELINES[: args.pipelines]
-        plan_pipelines(args.full_depth, layouts)
+        plan_pipelines(args.full_depth, layouts, ac=not args.no_ac)
         return
     if args.plan:
         plan_without_a_pipeline()

@@ -367,7 +367,9 @@ def test_an_interleaved_pipelines_ranks_follow_the_per_layer_rule() -> None:
     """PP 2 x FSDP 2, interleaved 1F1B, 2 stages a rank: a rank runs its two stages' forwards
     and backwards by turns, and the layer more each stage has is one block of the deeper trace
     only within one phase run (``depth._chunks``). Each rank extended from 2, 3 and 4 layers a
-    stage to 5 gives the 20-layer pipeline's peak, to the byte, and step time."""
+    stage to 5 gives the 20-layer pipeline's peak and what its GPU holds, to the byte (the
+    all-gather buffers a layer more adds are one in each stage's group: ``depth._spread``), and
+    its step time."""
     parallel = {
         "pp": 2,
         "fsdp": 2,
@@ -386,4 +388,5 @@ def test_an_interleaved_pipelines_ranks_follow_the_per_layer_rule() -> None:
     whole = mw.analyze(llama(20), (4, 32), **options)
     assert full is not None and whole.time is not None
     assert full.peak_bytes == whole.peak_bytes
+    assert full.device_bytes == whole.footprint_bytes
     assert full.time.step_s == pytest.approx(whole.time.step_s, rel=1e-9)

@@ -227,6 +227,17 @@ def test_a_run_is_cut_only_where_one_cut_gives_the_next_depth() -> None:
     assert depth_rule._regrouped(events, [(1, 3)], [x, a, a, b, b]) is None
 
 
+def test_a_run_of_alike_events_is_spread_over_equal_parts_of_their_block() -> None:
+    """``depth._spread``: a run of 2 alike events in a block of 6 is one at the end of each
+    third; a run that is not all alike, or a block that does not split evenly, is not spread."""
+    x, a, y = ((n, "aten.empty", "forward") for n in (1, 2, 3))
+    block = [x, a, a, a, a, a, a, y]
+    assert depth_rule._spread(block, [(1, 3)]) == [(3, 4), (6, 7)]
+    assert depth_rule._spread(block, [(0, 2)]) is None  # x, a: not alike
+    assert depth_rule._spread([x, a, a, a, a, a, y], [(1, 3)]) is None  # 5 in 2 parts
+    assert depth_rule._spread(block, [(1, 3), (6, 7)]) is None  # would meet the next run
+
+
 def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     """Tensor parallelism alone leaves the norms plain tensors beside DTensors, and PyTorch's
     multi-tensor AdamW (its default on CUDA) fails on the mix, as a real run does: the 2-layer

@@ -7,8 +7,8 @@ trace at ``n`` layers with one layer's events, costs and collectives inserted, i
 at 2, 3 and 4 layers, and
 
 - **finds the rule**: the events the third layer inserts into the 2-layer trace (a diff of
-  the two event sequences, each event its bytes, op and phase), and the costs, collectives,
-  FLOPs and parameter bytes it adds;
+  the two event sequences, each event its bytes, op and phase, a phase run at a time), and the
+  costs, collectives, FLOPs and parameter bytes it adds;
 - **checks it** on the 4-layer trace: its events must be the 3-layer trace's with each
   inserted run doubled, every byte and op; its costs, collectives, FLOPs and parameter bytes
   the 3-layer trace's plus the same again. Any difference and the candidate is traced at full
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -315,7 +316,38 @@ def _device_bytes(
         return None
     tables = [s.allocator_steps for s in samples]
     reserved = reserved_at(tables, runs, layers, _inserted, _repeat)
+    spread = _spread(three.events, runs) if reserved is None else None
+    if spread is not None and _regrouped(three.events, spread, four.events) == spread:
+        reserved = reserved_at(tables, spread, layers, _inserted, _repeat)
     return None if reserved is None else reserved + overheads(four)
+
+
+def _spread(
+    events: Sequence[Token], runs: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]] | None:
+    """``runs`` with each run of ``k`` alike events inside a block of those events cut into
+    ``k`` single events, one at the end of each of ``k`` equal parts of the block; None where
+    no run is so. The events are the same either way (any ``k`` of a block's alike events are
+    an insertion), but not the allocations: an interleaved rank allocates its stages' FSDP2
+    all-gather buffers together, a group a stage, and the layer more each stage has adds one
+    to each group, where the diff sees one run of ``k`` at the block's start. The caching
+    allocator's steps follow the rule only with each in its group."""
+    out: list[tuple[int, int]] = []
+    for start, end in runs:
+        k, token = end - start, events[start]
+        first, last = start, end
+        while first > 0 and events[first - 1] == token:
+            first -= 1
+        while last < len(events) and events[last] == token:
+            last += 1
+        size, left = divmod(last - first, k)
+        if k > 1 and left == 0 and all(e == token for e in events[start:end]):
+            out += [(first + size * (i + 1) - 1, first + size * (i + 1)) for i in range(k)]
+        else:
+            out.append((start, end))
+    out.sort()
+    apart = all(end <= start for (_, end), (start, _) in itertools.pairwise(out))
+    return out if apart and out != list(runs) else None
 
 
 def least_device_bytes(peak: int, deepest: Sample) -> int:

@@ -28,7 +28,7 @@ builds its events, and replayed through the same allocator:
   seen and checked on the third; where several rank rules fit, all must name the same
   allocation at the full depth. The 4-layer steps the rules build must free exactly what that
   trace frees. Where no rule fits, or the steps do not follow the runs, there is no reserve by
-  the rule.
+  the rule (``depth`` then tries the same events' runs placed otherwise: ``depth._spread``).
 
 ``tests/test_plan_depth.py`` checks the reserve so found against full-depth traces.
 """
