@@ -363,13 +363,15 @@ def test_a_pipelines_forward_runs_under_autocast(checkpointed: bool) -> None:
     assert a.peak_bytes != given.peak_bytes
 
 
-def test_an_interleaved_pipelines_ranks_follow_the_per_layer_rule() -> None:
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_an_interleaved_pipelines_ranks_follow_the_per_layer_rule(checkpointing: bool) -> None:
     """PP 2 x FSDP 2, interleaved 1F1B, 2 stages a rank: a rank runs its two stages' forwards
     and backwards by turns, and the layer more each stage has is one block of the deeper trace
     only within one phase run (``depth._chunks``). Each rank extended from 2, 3 and 4 layers a
     stage to 5 gives the 20-layer pipeline's peak and what its GPU holds, to the byte (the
-    all-gather buffers a layer more adds are one in each stage's group: ``depth._spread``), and
-    its step time."""
+    all-gather buffers a layer more adds are one in each stage's group: ``depth._spread``; with
+    checkpointing, the forward's frees of the next stage's buffers are placed where their copies
+    free the buffers the layer adds: ``depth._slid``), and its step time."""
     parallel = {
         "pp": 2,
         "fsdp": 2,
@@ -382,6 +384,7 @@ def test_an_interleaved_pipelines_ranks_follow_the_per_layer_rule() -> None:
         gpu="H100",
         parallel=parallel,
         param_dtype="bfloat16",
+        activation_checkpointing=checkpointing,
     )
     analyses = [mw.analyze(llama(4 * d), (4, 32), **options) for d in DEPTHS]
     full = extend_stages(analyses, [5, 5], resolve_gpu("H100"), 2)

@@ -238,6 +238,21 @@ def test_a_run_of_alike_events_is_spread_over_equal_parts_of_their_block() -> No
     assert depth_rule._spread(block, [(1, 3), (6, 7)]) is None  # would meet the next run
 
 
+def test_a_run_slides_on_while_the_events_let_it() -> None:
+    """``depth._slid``: the run holding the event moves on one event at a time while the event
+    it leaves is the one it takes in, short of the next run; None where it cannot move."""
+    f, a, b, y = ((n, "op", "forward") for n in (-1, 2, 3, 4))
+    events = [f, a, f, a, f, a, y]
+    assert depth_rule._slid(events, [(0, 2)], 1) == [(4, 6)]  # two alike blocks on
+    assert depth_rule._slid(events, [(0, 2), (5, 6)], 0) == [(3, 5), (5, 6)]  # short of the next
+    assert depth_rule._slid(events, [(4, 6)], 4) is None  # y differs from f
+    assert depth_rule._slid(events, [(0, 2)], 3) is None  # no run holds event 3
+    assert depth_rule._slid([f, b, f, a], [(0, 2)], 0) == [(1, 3)]  # f, b inserted = b, f
+    assert depth_rule._without([f, b, f, a], [(1, 3)]) == depth_rule._without(
+        [f, b, f, a], [(0, 2)]
+    )
+
+
 def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     """Tensor parallelism alone leaves the norms plain tensors beside DTensors, and PyTorch's
     multi-tensor AdamW (its default on CUDA) fails on the mix, as a real run does: the 2-layer

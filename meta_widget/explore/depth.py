@@ -53,7 +53,7 @@ from ..memory.allocator import read_table
 from ..sources.models import is_transformers_config, to_meta
 from ..timing.gpus import GPU
 from ..timing.model import StepTime, schedule_edges, step_time
-from .depth_reserve import reserved_at
+from .depth_reserve import reserved_at, unfollowed
 
 __all__ = [
     "DEPTHS",
@@ -308,7 +308,10 @@ def _device_bytes(
     """What the GPU holds at ``layers`` layers (``Analysis.footprint_bytes``): the caching
     allocator's reserve by the rule (``depth_reserve.reserved_at``) and the CUDA context and
     NCCL's buffers, alike at 3 and 4 layers; the peak without a caching allocator (no
-    ``gpu=``); None where the allocator's steps do not follow the rule."""
+    ``gpu=``); None where the allocator's steps do not follow the rule. Where they do not with
+    ``runs`` as the diff placed them, the same events' runs placed otherwise are tried: spread
+    over their block (:func:`_spread`), then the run of each free that fails moved on
+    (:func:`_slid`)."""
     three, four = samples[1], samples[2]
     if four.reserved_bytes <= 0 or four.device_bytes <= four.peak_bytes:
         return peak
@@ -316,10 +319,44 @@ def _device_bytes(
         return None
     tables = [s.allocator_steps for s in samples]
     reserved = reserved_at(tables, runs, layers, _inserted, _repeat)
+    placed = list(runs)
     spread = _spread(three.events, runs) if reserved is None else None
     if spread is not None and _regrouped(three.events, spread, four.events) == spread:
-        reserved = reserved_at(tables, spread, layers, _inserted, _repeat)
+        placed = spread
+        reserved = reserved_at(tables, placed, layers, _inserted, _repeat)
+    event = None if reserved is not None else unfollowed(tables, placed, layers, _inserted, _repeat)
+    for _ in placed:  # each try moves the run of the free that failed on: once a run at most
+        moved = None if event is None else _slid(three.events, placed, event)
+        if moved is None or _regrouped(three.events, moved, four.events) != moved:
+            break
+        placed = moved
+        event = unfollowed(tables, placed, layers, _inserted, _repeat)
+        if event is None:
+            reserved = reserved_at(tables, placed, layers, _inserted, _repeat)
+            break
     return None if reserved is None else reserved + overheads(four)
+
+
+def _slid(
+    events: Sequence[Token], runs: Sequence[tuple[int, int]], event: int
+) -> list[tuple[int, int]] | None:
+    """``runs`` with the run holding ``event`` moved on as far as the events let it: one event
+    at a time while the event it leaves is the one it takes in (the same events inserted), short
+    of the next run; None where no run holds ``event`` or it cannot move. A layer's free of a
+    buffer in a row of alike frees (an interleaved rank's forward giving back the next stage's
+    all-gather buffers one by one) may be any of the row's to the events, but to the allocator
+    the one whose copies free the buffers the layer adds."""
+    out = list(runs)
+    for i, (start, end) in enumerate(runs):
+        if not start <= event < end:
+            continue
+        limit = runs[i + 1][0] if i + 1 < len(runs) else len(events)
+        step = 0
+        while end + step < limit and events[start + step] == events[end + step]:
+            step += 1
+        out[i] = (start + step, end + step)
+        return out if step else None
+    return None
 
 
 def _spread(

@@ -28,7 +28,8 @@ builds its events, and replayed through the same allocator:
   seen and checked on the third; where several rank rules fit, all must name the same
   allocation at the full depth. The 4-layer steps the rules build must free exactly what that
   trace frees. Where no rule fits, or the steps do not follow the runs, there is no reserve by
-  the rule (``depth`` then tries the same events' runs placed otherwise: ``depth._spread``).
+  the rule (``depth`` then tries the same events' runs placed otherwise: ``depth._spread``, and
+``depth._slid`` on the run of the free :func:`unfollowed` names).
 
 ``tests/test_plan_depth.py`` checks the reserve so found against full-depth traces.
 """
@@ -42,7 +43,7 @@ import numpy as np
 
 from ..memory.allocator import EVENT, EXTRA, FREES, INITIAL, KIND, NBYTES, Step, run
 
-__all__ = ["reserved_at", "steps_at"]
+__all__ = ["reserved_at", "steps_at", "unfollowed"]
 
 Place = tuple[int, int]  # (row of the 3-layer trace's steps, copy)
 Token = tuple[int, str, str]  # ``depth``'s token: an initial tensor's is its size
@@ -73,6 +74,32 @@ def steps_at(
     """:func:`reserved_at`'s allocator steps at ``layers`` layers, and the place of each traced
     step among the 3-layer trace's (after the initial tensors' steps); None where the steps do
     not follow the rule."""
+    built = _build(tables, runs, layers, inserted, repeat)
+    return None if isinstance(built, int) else built
+
+
+def unfollowed(
+    tables: Sequence[np.ndarray | None],
+    runs: Sequence[tuple[int, int]],
+    layers: int,
+    inserted: Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None],
+    repeat: Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]],
+) -> int | None:
+    """The event of the 3-layer trace whose free, by rules found and checked at 3 and 4 layers,
+    names no live allocation at ``layers`` layers (``depth`` then places that free's run
+    otherwise); None where the steps build, or fail before."""
+    built = _build(tables, runs, layers, inserted, repeat)
+    return built if isinstance(built, int) else None
+
+
+def _build(
+    tables: Sequence[np.ndarray | None],
+    runs: Sequence[tuple[int, int]],
+    layers: int,
+    inserted: Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None],
+    repeat: Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]],
+) -> tuple[list[Step], list[Place]] | int | None:
+    """:func:`steps_at`'s steps and places, or :func:`unfollowed`'s event, or None."""
     if len(tables) != 3 or any(t is None for t in tables):
         return None
     two, three, four = (t for t in tables if t is not None)
@@ -97,13 +124,13 @@ def steps_at(
     if rules is None:
         return None
     again = _steps(traced3, len(lists[1]), order2, rules, [], 2)
-    if again is None or not _follows(again, traced4, len(lists[2]), order2):
+    if isinstance(again, int) or not _follows(again, traced4, len(lists[2]), order2):
         return None
     times = layers - 2
     initial = [size for size, _, _ in repeat(lists[1], initial_runs, times)]
     order = _order(traced3, runs, copied, times)
     steps = _steps(traced3, len(lists[1]), order, rules, initial, times)
-    return None if steps is None else (steps, order)
+    return int(traced3[steps, EVENT]) if isinstance(steps, int) else (steps, order)
 
 
 def _initial(table: np.ndarray) -> list[Token]:
@@ -337,9 +364,10 @@ def _steps(
     rules: dict[int, Rule | list[Rank]],
     initial: list[int],
     times: int,
-) -> list[Step] | None:
+) -> list[Step] | int:
     """The allocator's steps in ``order``, after the ``initial`` tensors, each free freeing the
-    allocation its rule names; None where that allocation is not live or not of its size."""
+    allocation its rule names; the row of the first free whose allocation is not live or not of
+    its size."""
     steps: list[Step] = [(("initial", k), n) for k, n in enumerate(initial)]
     live: dict[int, list[Place]] = {}
     nbytes, links = traced3[:, NBYTES].tolist(), traced3[:, FREES].tolist()
@@ -356,12 +384,12 @@ def _steps(
             found = {_nth(same, r.side, r.at(copy, times)) for r in rule}
             index = found.pop() if len(found) == 1 else None
             if index is None:
-                return None
+                return row
             steps.append((same.pop(index), None))
             continue
         alloc = rule(copy, times)
         if alloc not in same:
-            return None
+            return row
         same.remove(alloc)
         steps.append((alloc, None))
     return steps
