@@ -28,8 +28,8 @@ builds its events, and replayed through the same allocator:
   seen and checked on the third; where several rank rules fit, all must name the same
   allocation at the full depth. The 4-layer steps the rules build must free exactly what that
   trace frees. Where no rule fits, or the steps do not follow the runs, there is no reserve by
-  the rule (``depth`` then tries the same events' runs placed otherwise: ``depth._spread``, and
-``depth._slid`` on the run of the free :func:`unfollowed` names).
+  the rule (``depth`` then tries the same events' runs placed otherwise: ``depth._spread``,
+  and ``depth._slid`` on the run of the free :func:`unfollowed` names).
 
 ``tests/test_plan_depth.py`` checks the reserve so found against full-depth traces.
 """
