@@ -195,7 +195,8 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'meta_widget' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    with _warm.imports:  # the warm-up's thread imports the same modules (meta_widget.warm)
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 
@@ -205,6 +206,7 @@ def __dir__() -> list[str]:
 
 
 # in a Jupyter kernel, PyTorch's first meta forward is paid in the background (meta_widget.warm)
+from . import warm as _warm  # noqa: E402
 from . import warmstart as _warmstart  # noqa: E402
 
 _warmstart.start_in_kernel()

@@ -7,11 +7,18 @@ the first analysis waits for it (:func:`wait`) instead of importing the same mod
 same time (two threads importing modules that import each other can deadlock). The warm-up
 prints nothing; a failure is logged on the ``meta_widget.warm`` logger and ignored.
 
-What it cannot order: the user's own cells may import modules while it runs (``import
-transformers`` right after ``%load_ext``). Python's per-module import locks make one thread wait
-for the other; only a circular import between two modules taken in opposite orders by the two
-threads would stop one with Python's ``_DeadlockError``. Not seen in the tests (the e2e notebook
-does exactly that), but possible in principle; ``META_WIDGET_WARMUP=0`` turns the warm-up off.
+The package's own modules import each other in circles (``analysis`` -> ``materialize`` ->
+``sources``, while ``sources`` is reached from ``pipeline`` too), and two threads importing them
+in opposite orders stop one with Python's ``_DeadlockError``: a kernel whose first cell named
+``mw.Analysis`` while the warm-up imported ``pipeline`` failed so (CI, notebook 06). So the
+warm-up imports them holding :data:`imports`, and so does ``meta_widget.<name>`` (the package's
+lazy names): one of the two waits for the other.
+
+What it cannot order: the user's own cells may import other modules while it runs (``import
+transformers`` right after ``%load_ext``), or the package's submodules by their full names.
+Python's per-module import locks make one thread wait for the other; only a circular import
+between two modules taken in opposite orders by the two threads would stop one with
+``_DeadlockError``. ``META_WIDGET_WARMUP=0`` turns the warm-up off.
 """
 
 from __future__ import annotations
@@ -22,11 +29,14 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["in_kernel", "running", "so_far", "start", "wait"]
+__all__ = ["imports", "in_kernel", "running", "so_far", "start", "wait"]
 
 LOG = logging.getLogger("meta_widget.warm")
 
 _lock = threading.Lock()
+#: held while the package's own modules are imported: by the warm-up, and by ``meta_widget``'s
+#: lazy names (``mw.Analysis``), so that two threads never import them in opposite orders
+imports = threading.RLock()
 _thread: threading.Thread | None = None
 _done = threading.Event()
 #: how long the warm-up took, once done (seconds); None before

@@ -53,8 +53,9 @@ def warm_up() -> None:
         layer = torch.nn.Linear(2, 2, device="meta")
         x = torch.ones(1, 2, device="meta", requires_grad=True)
         layer(x).sum().backward()
-    for name in (*MODULES, *(WIDGET_MODULES if warm.in_kernel() else ())):
-        importlib.import_module(name, "meta_widget")
+    with warm.imports:  # not while the user's thread imports them (``mw.Analysis``)
+        for name in (*MODULES, *(WIDGET_MODULES if warm.in_kernel() else ())):
+            importlib.import_module(name, "meta_widget")
     if importlib.util.find_spec("transformers") is not None:
         with quiet_logs() as cover:
             importlib.import_module("transformers.utils.logging")  # its handler, made at import

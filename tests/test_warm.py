@@ -149,3 +149,46 @@ def test_the_warm_up_runs_no_module_while_the_user_has_a_global_module_hook() ->
     assert out["seen"] == [] and out["modes"] == 0
     assert isinstance(out["seconds"], float)
     assert stderr == "", stderr
+
+
+ONE_IMPORTER = """
+import json, sys, threading
+import meta_widget as mw
+from meta_widget import warm
+held, release, asked = threading.Event(), threading.Event(), threading.Event()
+class Watched:  # warm.imports, telling when a thread but the warm-up's asks for it
+    def __init__(self, lock):
+        self.lock = lock
+    def __enter__(self):
+        if threading.current_thread() is not warm._thread:
+            asked.set()
+        return self.lock.__enter__()
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+warm.imports = Watched(warm.imports)
+def warm_up():  # a warm-up held while it imports the package's modules
+    with warm.imports:
+        held.set()
+        release.wait()
+assert warm.start(warm_up)
+held.wait()
+got = []
+user = threading.Thread(target=lambda: got.append(mw.Analysis))  # a first cell's mw.Analysis
+user.start()
+while not asked.is_set() and user.is_alive():
+    asked.wait(0.05)
+imported_meanwhile = "meta_widget.analysis" in sys.modules
+release.set()
+user.join()
+print(json.dumps({"asked": asked.is_set(), "imported_meanwhile": imported_meanwhile,
+                  "got": [c.__name__ for c in got]}))
+"""
+
+
+def test_a_lazy_name_is_not_imported_while_the_warm_up_imports_the_package() -> None:
+    # the package's modules import each other in circles: a first cell's mw.Analysis imported
+    # analysis -> materialize -> sources while the warm-up imported pipeline -> sources, and
+    # Python stopped the cell with _DeadlockError (CI, notebook 06)
+    out, _, stderr = run(ONE_IMPORTER)
+    assert out == {"asked": True, "imported_meanwhile": False, "got": ["Analysis"]}
+    assert stderr == "", stderr
