@@ -80,8 +80,8 @@ __all__ = [
     "unload_ipython_extension",
 ]
 
-# errors.py and explain.py import only the standard library at the top; importing explain here
-# keeps the function (not the submodule of the same name) as ``meta_widget.explain``.
+# errors.py and trace/explain.py import only the standard library at the top. No public name is
+# also a submodule's (tests/test_docs.py): Python binds an imported submodule over the name.
 from .errors import MetaWidgetError
 from .trace.explain import explain
 
@@ -95,9 +95,9 @@ _WHERE = {
     "checkpoint_diff": "checkpoints",
     "CheckpointError": "checkpoints",
     "UnsafeCheckpointError": "checkpoints",
-    "materialize": "materialize",
-    "MaterializeError": "materialize",
-    "InsufficientMemoryError": "materialize",
+    "materialize": "materialization",
+    "MaterializeError": "materialization",
+    "InsufficientMemoryError": "materialization",
     "load_ipython_extension": "magics",
     "unload_ipython_extension": "magics",
     "OptionError": "options",
@@ -166,7 +166,7 @@ if TYPE_CHECKING:
     from .explore.plan import Plan, plan
     from .explore.sweeps import Sweep, sweep
     from .magics import load_ipython_extension, unload_ipython_extension
-    from .materialize import InsufficientMemoryError, MaterializeError, materialize
+    from .materialization import InsufficientMemoryError, MaterializeError, materialize
     from .memory.kv_cache import KVCache
     from .memory.snapshot import SnapshotError
     from .options import (

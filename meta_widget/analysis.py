@@ -25,7 +25,7 @@ from .data.flatten import TensorInfo, named_tensors
 from .data.records import CallRecord
 from .data.tree import ModuleNode
 from .distributed.comms import CommRecord, comms_frame, comms_totals
-from .materialize import MaterializeReport, materialize
+from .materialization import MaterializeReport, materialize
 from .memory.kv_cache import KVCache
 from .memory.moe import MoE
 from .memory.report import MemoryReport
@@ -361,7 +361,7 @@ class Analysis:
         transformers initializer) fills them, or ``checkpoint`` (a path or a state dict) is
         loaded with ``load_state_dict(assign=True)``. Refused with ``InsufficientMemoryError``,
         before allocating anything, when it does not fit in the free memory. The user's module
-        is never touched. See ``meta_widget.materialize.materialize``.
+        is never touched. See ``meta_widget.materialization.materialize``.
         """
         if self.source_model is None:
             raise ValueError("this Analysis has no model to materialize (it was loaded from JSON)")

@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the result of an analysis, as plain data", ("result",)),
     ("views", ("views",)),
     ("checkpoints: reading, and a checkpoint's views", ("checkpoints",)),
-    ("the pipeline: check, build, trace, assemble", ("pipeline", "materialize")),
+    ("the pipeline: check, build, trace, assemble", ("pipeline", "materialization")),
     ("the Analysis and analyze()", ("analysis",)),
     ("exploration over many analyses", ("explore",)),
     ("entry points", ("magics", "cli", "warmstart", "")),

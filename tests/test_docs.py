@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import subprocess
 import sys
 
 import griffe
@@ -59,10 +60,23 @@ def test_every_public_name_has_a_docstring(name: str) -> None:
     assert doc is not None and doc.strip(), f"meta_widget.{name} has no docstring"
 
 
+def test_no_public_name_is_a_submodules_name() -> None:
+    # Python binds an imported submodule to the package's attribute of its name: mw.materialize
+    # was the module meta_widget.materialize, not the function, once mw.analyze had loaded it
+    package = ROOT / "meta_widget"
+    submodules = {p.stem for p in package.glob("*.py")} | {
+        p.parent.name for p in package.glob("*/__init__.py")
+    }
+    assert not sorted(submodules & set(meta_widget.__all__))
+    code = "import meta_widget as mw; mw.analyze; print(callable(mw.materialize))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"
+
+
 def _griffe_package() -> griffe.Module:
     sys.path.insert(0, str(DOCS / "hooks"))
     try:
-        from griffe_public import PublicNames
+        from griffe_public import PlainRoles
     finally:
         sys.path.remove(str(DOCS / "hooks"))
     return griffe.load(
@@ -71,7 +85,7 @@ def _griffe_package() -> griffe.Module:
         docstring_parser="numpy",
         resolve_aliases=True,
         resolve_external=False,
-        extensions=griffe.load_extensions(PublicNames()),
+        extensions=griffe.load_extensions(PlainRoles()),
     )
 
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_model
 from torch import nn
 
 import meta_widget as mw
-from meta_widget.materialize import (
+from meta_widget.materialization import (
     InsufficientMemoryError,
     MaterializeError,
     available_memory,

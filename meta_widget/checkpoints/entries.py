@@ -132,7 +132,7 @@ class CheckpointInfo:
         """Bytes to hold the checkpoint with every floating-point tensor cast to ``dtype``.
 
         Integer and bool tensors keep their stored size. ``dtype`` is one of
-        ``meta_widget.memory.report.DTYPE_BYTES`` (``int4`` packs two elements per byte).
+        ``meta_widget.units.DTYPE_BYTES`` (``int4`` packs two elements per byte).
         """
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, not {dtype!r}")

@@ -41,7 +41,7 @@ from ..data.records import CallRecord
 from ..data.tree import build_tree
 from ..data.walk import walk
 from ..errors import MetaWidgetError
-from ..materialize import materialize
+from ..materialization import materialize
 from ..options import OptionError
 from ..pipeline import _assemble
 from ..sources.models import MetaModel

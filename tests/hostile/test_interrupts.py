@@ -368,7 +368,7 @@ _MEASURING = (
     ("meta_widget/explore/measure.py", "_measured_run"),
     ("torch/profiler/profiler.py", ""),
     ("torch/autograd/profiler.py", ""),
-    ("meta_widget/materialize.py", "_initialize"),
+    ("meta_widget/materialization.py", "_initialize"),
     ("meta_widget/undo.py", "without_grad"),
     ("meta_widget/undo.py", "undoing"),
 )

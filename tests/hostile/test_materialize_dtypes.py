@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import meta_widget as mw
-from meta_widget.materialize import MaterializeError, load_state_dict_file
+from meta_widget.materialization import MaterializeError, load_state_dict_file
 
 
 def test_a_sub_byte_safetensors_dtype_is_refused_with_a_message(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 
 import meta_widget as mw
 from meta_widget.checkpoints import checkpoint_diff, inspect_checkpoint
-from meta_widget.materialize import MaterializeError, materialize
+from meta_widget.materialization import MaterializeError, materialize
 from meta_widget.options import OptionError, OptionTypeError
 
 
