@@ -1,6 +1,6 @@
 """How often the caching allocator's reserve comes by ``plan``'s per-layer rule, and whether it is
 exact: for each candidate of a small Llama (64 wide, 9 layers), the allocator steps the rule
-builds from the 2-, 3- and 4-layer traces (``meta_widget.explore.depth_reserve.steps_at``)
+builds from the 2-, 3- and 4-layer traces (``meta_widget.explore.depth_reserve.Reserve.build``)
 against the 9-layer trace's, step by step (every free freeing the allocation the full depth's
 frees), and the reserves (issue 39).
 
@@ -56,8 +56,8 @@ def verdict(size: tuple[int, int], options: dict[str, Any]) -> str:
     full = depth.extend(samples, LAYERS, resolve_gpu("H100"), dp)
     runs = depth.inserted(samples[0], samples[1])
     tables = [s.allocator_steps for s in samples]
-    built = depth_reserve.steps_at(tables, runs or [], LAYERS, depth._inserted, depth._repeat)
-    if full is None or full.device_bytes is None or built is None:
+    built = depth_reserve.Reserve(tables, depth._inserted, depth._repeat).build(runs or [], LAYERS)
+    if full is None or full.device_bytes is None or not isinstance(built, tuple):
         return "NONE"
     whole = mw.analyze(llama(LAYERS), size, **kwargs)
     table = depth.sample(whole, LAYERS).allocator_steps

@@ -336,8 +336,10 @@ def test_the_allocators_reserve_by_the_rule_is_the_full_depths(
     assert analyses[0].footprint_bytes < full.device_bytes
     runs = depth_rule.inserted(samples[0], samples[1])
     tables = [s.allocator_steps for s in samples]
-    built = depth_reserve.steps_at(tables, runs, LAYERS, depth_rule._inserted, depth_rule._repeat)
-    assert built is not None
+    built = depth_reserve.Reserve(tables, depth_rule._inserted, depth_rule._repeat).build(
+        runs, LAYERS
+    )
+    assert isinstance(built, tuple)
     steps, places = built
     table = depth_rule.sample(whole, LAYERS).allocator_steps
     initial = len(steps) - len(places)

@@ -59,7 +59,7 @@ def test_without_the_reserve_the_rule_rejects_what_cannot_fit_by_its_least_bytes
     the GPU can hold (the peak, cuBLAS's workspaces, the CUDA context, NCCL's buffers) the
     rule's numbers stand: not traced at full depth; at that least, the full-depth trace's
     reserve decides."""
-    monkeypatch.setattr(depth, "reserved_at", lambda *args: None)
+    monkeypatch.setattr(depth, "reserved_peak", lambda *args: None)
     m = traced.memory
     least = m.peak_bytes + m.workspace_bytes + m.device_bytes - m.reserved_bytes
     assert m.peak_bytes < least < m.device_bytes

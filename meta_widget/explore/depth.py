@@ -53,7 +53,7 @@ from ..memory.allocator import read_table
 from ..sources.models import is_transformers_config, to_meta
 from ..timing.gpus import GPU
 from ..timing.model import StepTime, schedule_edges, step_time
-from .depth_reserve import reserved_at, unfollowed
+from .depth_reserve import Reserve, reserved_peak
 
 __all__ = [
     "DEPTHS",
@@ -306,7 +306,7 @@ def _device_bytes(
     samples: Sequence[Sample], runs: Sequence[tuple[int, int]], layers: int, peak: int
 ) -> int | None:
     """What the GPU holds at ``layers`` layers (``Analysis.footprint_bytes``): the caching
-    allocator's reserve by the rule (``depth_reserve.reserved_at``) and the CUDA context and
+    allocator's reserve by the rule (``depth_reserve.Reserve``) and the CUDA context and
     NCCL's buffers, alike at 3 and 4 layers; the peak without a caching allocator (no
     ``gpu=``); None where the allocator's steps do not follow the rule. Where they do not with
     ``runs`` as the diff placed them, the same events' runs placed otherwise are tried: spread
@@ -317,23 +317,20 @@ def _device_bytes(
         return peak
     if overheads(three) != overheads(four):
         return None
-    tables = [s.allocator_steps for s in samples]
-    reserved = reserved_at(tables, runs, layers, _inserted, _repeat)
+    rule = Reserve([s.allocator_steps for s in samples], _inserted, _repeat)
     placed = list(runs)
-    spread = _spread(three.events, runs) if reserved is None else None
+    built = rule.build(placed, layers)
+    spread = None if isinstance(built, tuple) else _spread(three.events, runs)
     if spread is not None and _regrouped(three.events, spread, four.events) == spread:
         placed = spread
-        reserved = reserved_at(tables, placed, layers, _inserted, _repeat)
-    event = None if reserved is not None else unfollowed(tables, placed, layers, _inserted, _repeat)
+        built = rule.build(placed, layers)
     for _ in placed:  # each try moves the run of the free that failed on: once a run at most
-        moved = None if event is None else _slid(three.events, placed, event)
+        moved = _slid(three.events, placed, built) if isinstance(built, int) else None
         if moved is None or _regrouped(three.events, moved, four.events) != moved:
             break
         placed = moved
-        event = unfollowed(tables, placed, layers, _inserted, _repeat)
-        if event is None:
-            reserved = reserved_at(tables, placed, layers, _inserted, _repeat)
-            break
+        built = rule.build(placed, layers)
+    reserved = reserved_peak(built)
     return None if reserved is None else reserved + overheads(four)
 
 

@@ -29,7 +29,7 @@ builds its events, and replayed through the same allocator:
   allocation at the full depth. The 4-layer steps the rules build must free exactly what that
   trace frees. Where no rule fits, or the steps do not follow the runs, there is no reserve by
   the rule (``depth`` then tries the same events' runs placed otherwise: ``depth._spread``,
-  and ``depth._slid`` on the run of the free :func:`unfollowed` names).
+  and ``depth._slid`` on the run of the free :meth:`Reserve.build` names).
 
 ``tests/test_plan_depth.py`` checks the reserve so found against full-depth traces.
 """
@@ -43,94 +43,74 @@ import numpy as np
 
 from ..memory.allocator import EVENT, EXTRA, FREES, INITIAL, KIND, NBYTES, Step, run
 
-__all__ = ["reserved_at", "steps_at", "unfollowed"]
+__all__ = ["Built", "Reserve", "reserved_peak"]
 
 Place = tuple[int, int]  # (row of the 3-layer trace's steps, copy)
 Token = tuple[int, str, str]  # ``depth``'s token: an initial tensor's is its size
 
 
-def reserved_at(
-    tables: Sequence[np.ndarray | None],
-    runs: Sequence[tuple[int, int]],
-    layers: int,
-    inserted: Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None],
-    repeat: Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]],
-) -> int | None:
-    """The caching allocator's reserved peak at ``layers`` layers from the allocator steps of
-    the traces at 2, 3 and 4 layers (``tables``) and the event ``runs`` the third layer inserts;
-    None where the steps do not follow the rule (module docstring). ``inserted`` and ``repeat``
-    are ``depth``'s diff and repeat of a token sequence."""
-    built = steps_at(tables, runs, layers, inserted, repeat)
-    return None if built is None else run(built[0]).peak_bytes
+Inserted = Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None]
+Repeat = Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]]
+#: :meth:`Reserve.build`'s answer: the steps at full depth and each traced step's place; the
+#: 3-layer trace's event whose free names no live allocation there; or None
+Built = tuple[list[Step], list[Place]] | int | None
 
 
-def steps_at(
-    tables: Sequence[np.ndarray | None],
-    runs: Sequence[tuple[int, int]],
-    layers: int,
-    inserted: Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None],
-    repeat: Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]],
-) -> tuple[list[Step], list[Place]] | None:
-    """:func:`reserved_at`'s allocator steps at ``layers`` layers, and the place of each traced
-    step among the 3-layer trace's (after the initial tensors' steps); None where the steps do
-    not follow the rule."""
-    built = _build(tables, runs, layers, inserted, repeat)
-    return None if isinstance(built, int) else built
+@dataclass(frozen=True)
+class Reserve:
+    """The allocator steps of the traces at 2, 3 and 4 layers (``tables``, each trace's
+    ``MemoryReport.allocator_steps``) and ``depth``'s diff (``inserted``) and repeat
+    (``repeat``) of a token sequence: what builds the steps at any depth (module docstring)."""
+
+    tables: Sequence[np.ndarray | None]
+    inserted: Inserted
+    repeat: Repeat
+
+    def build(self, runs: Sequence[tuple[int, int]], layers: int) -> Built:
+        """The allocator steps at ``layers`` layers with the third layer's event ``runs`` and
+        the place of each traced step among the 3-layer trace's (after the initial tensors'
+        steps); or the event of the 3-layer trace whose free, by rules found and checked at 3
+        and 4 layers, names no live allocation at ``layers`` (``depth`` then places that free's
+        run otherwise); or None where the steps do not follow the rule."""
+        if len(self.tables) != 3 or any(t is None for t in self.tables):
+            return None
+        two, three, four = (t for t in self.tables if t is not None)
+        lists = [_initial(t) for t in (two, three, four)]
+        initial_runs = self.inserted(lists[0], lists[1])
+        if initial_runs is None or self.repeat(lists[1], initial_runs, 2) != lists[2]:
+            return None
+        traced3, traced4 = three[len(lists[1]) :], four[len(lists[2]) :]
+        copied = _copied(traced3, runs)
+        order2 = _order(traced3, runs, copied, 2)
+        if len(order2) != len(traced4) or not _same_steps(traced3, order2, traced4):
+            return None
+        # the 2-layer steps are the 3-layer ones less the runs', but for where a workspace lands
+        traced2 = two[len(lists[0]) :]
+        order0 = [p for p in _order(traced3, runs, copied, 0) if traced3[p[0], KIND] != EXTRA]
+        plain2 = np.flatnonzero(traced2[:, KIND] != EXTRA)
+        alike = len(order0) == len(plain2) and _same_steps(traced3, order0, traced2[plain2])
+        before = (
+            (traced2, len(lists[0]), dict(zip(plain2.tolist(), order0, strict=True)))
+            if alike
+            else None
+        )
+        rules = _rules(traced3, len(lists[1]), traced4, len(lists[2]), order2, copied, before)
+        if rules is None:
+            return None
+        again = _steps(traced3, len(lists[1]), order2, rules, [], 2)
+        if isinstance(again, int) or not _follows(again, traced4, len(lists[2]), order2):
+            return None
+        times = layers - 2
+        initial = [size for size, _, _ in self.repeat(lists[1], initial_runs, times)]
+        order = _order(traced3, runs, copied, times)
+        steps = _steps(traced3, len(lists[1]), order, rules, initial, times)
+        return int(traced3[steps, EVENT]) if isinstance(steps, int) else (steps, order)
 
 
-def unfollowed(
-    tables: Sequence[np.ndarray | None],
-    runs: Sequence[tuple[int, int]],
-    layers: int,
-    inserted: Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None],
-    repeat: Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]],
-) -> int | None:
-    """The event of the 3-layer trace whose free, by rules found and checked at 3 and 4 layers,
-    names no live allocation at ``layers`` layers (``depth`` then places that free's run
-    otherwise); None where the steps build, or fail before."""
-    built = _build(tables, runs, layers, inserted, repeat)
-    return built if isinstance(built, int) else None
-
-
-def _build(
-    tables: Sequence[np.ndarray | None],
-    runs: Sequence[tuple[int, int]],
-    layers: int,
-    inserted: Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None],
-    repeat: Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]],
-) -> tuple[list[Step], list[Place]] | int | None:
-    """:func:`steps_at`'s steps and places, or :func:`unfollowed`'s event, or None."""
-    if len(tables) != 3 or any(t is None for t in tables):
-        return None
-    two, three, four = (t for t in tables if t is not None)
-    lists = [_initial(t) for t in (two, three, four)]
-    initial_runs = inserted(lists[0], lists[1])
-    if initial_runs is None or repeat(lists[1], initial_runs, 2) != lists[2]:
-        return None
-    traced3, traced4 = three[len(lists[1]) :], four[len(lists[2]) :]
-    copied = _copied(traced3, runs)
-    order2 = _order(traced3, runs, copied, 2)
-    if len(order2) != len(traced4) or not _same_steps(traced3, order2, traced4):
-        return None
-    # the 2-layer steps are the 3-layer ones less the runs', but for where a workspace lands
-    traced2 = two[len(lists[0]) :]
-    order0 = [p for p in _order(traced3, runs, copied, 0) if traced3[p[0], KIND] != EXTRA]
-    plain2 = np.flatnonzero(traced2[:, KIND] != EXTRA)
-    alike = len(order0) == len(plain2) and _same_steps(traced3, order0, traced2[plain2])
-    before = (
-        (traced2, len(lists[0]), dict(zip(plain2.tolist(), order0, strict=True))) if alike else None
-    )
-    rules = _rules(traced3, len(lists[1]), traced4, len(lists[2]), order2, copied, before)
-    if rules is None:
-        return None
-    again = _steps(traced3, len(lists[1]), order2, rules, [], 2)
-    if isinstance(again, int) or not _follows(again, traced4, len(lists[2]), order2):
-        return None
-    times = layers - 2
-    initial = [size for size, _, _ in repeat(lists[1], initial_runs, times)]
-    order = _order(traced3, runs, copied, times)
-    steps = _steps(traced3, len(lists[1]), order, rules, initial, times)
-    return int(traced3[steps, EVENT]) if isinstance(steps, int) else (steps, order)
+def reserved_peak(built: Built) -> int | None:
+    """The caching allocator's reserved peak of the steps :meth:`Reserve.build` built; None
+    for no steps."""
+    return run(built[0]).peak_bytes if isinstance(built, tuple) else None
 
 
 def _initial(table: np.ndarray) -> list[Token]:
