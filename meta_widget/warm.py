@@ -7,23 +7,29 @@ the first analysis waits for it (:func:`wait`) instead of importing the same mod
 same time (two threads importing modules that import each other can deadlock). The warm-up
 prints nothing; a failure is logged on the ``meta_widget.warm`` logger and ignored.
 
-The package's own modules import each other in circles (``analysis`` -> ``materialize`` ->
-``sources``, while ``sources`` is reached from ``pipeline`` too), and two threads importing them
-in opposite orders stop one with Python's ``_DeadlockError``: a kernel whose first cell named
-``mw.Analysis`` while the warm-up imported ``pipeline`` failed so (CI, notebook 06). So the
-warm-up imports them holding :data:`imports`, and so does ``meta_widget.<name>`` (the package's
-lazy names): one of the two waits for the other.
+The package's own modules import each other in circles (``analysis`` -> ``materialization``
+-> ``sources``, while ``sources`` is reached from ``pipeline`` too), and two threads importing
+them in opposite orders stop one with Python's ``_DeadlockError``: a kernel whose first cell
+named ``mw.Analysis`` while the warm-up imported ``pipeline`` failed so (CI, notebook 06). So
+the warm-up imports them holding :data:`imports`, and so does ``meta_widget.<name>`` (the
+package's lazy names): one of the two waits for the other.
 
 What it cannot order: the user's own cells may import other modules while it runs (``import
 transformers`` right after ``%load_ext``), or the package's submodules by their full names.
 Python's per-module import locks make one thread wait for the other; only a circular import
 between two modules taken in opposite orders by the two threads would stop one with
-``_DeadlockError``. ``META_WIDGET_WARMUP=0`` turns the warm-up off.
+``_DeadlockError``. Nor a fork while it runs (multiprocessing's default start method on
+Linux): the child has no warm-up thread, so it waits for none and gets an import lock of its
+own, but a module the parent's warm-up was importing at that instant stays half imported there
+(Python resets no module's import lock at a fork: what Python 3.12 warns of for any fork of a
+threaded process); the ``spawn`` start method has no such state. ``META_WIDGET_WARMUP=0`` turns
+the warm-up off.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -43,6 +49,20 @@ _done = threading.Event()
 seconds: float | None = None
 #: when the warm-up started (``time.perf_counter()``); None before
 started: float | None = None
+
+
+def _forked() -> None:
+    """In a child forked while a warm-up ran (multiprocessing's default start method on Linux):
+    no warm-up thread runs there, so nothing to wait for, and a lock no thread holds. (The
+    parent's may have held both at the fork: the child waited forever.)"""
+    global imports, _done
+    imports = threading.RLock()
+    if _thread is not None and not _done.is_set():
+        _done = threading.Event()
+        _done.set()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def start(job: Callable[[], object]) -> bool:

@@ -192,3 +192,39 @@ def test_a_lazy_name_is_not_imported_while_the_warm_up_imports_the_package() -> 
     out, _, stderr = run(ONE_IMPORTER)
     assert out == {"asked": True, "imported_meanwhile": False, "got": ["Analysis"]}
     assert stderr == "", stderr
+
+
+FORKED = """
+import json, os, select, sys, threading
+import meta_widget as mw
+from meta_widget import warm
+held, release = threading.Event(), threading.Event()
+def warm_up():  # a warm-up still importing the package's modules when the user's code forks
+    with warm.imports:
+        held.set()
+        release.wait()
+assert warm.start(warm_up)
+held.wait()
+read, write = os.pipe()
+pid = os.fork()  # multiprocessing's default start method on Linux
+if pid == 0:  # the child: no warm-up thread runs here, so nothing to wait for
+    waited = warm.wait()
+    name = mw.Analysis.__name__
+    answer = {"waited": waited, "name": name, "running": warm.running()}
+    os.write(write, json.dumps(answer).encode())
+    os._exit(0)
+answered = select.select([read], [], [], 120)[0]  # a guard: a hung child never answers
+if not answered:
+    os.kill(pid, 9)
+os.waitpid(pid, 0)
+release.set()
+warm.wait()
+print(json.dumps({"child": json.loads(os.read(read, 4096)) if answered else "hung"}))
+"""
+
+
+def test_a_child_forked_while_the_warm_up_runs_waits_for_nothing() -> None:
+    # the child has no warm-up thread: it would wait forever for one (warm.wait, and the
+    # import lock the parent's warm-up held), e.g. mw.analyze in a fork-started Pool's worker
+    out, _, _ = run(FORKED)
+    assert out["child"] == {"waited": 0.0, "name": "Analysis", "running": False}
