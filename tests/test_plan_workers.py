@@ -10,7 +10,9 @@ import gc
 import operator
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
@@ -166,6 +168,38 @@ def test_default_is_one_process_for_few_candidates(remote: list[tuple[Any, ...]]
     few = dict(SPACE, layouts=[{"fsdp": 4}], precisions=["as given"])
     assert len(mw.plan(llama(), SIZE, **few).candidates) == 2
     assert remote == []
+
+
+def test_a_script_without_a_main_guard_is_planned_once(tmp_path: Any) -> None:
+    """Spawn runs the script that started a pool again in each child as it starts (its top
+    level, as ``__mp_main__``): there the script's own ``plan`` is refused, saying what to do,
+    where the child traced the whole plan by itself before taking a run; the script's plan
+    goes on in its own process, with the rows of one process."""
+    few = dict(SPACE, layouts=[{"fsdp": 4}], precisions=["as given"])
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import transformers
+            import meta_widget as mw
+
+            config = transformers.LlamaConfig(**{llama().to_diff_dict()!r})
+            p = mw.plan(config, {SIZE!r}, workers=2, **{few!r})
+            print(p.traces, [c.peak_bytes for c in p.candidates])
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    alone = mw.plan(llama(), SIZE, workers=1, **few)
+    assert (
+        done.stdout.split("\n")[-2] == f"{alone.traces} {[c.peak_bytes for c in alone.candidates]}"
+    )
+    refused = "PlanError: plan: called while this process starts as a worker of a plan"
+    assert done.stderr.count(refused) == 1, done.stderr
+    assert f"top level of {script} again" in done.stderr
+    assert 'under `if __name__ == "__main__":`' in done.stderr
 
 
 @pytest.mark.parametrize("workers", [0, -1, True, "2", 1.5])

@@ -63,8 +63,9 @@ _OWN_OPTIONS = ("activation_checkpointing", "widget")
 
 
 class PlanError(MetaWidgetError, RuntimeError):
-    """A plan cannot be made: an analysis the search needed failed, or the model has no
-    candidates to checkpoint."""
+    """A plan cannot be made: an analysis the search needed failed, the model has no
+    candidates to checkpoint, or ``plan`` was called by a script's top level run again in a
+    worker process as it starts."""
 
 
 @dataclass(frozen=True)

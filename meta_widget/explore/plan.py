@@ -67,6 +67,7 @@ from ..sources.models import is_transformers_config
 from ..timing.gpus import GPU, resolve_gpu
 from ..units import format_bytes
 from .candidates import COLUMNS, HELD_AS, Candidate, Space
+from .checkpointing import PlanError
 from .depth import depth_of
 from .fit import NothingFitsError
 from .layouts import MESH, decoder_layers, routed_experts
@@ -82,7 +83,7 @@ from .plan_checks import (
 from .plan_front import check_tokens, front, gpu_hours, speed
 from .plan_trace import Counts, Job, Learned, planning, take, trace_candidate, trace_run
 from .sweeps import ProgressFn, check_analyze_options, progress_function
-from .workers import cores, default_workers, local_pool, share
+from .workers import cores, default_workers, local_pool, not_starting, share
 
 __all__ = ["Candidate", "Plan", "plan"]
 
@@ -357,7 +358,10 @@ def plan(
         For a gpu, devices, budget, mode, axis or options that cannot be used.
     NothingFitsError
         From ``Plan.best``, when no candidate fits (``plan`` itself returns every row).
+    PlanError
+        In a worker process that runs the script's unguarded top level as it starts.
     """
+    not_starting(PlanError)
     accelerator = resolve_gpu(gpu)
     limit = accelerator.memory_bytes if budget is None else check_budget(budget)
     _check(devices, mode, analyze_options)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -38,13 +39,15 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["cores", "default_workers", "local_pool", "share"]
+__all__ = ["cores", "default_workers", "local_pool", "not_starting", "share"]
 
 T = TypeVar("T")
 
 #: below this many candidates a plan runs in this process alone (a child's start-up, ~5 s of
 #: importing torch and transformers, would cost more than it saves)
 MIN_CANDIDATES = 16
+#: the modules a starting child runs the parent's script as (``multiprocessing.spawn``)
+_MAINS = ("__mp_main__", "__main__")
 #: at most this many processes by default
 MAX_WORKERS = 8
 
@@ -63,6 +66,28 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def not_starting(error: type[Exception]) -> None:
+    """Raise ``error`` where this process is a spawned child still importing the script that
+    started its pool (Python's ``spawn`` runs that script's top level again in each child, as
+    ``__mp_main__``): a plan there is the script's own call, unguarded. Left alone, each child
+    traced the whole plan by itself before taking a run (2.5 times the plan's time, the
+    parent's rows unchanged), as its own pool could not start (``multiprocessing`` refuses a
+    process in that state, and ``share`` traces what no pool takes)."""
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return
+    script = next(
+        (f for f in (getattr(sys.modules.get(m), "__file__", None) for m in _MAINS) if f),
+        "the script",
+    )
+    raise error(
+        f"plan: called while this process starts as a worker of a plan: Python's spawn start "
+        f"method runs the top level of {script} again in each worker process, and with it "
+        'this call. Put the script\'s work under `if __name__ == "__main__":` (as the '
+        "multiprocessing docs ask of any script that starts processes), or pass workers=1. "
+        "The plan in the first process goes on without this worker."
+    )
 
 
 @contextmanager
