@@ -329,6 +329,38 @@ def test_a_run_whose_future_raised_is_traced_here() -> None:
     assert children() == []
 
 
+def test_a_worker_gets_its_next_run_while_this_process_traces() -> None:
+    """With a window of one run, a worker is sent its next run the moment its last one ends
+    (a done-callback), not when this thread is next free: here this thread's one item waits
+    until the worker has finished the three other runs, which it could not do if the next
+    run waited for this thread (the wait is bounded: a hang fails the test instead). Before,
+    this thread submitted between its own traces, so a worker waited up to a trace for its
+    next run, or held a second run queued behind its own that this process, idle at the end
+    of a plan, could not take."""
+    there: list[int] = []
+    three = threading.Event()
+    done: dict[int, bool] = {}
+
+    def task(run: list[int]) -> list[int]:
+        there.extend(run)
+        if len(there) == 3:
+            three.set()
+        return run
+
+    def here(item: int) -> int:
+        assert three.wait(timeout=60), f"the worker ran {there} while this thread waited"
+        return item
+
+    def on_done(item: int, result: int, remote: bool) -> None:
+        assert result == item
+        done[item] = remote
+
+    with ThreadPoolExecutor(1) as pool:
+        workers_module.share([[1], [2], [3], [4]], here, task, pool, on_done, window=1)
+    assert there == [1, 2, 3]
+    assert done == {1: True, 2: True, 3: True, 4: False}
+
+
 def test_an_executor_given_gives_the_same_plan_and_stays_open(
     alone: mw.Plan, remote: list[tuple[Any, ...]]
 ) -> None:

@@ -426,8 +426,10 @@ def plan(
             share(runs, here, task, executor, on_done, helping=False)
         elif count > 1:  # this process and count - 1 children
             with local_pool(count - 1) as pool:
-                runs = _runs(traced, math.ceil(len(traced) / (2 * count)))
-                share(runs, here, task, pool, on_done, window=2 * (count - 1))
+                # a group a run (not a layout's groups merged): the last run a child takes
+                # is what this process may wait for at the end (10 % of a 2-process plan)
+                runs = _runs(traced, 1)
+                share(runs, here, task, pool, on_done, window=count - 1)
         else:
             share([list(by_key)], here, task, None, on_done)
     if report is not None:

@@ -13,8 +13,10 @@ processes through the standard interface of ``concurrent.futures``:
 
 What travels is plain data: ``task``, a module-level function pickled by name and bound to
 the job (the model's transformers config, the input size, the options, the GPU, the budget),
-and a *run* of candidate keys (consecutive candidates of one layout: a process warms a layout
-up once). What comes back is their numbers, never an analysis.
+and a *run* of candidate keys (consecutive candidates of one layout, which a process warms up
+once: with a local pool, one group of them, those that hold the same state). A child is sent
+its next run the moment its last one ends. What comes back is their numbers, never an
+analysis.
 
 Workers change how fast, never what: a run whose future raises or is cancelled, or whose pool
 breaks (a worker killed: ``BrokenProcessPool``), comes back to this process, which traces it
@@ -29,13 +31,14 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, wait
 from concurrent.futures import ProcessPoolExecutor as ProcessPool
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -143,34 +146,99 @@ def share(
     item by item, in the order runs finish; an item traced here reaches
     ``on_done(item, here(item), False)``. ``on_done`` is called in this thread only. With
     ``helping``, this process takes runs too (from the end, while the executor takes them from
-    the start); ``window`` bounds the futures in flight (None: every run submitted at once).
-    A run whose future raised or was cancelled, or that the executor would not take (broken,
-    shut down), is traced here. On any exit (Ctrl-C included) the futures in flight are
-    cancelled.
+    the start); ``window`` bounds the runs in flight (None: every run submitted at once), and
+    the next run is submitted the moment one finishes (:class:`_Feed`), not when this thread
+    is next free. A run whose future raised or was cancelled, or that the executor would not
+    take (broken, shut down), is traced here. On any exit (Ctrl-C included) nothing more is
+    submitted and the futures in flight are cancelled.
     """
-    todo: deque[list[T]] = deque(list(run) for run in runs if run)
+    feed = _Feed([list(run) for run in runs if run], task, executor, window)
     mine: deque[T] = deque()  # the items this process traces next, in order
-    pending: dict[Future[list[Any]], list[T]] = {}
-    broken = executor is None
     try:
-        while todo or mine or pending:
-            while todo and not broken and (window is None or len(pending) < window):
-                run = todo.popleft()
-                try:
-                    pending[executor.submit(task, run)] = run  # type: ignore[union-attr]
-                except (BrokenExecutor, RuntimeError):  # broken or shut down: the rest here
-                    todo.appendleft(run)
-                    broken = True
-            for future in [f for f in pending if f.done()]:
-                _collect(future, pending.pop(future), mine, on_done)
-            if not mine and todo and (helping or broken):
-                mine.extend(todo.pop())
+        feed()
+        while True:
+            for future, run in feed.finished():
+                _collect(future, run, mine, on_done)
+            if not mine and (helping or feed.broken):
+                mine.extend(feed.last())
             if mine:
                 item = mine.popleft()
                 on_done(item, here(item), False)
-            elif pending:
-                wait(pending, return_when=FIRST_COMPLETED)
+            elif not feed.wait():
+                break
     finally:
+        feed.close()
+
+
+class _Feed(Generic[T]):
+    """The runs not yet taken and the futures of those submitted, shared by the thread of
+    :func:`share` (which takes runs from the end) and the futures' done-callbacks (which
+    submit the next from the start as soon as one ends: a worker never waits for a trace of
+    this process to end first, nor holds a run queued behind its own that this process,
+    once idle, could have taken: up to two runs' wait at a plan's end)."""
+
+    def __init__(
+        self,
+        runs: list[list[T]],
+        task: Callable[[list[T]], list[Any]],
+        executor: Executor | None,
+        window: int | None,
+    ) -> None:
+        self.todo: deque[list[T]] = deque(runs)
+        self.pending: dict[Future[list[Any]], list[T]] = {}
+        self.task, self.executor, self.window = task, executor, window
+        self.broken = executor is None
+        self.closed = False
+        self.running = 0
+        self.lock = threading.RLock()  # a future done already calls back in this thread
+
+    def __call__(self, ended: Future[list[Any]] | None = None) -> None:
+        """Submit runs from the start while fewer than ``window`` run (``ended``: a future
+        that finished, when called back)."""
+        with self.lock:
+            if ended is not None:
+                self.running -= 1
+            while self.todo and not (self.broken or self.closed):
+                if self.window is not None and self.running >= self.window:
+                    return
+                run = self.todo.popleft()
+                try:
+                    future = self.executor.submit(self.task, run)  # type: ignore[union-attr]
+                except (BrokenExecutor, RuntimeError):  # broken or shut down: the rest here
+                    self.todo.appendleft(run)
+                    self.broken = True
+                    return
+                self.pending[future] = run
+                self.running += 1
+                if self.window is not None:
+                    future.add_done_callback(self)
+
+    def finished(self) -> list[tuple[Future[list[Any]], list[T]]]:
+        """The futures done, with their runs, taken out of ``pending``."""
+        with self.lock:
+            done = [f for f in self.pending if f.done()]
+            return [(f, self.pending.pop(f)) for f in done]
+
+    def last(self) -> list[T]:
+        """The last run not yet taken, for this process (none left: empty)."""
+        with self.lock:
+            return self.todo.pop() if self.todo else []
+
+    def wait(self) -> bool:
+        """Wait for a future to finish; False when nothing is left anywhere."""
+        with self.lock:
+            if not (self.pending or self.todo):
+                return False
+            pending = list(self.pending)
+        if pending:
+            wait(pending, return_when=FIRST_COMPLETED)
+        return True
+
+    def close(self) -> None:
+        """Submit nothing more; cancel the futures in flight."""
+        with self.lock:
+            self.closed = True
+            pending = list(self.pending)
         for future in pending:
             future.cancel()
 
