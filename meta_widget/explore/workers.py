@@ -201,13 +201,13 @@ class _Feed(Generic[T]):
             while self.todo and not (self.broken or self.closed):
                 if self.window is not None and self.running >= self.window:
                     return
-                run = self.todo.popleft()
+                run = self.todo[0]  # taken once submitted: any error leaves it to be traced
                 try:
                     future = self.executor.submit(self.task, run)  # type: ignore[union-attr]
                 except (BrokenExecutor, RuntimeError):  # broken or shut down: the rest here
-                    self.todo.appendleft(run)
                     self.broken = True
                     return
+                self.todo.popleft()
                 self.pending[future] = run
                 self.running += 1
                 if self.window is not None:
