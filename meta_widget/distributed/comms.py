@@ -171,6 +171,8 @@ REGION_CATEGORIES = {
 _ENTER = "profiler._record_function_enter_new"
 _WAIT = torch.ops._c10d_functional.wait_tensor.default
 _EXIT = "profiler._record_function_exit"
+#: the name of each op seen (``str`` of its packet), by op
+_NAMES: dict[Any, str] = {}
 
 
 def _wait_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -227,7 +229,9 @@ class CommWatcher:
 
     def observe(self, func: Any, args: tuple[Any, ...], out: Any, owner: CallRecord | None) -> None:
         """After each op: follow FSDP2's labels, record collectives, tag new storage."""
-        name = str(func._overloadpacket)
+        name = _NAMES.get(func)
+        if name is None:
+            name = _NAMES[func] = str(func._overloadpacket)  # 2 us a call: once an op
         if name == _ENTER:
             self._labels.append(args[0] if args and isinstance(args[0], str) else "")
         elif name == _EXIT:

@@ -381,6 +381,15 @@ class Assumptions:
         policy = self.policy
         assert policy is not None
         first = args[0] if args else None
+        if (
+            func is aten._local_scalar_dense.default
+            and isinstance(first, torch.Tensor)
+            and _constant(first)
+        ):
+            # a fake tensor of known value (an optimizer's step counter): its value, as the
+            # fake mode below would give it, without the trip through it (50 us, 4 a parameter)
+            with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+                return first.constant.item()  # type: ignore[attr-defined]
         if not isinstance(first, torch.Tensor) or not on_meta(first) or _constant(first):
             return func(*args, **kwargs)
         if func is aten._local_scalar_dense.default:

@@ -35,7 +35,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.modules import module as module_globals
 from torch.nn.modules.module import register_module_forward_hook
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import flop_registry
 
 from ..data.records import CallRecord
@@ -411,7 +410,8 @@ class Recorder:
         n = plan.workspace(*args, **kwargs)
         if not n:
             return None
-        scratch = torch.empty(n, dtype=torch.uint8, device="meta")
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            scratch = torch.empty((n,), dtype=torch.uint8, device="meta")  # past every mode
         owner, backward = self.callstack.owner()
         self.storage.track(scratch, f"{plan.name} (workspace)", owner, backward)
         return scratch
@@ -520,10 +520,23 @@ def _on_local(formula: Callable[..., int]) -> Callable[..., int]:
     """``formula`` applied to the local tensors of DTensor arguments: one device's FLOPs."""
 
     def count(*args: Any, **kwargs: Any) -> int:
-        args, kwargs = tree_map_only(torch.Tensor, local, (args, kwargs))
-        return formula(*args, **kwargs)
+        return formula(*_locals(args), **{k: _locals(v) for k, v in kwargs.items()})
 
     return count
+
+
+def _locals(value: Any) -> Any:
+    """``value`` with each tensor in it, nested in tuples, lists and dicts, its local one:
+    ``tree_map_only(torch.Tensor, local, value)`` for an op's arguments, at a tenth of the cost
+    (a DTensor op's FLOPs are counted on every call: the op cache keys no DTensor)."""
+    if isinstance(value, torch.Tensor):
+        return local(value)
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(_locals(v) for v in value)
+    if kind is dict:
+        return {k: _locals(v) for k, v in value.items()}
+    return value
 
 
 class _FlopProbe(TorchDispatchMode):
