@@ -32,6 +32,7 @@ import torch
 from .. import heavy
 from ..data.records import CallRecord
 from ..registry import Registry
+from .fake_kernels import past_the_fake_mode
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -200,6 +201,7 @@ class CommWatcher:
         recorder.local_flops = True
         recorder.observer = self.observe
         recorder.kernels[_WAIT] = _wait_tensor
+        recorder.kernels.update(past_the_fake_mode())
         recorder.asides.append(self._set_aside)
         thread = threading.get_ident()
         original = torch.UntypedStorage.resize_

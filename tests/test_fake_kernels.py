@@ -1,0 +1,120 @@
+"""FSDP2's copy-in and c10d's collectives run past the fake mode (``distributed.fake_kernels``):
+no change.
+
+Every layout must trace the same with the kernels and without them (the fake mode running each
+op), event by event, cost by cost and collective by collective; each kernel must have run; and a
+call the kernels are not written for (not on fake tensors, another signature) goes to the op.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from parallel_truth import (
+    no_process_group_left,  # noqa: F401  (an autouse fixture)
+    tiny_llama_config,
+)
+from test_fast_path import assert_same_analysis
+
+import meta_widget as mw
+from meta_widget.distributed import comms, fake_kernels
+
+
+def both_ways(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[mw.Analysis, Counter[str]]:
+    ran: Counter[str] = Counter()
+    made = fake_kernels.past_the_fake_mode
+
+    def counted() -> dict[Any, Any]:
+        def count(op: Any, kernel: Any) -> Any:
+            def run(*args: Any, **kw: Any) -> Any:
+                ran[str(op)] += 1
+                return kernel(*args, **kw)
+
+            return run
+
+        return {op: count(op, kernel) for op, kernel in made().items()}
+
+    with monkeypatch.context() as m:
+        m.setattr(comms, "past_the_fake_mode", counted)
+        fast = mw.analyze(tiny_llama_config(), mode="training", gpu="H100", **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(comms, "past_the_fake_mode", dict)
+        slow = mw.analyze(tiny_llama_config(), mode="training", gpu="H100", **kwargs)
+    assert fast.error is None, fast.error
+    assert_same_analysis(fast, slow)
+    assert fast.comm_records == slow.comm_records
+    assert fast.memory.timeline == slow.memory.timeline
+    assert fast.footprint_bytes == slow.footprint_bytes
+    return fast, ran
+
+
+LAYOUTS = [
+    {"fsdp": 4},
+    {"replicate": 2, "fsdp": 2},
+    {"fsdp": 2, "tp": 2, "sequence_parallel": True},
+    {"pp": 2, "fsdp": 2, "microbatches": 2},  # send and recv between the stages
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_every_layout_traces_the_same_past_the_fake_mode(
+    monkeypatch: pytest.MonkeyPatch, layout: dict[str, Any], checkpointing: bool
+) -> None:
+    _, ran = both_ways(
+        monkeypatch,
+        input_size=(2, 64),
+        parallel=layout,
+        activation_checkpointing=checkpointing,
+        micro_batches=2 if checkpointing and "pp" not in layout else 1,
+    )
+    assert ran["fsdp.all_gather_copy_in.default"] > 0, ran
+    assert ran["c10d._allgather_base_.default"] > 0, ran
+    assert ran["c10d._reduce_scatter_base_.default"] > 0, ran
+
+
+def test_a_call_on_real_tensors_goes_to_the_op() -> None:
+    kernels = fake_kernels.past_the_fake_mode()
+    copy_in = torch.ops.fsdp.all_gather_copy_in.default
+    output = torch.zeros(8)
+    inputs = [torch.arange(4.0)]
+    mine = kernels[copy_in](inputs, output, [4], 4, 1)
+    theirs = copy_in(inputs, torch.zeros(8), [4], 4, 1)
+    assert torch.equal(mine[1], theirs[1]) and torch.equal(mine[1][4:], torch.arange(4.0))
+    assert mine[0].data_ptr() == output[4:].data_ptr()
+
+
+def test_another_signature_of_the_copy_in_is_left_to_the_fake_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fake_kernels, "_COPY_IN_ARGUMENTS", ["all_gather_inputs", "dtype"])
+    assert torch.ops.fsdp.all_gather_copy_in.default not in fake_kernels.past_the_fake_mode()
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_the_copy_in_on_fake_tensors_is_the_fake_modes(rank: int) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kernels = fake_kernels.past_the_fake_mode()
+    copy_in = torch.ops.fsdp.all_gather_copy_in.default
+    with FakeTensorMode() as mode:
+        big = torch.empty(40)
+        output = big[8:]  # a storage offset and a stride to keep
+        inputs = [torch.empty(6), torch.empty(2)]
+        theirs = copy_in(inputs, output, [6, 2], 8, rank)
+        mine = kernels[copy_in](inputs, output, [6, 2], 8, rank)
+    assert mine[1] is output and theirs[1] is output
+    a, b = mine[0], theirs[0]
+    assert type(a) is type(b) and a.fake_mode is mode
+    assert (a.shape, a.stride(), a.storage_offset(), a.dtype, a.device) == (
+        b.shape,
+        b.stride(),
+        b.storage_offset(),
+        b.dtype,
+        b.device,
+    )
+    assert a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    assert (a._is_view(), a.requires_grad) == (b._is_view(), b.requires_grad)
