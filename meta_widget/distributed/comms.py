@@ -32,6 +32,7 @@ import torch
 from .. import heavy
 from ..data.records import CallRecord
 from ..registry import Registry
+from .dtensor_cache import DTensorCache
 from .fake_kernels import past_the_fake_mode
 
 if TYPE_CHECKING:
@@ -202,6 +203,8 @@ class CommWatcher:
         recorder.observer = self.observe
         recorder.kernels[_WAIT] = _wait_tensor
         recorder.kernels.update(past_the_fake_mode())
+        if recorder.cache is not None:  # the fast path: DTensor calls cached too
+            recorder.dtensors = DTensorCache(recorder.cache.stats)
         recorder.asides.append(self._set_aside)
         thread = threading.get_ident()
         original = torch.UntypedStorage.resize_

@@ -193,6 +193,13 @@ def _make(spec: _Spec, args: tuple[Any, ...]) -> Any:
     return spec[1]
 
 
+def rebuild_local(spec: _Spec, base: FakeTensor) -> Any:
+    """A fake tensor as ``spec`` (``"fake"``: new storage; ``"view"``: on ``base``'s storage)
+    says, in ``base``'s fake mode (a cached DTensor output's local tensor,
+    ``meta_widget.distributed.dtensor_cache``)."""
+    return _make(spec, (base,))
+
+
 #: a dict slot and an _Entry with its tuple of specs
 _ENTRY_OVERHEAD = 200
 

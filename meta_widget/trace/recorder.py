@@ -176,6 +176,9 @@ class Recorder:
         #: the costs of ops outside any call, by phase (the loss, the optimizer step)
         self.orphan_costs: dict[str, dict[Cost, int]] = {}
         self.failed_op: str | None = None
+        #: the cache of DTensor calls (``meta_widget.distributed.dtensor_cache``) a parallel
+        #: trace sets, with its ``wants``, ``key``, ``lookup`` and ``fill``; None: none
+        self.dtensors: Any = None
         self._plans: dict[Any, OpPlan] = {}
         #: the op cache (``fast``), or None: every kernel runs
         self.cache = OpCache() if fast else None
@@ -315,19 +318,18 @@ class Recorder:
                     cache.stats.bypass(DECOMPOSED)
                 return out
         workspace = self._workspace(plan, args, kwargs) if plan.workspace is not None else None
-        key = hit = None
-        if cache is not None:
-            key = cache.key(func, plan.run, plan.flops, args, kwargs, plan.uncached)
-            if key is not None:
-                hit = cache.lookup(key)
+        key, hit, dtensors = self._lookup(plan, func, args, kwargs)
         if hit is not None:
-            out, n, cost = hit[0](args), hit[1], hit[2]
+            out, n, cost = hit
         else:
             out = self._run(plan, args, kwargs)
             n = plan.flops(*args, **kwargs, out_val=out) if plan.flops is not None else 0
             cost = self._measure(plan, args, kwargs, out, n)
             if key is not None:
-                cache.fill(key, args, out, n, cost, plan.uncached is VIEW)  # type: ignore[union-attr]
+                if dtensors is not None:
+                    dtensors.fill(key, args, kwargs, out, n, cost)
+                else:
+                    cache.fill(key, args, out, n, cost, plan.uncached is VIEW)  # type: ignore[union-attr]
         assumptions = self.assumptions
         if assumptions.tainted or assumptions.known:  # most traces assume nothing: skip the call
             assumptions.follow(func, args, out)
@@ -349,6 +351,24 @@ class Recorder:
         if self.observer is not None:
             self.observer(func, args, out, owner)
         return out
+
+    def _lookup(
+        self, plan: OpPlan, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, tuple[Any, int, Any] | None, Any]:
+        """The call's cache key (None: not cached), its outputs, FLOPs and cost if cached (else
+        None), and the DTensor cache that keyed it (None: the op cache did)."""
+        dtensors = self.dtensors
+        if dtensors is not None and args and dtensors.wants(args[0]):
+            key = dtensors.key(func, plan.run, plan.flops, plan.uncached, args, kwargs)
+            return key, (dtensors.lookup(key, args) if key is not None else None), dtensors
+        cache = self.cache
+        if cache is None:
+            return None, None, None
+        key = cache.key(func, plan.run, plan.flops, args, kwargs, plan.uncached)
+        if key is None:
+            return None, None, None
+        hit = cache.lookup(key)
+        return key, (None if hit is None else (hit[0](args), hit[1], hit[2])), None
 
     def _flow(
         self,
