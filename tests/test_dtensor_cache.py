@@ -18,7 +18,7 @@ from parallel_truth import (
     no_process_group_left,  # noqa: F401  (an autouse fixture)
     tiny_llama_config,
 )
-from test_fast_path import assert_same_analysis
+from test_fast_path import assert_same_parallel
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
 import meta_widget as mw
@@ -41,11 +41,7 @@ def both_ways(
     with monkeypatch.context() as m:
         m.setattr(comms, "DTensorCache", lambda stats: None)
         slow = mw.analyze(tiny_llama_config(), mode="training", gpu="H100", **kwargs)
-    assert fast.error is None, fast.error
-    assert_same_analysis(fast, slow)
-    assert fast.comm_records == slow.comm_records
-    assert fast.memory.timeline == slow.memory.timeline
-    assert fast.footprint_bytes == slow.footprint_bytes
+    assert_same_parallel(fast, slow)
     return fast, made
 
 

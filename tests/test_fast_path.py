@@ -69,6 +69,16 @@ def assert_same_analysis(a: mw.Analysis, b: mw.Analysis) -> None:
     assert a.time.step_s == b.time.step_s
 
 
+def assert_same_parallel(fast: mw.Analysis, slow: mw.Analysis) -> None:
+    """:func:`assert_same_analysis` of two parallel traces, ``fast`` without an error, and
+    their collectives, timelines and what the GPU holds the same too."""
+    assert fast.error is None, fast.error
+    assert_same_analysis(fast, slow)
+    assert fast.comm_records == slow.comm_records
+    assert fast.memory.timeline == slow.memory.timeline
+    assert fast.footprint_bytes == slow.footprint_bytes
+
+
 def trace_snapshot(a: mw.Analysis, fast: bool) -> dict[str, Any]:
     """The raw trace of ``a``'s meta model and inputs again: events and allocations included."""
     options = a.options

@@ -37,6 +37,7 @@ from ..trace.opcache import (
     OUTPUT,
     VIEW,
     CacheStats,
+    call_key_parts,
     key_parts,
     rebuild_local,
 )
@@ -84,13 +85,7 @@ class DTensorCache:
             self.stats.bypass(reason)
             return None
         parts: list[Any] = [func, kernel, flops]
-        reason = _parts(args, parts)
-        if reason is None and kwargs:
-            for name, value in kwargs.items():
-                parts.append(name)
-                reason = _parts((value,), parts)
-                if reason is not None:
-                    break
+        reason = call_key_parts(args, kwargs, parts, _parts)
         if reason is not None:
             self.stats.bypass(reason)
             return None
@@ -98,15 +93,10 @@ class DTensorCache:
 
     def lookup(self, key: Any, args: tuple[Any, ...]) -> tuple[Any, int, Any] | None:
         """The rebuilt outputs, FLOPs and cost of a cached call; None (counted) to run it."""
-        entry = self._entries.get(key)
-        if entry is None:
-            self.stats.misses += 1
+        entry: Any = self._entries.get(key)
+        if not self.stats.found(entry):
             return None
-        if type(entry) is str:
-            self.stats.bypass(entry)
-            return None
-        self.stats.hits += 1
-        outputs, container, flops, cost = entry  # type: ignore[misc]
+        outputs, container, flops, cost = entry
         base = args[0]._local_tensor
         built = [
             _NEW(DTensor, rebuild_local(local, base), spec, requires_grad=grad)

@@ -126,6 +126,18 @@ class CacheStats:
     def bypass(self, reason: str) -> None:
         self.bypassed[reason] = self.bypassed.get(reason, 0) + 1
 
+    def found(self, entry: Any) -> bool:
+        """Count a lookup that found ``entry`` (None: a miss; a string: why the call cannot be
+        cached, a bypass); whether it is a hit."""
+        if entry is None:
+            self.misses += 1
+            return False
+        if type(entry) is str:
+            self.bypass(entry)
+            return False
+        self.hits += 1
+        return True
+
 
 def static_bypass(func: Any, answered: bool) -> str | None:
     """Why ``func`` is never cached, decided once per op from its schema and tags (or None).
@@ -281,14 +293,9 @@ class OpCache:
         """The output builder, FLOPs and cost of a cached ``key``; None (counted) if it must
         run."""
         entry = self._entries.get(key)
-        if entry is None:
-            self.stats.misses += 1
-            return None
-        if type(entry) is str:
-            self.stats.bypass(entry)
+        if not self.stats.found(entry):
             return None
         assert isinstance(entry, _Entry)
-        self.stats.hits += 1
         return entry.build, entry.flops, entry.cost
 
     def fill(
@@ -373,14 +380,21 @@ def _entry_bytes(key: tuple[Any, ...], specs: list[_Spec] | None) -> int:
     return size
 
 
-def call_key_parts(args: tuple[Any, ...], kwargs: dict[str, Any], parts: list[Any]) -> str | None:
+def call_key_parts(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    parts: list[Any],
+    parts_of: Callable[[tuple[Any, ...], list[Any]], str | None] | None = None,
+) -> str | None:
     """Append the key parts of a call's arguments to ``parts`` (the positional ones, then each
-    keyword one after its name); the bypass reason if one has none."""
-    reason = key_parts(args, parts)
+    keyword one after its name), each as ``parts_of`` keys it (default :func:`key_parts`); the
+    bypass reason if one has none."""
+    parts_of = parts_of or key_parts
+    reason = parts_of(args, parts)
     if reason is None and kwargs:
         for name, value in kwargs.items():
             parts.append(name)
-            reason = key_parts((value,), parts)
+            reason = parts_of((value,), parts)
             if reason is not None:
                 break
     return reason
