@@ -32,6 +32,11 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..trace.fake_tensors import new_fake
 from ..trace.storage import on_meta
 
+try:  # the meta function of each c10d collective: what the fake mode runs for it
+    from torch.distributed._meta_registrations import _META_FUNCTIONS
+except ImportError:  # pragma: no cover - a PyTorch without the table: the fake mode runs them
+    _META_FUNCTIONS = {}
+
 __all__ = ["past_the_fake_mode"]
 
 #: FSDP2's copy-in arguments, in the signature the kernel below is written for
@@ -55,10 +60,6 @@ def past_the_fake_mode() -> dict[Any, Callable[..., Any]]:
 
 
 def _collectives() -> dict[Any, Callable[..., Any]]:
-    try:
-        from torch.distributed._meta_registrations import _META_FUNCTIONS
-    except ImportError:  # pragma: no cover - a PyTorch without the table
-        return {}
     kernels: dict[Any, Callable[..., Any]] = {}
     for name, meta in _META_FUNCTIONS.items():
         packet = getattr(torch.ops.c10d, name, None)
