@@ -62,6 +62,7 @@ from .experts_tp import MOE_STYLES
 from .fsdp_chunks import cut_every_chunk, cut_on_demand
 from .sequence import SEQUENCE_STYLES, sequence_parallel_names
 from .stand_ins import SeenAsReal
+from .submeshes import own_submeshes, same_submeshes
 
 #: the logger of ``torch._subclasses.fake_tensor`` (its meta kernel failures)
 _FAKE_LOG = logging.getLogger("torch._subclasses.fake_tensor")
@@ -138,6 +139,7 @@ class World:
             # the shape and this process's rank: a pipeline rank's groups differ from another's
             world_started((*plan.sizes, self.rank))  # __exit__ ends it, on any path
             cut_on_demand()  # FSDP2 cuts this rank's shard only (fsdp_chunks); __exit__ undoes it
+            same_submeshes()  # a sub-mesh made once, not per parameter (submeshes); likewise
             dist.init_process_group(
                 "fake", rank=self.rank, world_size=plan.world, store=FakeStore()
             )
@@ -149,14 +151,15 @@ class World:
 
     def __exit__(self, *exc: Any) -> None:
         """Destroy the process group (if one was made) and undo what making it changed: the
-        exception hook, FSDP2's chunking, DTensor's cache of this world's meshes; on every
-        path."""
+        exception hook, FSDP2's chunking, the sub-meshes kept, DTensor's cache of this world's
+        meshes; on every path."""
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
         finally:
             sys.excepthook = self._hook
             cut_every_chunk()
+            own_submeshes()
             world_ended()
 
     def tracing(self) -> FakeTensorMode:

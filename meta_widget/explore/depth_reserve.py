@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -349,38 +350,39 @@ def _steps(
     allocation its rule names; the row of the first free whose allocation is not live or not of
     its size."""
     steps: list[Step] = [(("initial", k), n) for k, n in enumerate(initial)]
-    live: dict[int, list[Place]] = {}
+    # each size's live allocations, oldest first: a dict, so that a free finds and removes
+    # its allocation at once (a list took time in the allocations live: quadratic in the depth)
+    live: dict[int, dict[Place, None]] = {}
     nbytes, links = traced3[:, NBYTES].tolist(), traced3[:, FREES].tolist()
     for place in order:
         row, copy = place
         n = nbytes[row]
         if n >= 0:
-            live.setdefault(n, []).append(place)
+            live.setdefault(n, {})[place] = None
             steps.append((place, n))
             continue
-        same = live.get(nbytes[links[row] - offset3], [])
+        same = live.get(nbytes[links[row] - offset3], {})
         rule = rules[row]
         if isinstance(rule, list):
             found = {_nth(same, r.side, r.at(copy, times)) for r in rule}
-            index = found.pop() if len(found) == 1 else None
-            if index is None:
+            alloc = found.pop() if len(found) == 1 else None
+            if alloc is None:
                 return row
-            steps.append((same.pop(index), None))
-            continue
-        alloc = rule(copy, times)
-        if alloc not in same:
-            return row
-        same.remove(alloc)
+        else:
+            alloc = rule(copy, times)
+            if alloc not in same:
+                return row
+        del same[alloc]
         steps.append((alloc, None))
     return steps
 
 
-def _nth(live: list[Place], side: int, rank: int) -> int | None:
-    """Where in ``live`` (oldest first) the ``rank``-th newest (``side`` 0) or oldest (1)
-    allocation is; None where there is none."""
+def _nth(live: dict[Place, None], side: int, rank: int) -> Place | None:
+    """The ``rank``-th newest (``side`` 0) or oldest (1) of the ``live`` allocations (oldest
+    first); None where there is none."""
     if not 0 <= rank < len(live):
         return None
-    return len(live) - 1 - rank if side == 0 else rank
+    return next(islice(reversed(live) if side == 0 else iter(live), rank, None))
 
 
 def _follows(steps: list[Step], traced4: np.ndarray, offset4: int, order2: list[Place]) -> bool:
