@@ -328,6 +328,58 @@ def test_kept_decisions_never_reach_a_world_of_another_shape() -> None:
     assert decisions._kept.blocks == [] and decisions._kept.shape is None
 
 
+def test_a_plans_world_is_kept_for_its_shape_and_destroyed_after(monkeypatch: Any) -> None:
+    """Inside ``keeping_decisions`` a world's process group and meshes are kept for the next
+    world of its shape (one group made for two worlds in a row), a world of another shape
+    destroys them first, and every trace is the one it is alone. The block's end destroys the
+    last one, an interrupt in a kept world's trace included: no group, no sub-mesh kept,
+    ``DeviceMesh``'s own methods back."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from meta_widget.distributed import parallel, submeshes
+
+    own = {name: vars(DeviceMesh)[name] for name in ("__getitem__", "_concatenate")}
+    made: list[int] = []
+    real = dist.init_process_group
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        made.append(1)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", counted)
+    config = tiny_llama_config()
+    a, b = {"fsdp": 4, "tp": 2}, {"replicate": 2, "fsdp": 2, "tp": 2}
+    options: dict[str, Any] = {"mode": "training", "gpu": "H100"}
+    alone = {str(p): mw.analyze(config, (2, 16), parallel=p, **options) for p in (a, b)}
+    assert len(made) == 2 and not dist.is_initialized()
+    made.clear()
+    with keeping_decisions():
+        for p, groups in ((a, 1), (a, 1), (b, 2), (a, 3)):
+            kept = mw.analyze(config, (2, 16), parallel=p, **options)
+            assert len(made) == groups and dist.is_initialized()
+            assert kept.error is None, kept.error
+            assert kept.peak_bytes == alone[str(p)].peak_bytes
+            assert kept.memory.timeline == alone[str(p)].memory.timeline
+            assert kept.comm_records == alone[str(p)].comm_records
+    assert not dist.is_initialized() and decisions._kept.mesh is None
+    assert not submeshes._made and all(vars(DeviceMesh)[n] is f for n, f in own.items())
+
+    calls = [0]
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), keeping_decisions():
+        mw.analyze(config, (2, 16), parallel=a, **options)
+        assert dist.is_initialized()  # kept for the next world of its shape
+        monkeypatch.setattr(parallel.World, "prepare", interrupted)  # in the kept world
+        mw.analyze(config, (2, 16), parallel=a, **options)
+    assert calls[0] == 1
+    assert not dist.is_initialized() and decisions._kept.mesh is None
+    assert not submeshes._made and all(vars(DeviceMesh)[n] is f for n, f in own.items())
+
+
 def test_the_optimizers_foreach_ops_skip_dtensors_search_and_a_world_keeps_no_decision(
     monkeypatch: Any,
 ) -> None:

@@ -15,8 +15,9 @@ mesh. Fake tensors on a CPU mesh meet that check honestly: FSDP2 runs unchanged,
 allocates is exactly what it would allocate on a CPU rank. What a CUDA rank does differently
 (separate streams, whose frees the caching allocator delays) is not modelled.
 
-:class:`World` owns the process group for the length of one trace and destroys it after; it
-refuses to run where a default process group already exists (it would be clobbered). A model
+:class:`World` owns the process group for the length of one trace and destroys it after (a
+plan keeps it for its next world of the same shape, ``decisions.keep_world``); it refuses to
+run where a default process group already exists (it would be clobbered). A model
 the user wrapped under their own fake process group is traced on that group, as wrapped, by
 ``meta_widget.distributed.wrapped.AsWrapped`` (the same :func:`trace_rank`, another
 :class:`RankWorld`).
@@ -57,7 +58,7 @@ from ..trace.passes import Trace, trace
 from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
-from .decisions import world_ended, world_started
+from .decisions import keep_world, kept_world, let_world_go, world_ended, world_started
 from .experts_tp import MOE_STYLES
 from .fsdp_chunks import cut_every_chunk, cut_on_demand
 from .sequence import SEQUENCE_STYLES, sequence_parallel_names
@@ -106,7 +107,8 @@ class World:
 
     ``prepare`` copies the meta module onto fake CPU tensors and wraps the copy; ``attach``
     hands the recorder what a parallel trace adds (collectives, storage resizes, per-rank
-    FLOPs). On exit the process group is destroyed; nothing of it stays.
+    FLOPs). On exit the process group is destroyed; nothing of it stays (inside a plan it is
+    kept for the next world of its shape, and destroyed with the plan: ``decisions``).
     """
 
     #: the device the fake tensors stand for (the device of the mesh)
@@ -125,7 +127,11 @@ class World:
     rank = 0
 
     def __enter__(self) -> World:
-        if dist.is_available() and dist.is_initialized():
+        plan = self.plan
+        # the shape and this process's rank: a pipeline rank's groups differ from another's
+        shape = (*plan.sizes, self.rank)
+        kept = kept_world(shape)  # a plan's last world of this shape, kept for this one
+        if kept is None and dist.is_available() and dist.is_initialized():
             raise ParallelError(
                 "parallel=... needs its own fake process group, but this process already has a "
                 f"default process group ({dist.get_backend()}, world size "
@@ -133,33 +139,40 @@ class World:
                 "process without one (e.g. before init_process_group), or wrap the model "
                 "yourself and analyze it without parallel=."
             )
-        plan = self.plan
         self._hook = sys.excepthook  # init_process_group installs its own ("[rank0]:" lines)
         try:
-            # the shape and this process's rank: a pipeline rank's groups differ from another's
-            world_started((*plan.sizes, self.rank))  # __exit__ ends it, on any path
+            world_started(shape)  # __exit__ ends it, on any path
             cut_on_demand()  # FSDP2 cuts this rank's shard only (fsdp_chunks); __exit__ undoes it
+            if kept is not None:
+                self.mesh = kept
+                return self
             same_submeshes()  # a sub-mesh made once, not per parameter (submeshes); likewise
             dist.init_process_group(
                 "fake", rank=self.rank, world_size=plan.world, store=FakeStore()
             )
             self.mesh = plan.mesh("cpu")
         except BaseException:
-            self.__exit__()  # a group registered before the failure is destroyed too
+            self.__exit__(*sys.exc_info())  # a group registered before the failure is destroyed
             raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
         """Destroy the process group (if one was made) and undo what making it changed: the
         exception hook, FSDP2's chunking, the sub-meshes kept, DTensor's cache of this world's
-        meshes; on every path."""
+        meshes; on every path. Inside a plan (``decisions.keeping_decisions``) the group and
+        its meshes are kept for the next world of this shape instead, and destroyed with the
+        plan's end or the next world of another shape."""
         try:
+            shape = (*self.plan.sizes, self.rank)
+            if not (exc and exc[0] is not None) and keep_world(shape, self.mesh):
+                return
             if dist.is_initialized():
                 dist.destroy_process_group()
+            let_world_go(self.mesh)
+            own_submeshes()
         finally:
             sys.excepthook = self._hook
             cut_every_chunk()
-            own_submeshes()
             world_ended()
 
     def tracing(self) -> FakeTensorMode:
