@@ -380,6 +380,38 @@ def test_a_plans_world_is_kept_for_its_shape_and_destroyed_after(monkeypatch: An
     assert not submeshes._made and all(vars(DeviceMesh)[n] is f for n, f in own.items())
 
 
+def test_a_world_kept_by_a_plan_in_another_thread_is_not_taken_nor_destroyed() -> None:
+    """A thread's analysis while another thread's plan keeps its world between traces is
+    refused with a message that says so (it never runs on, nor destroys, the plan's process
+    group); the plan's next world of that shape still finds it; nothing is left after."""
+    import threading
+
+    config = tiny_llama_config()
+    layout = {"fsdp": 4, "tp": 2}
+    options: dict[str, Any] = {"mode": "training", "gpu": "H100", "parallel": layout}
+    alone = mw.analyze(config, (2, 16), **options)
+    errors: list[BaseException] = []
+
+    def beside() -> None:
+        try:
+            mw.analyze(config, (2, 16), **options)
+        except BaseException as e:  # what the other thread met, for the test
+            errors.append(e)
+
+    with keeping_decisions():
+        mw.analyze(config, (2, 16), **options)
+        kept = decisions._kept.mesh
+        assert kept is not None and dist.is_initialized()
+        other = threading.Thread(target=beside)
+        other.start()
+        other.join()
+        assert len(errors) == 1 and "a plan running in another thread" in str(errors[0])
+        assert decisions._kept.mesh is kept and dist.is_initialized()
+        again = mw.analyze(config, (2, 16), **options)
+        assert again.peak_bytes == alone.peak_bytes and decisions._kept.mesh is kept
+    assert not dist.is_initialized() and decisions._kept.mesh is None
+
+
 def test_the_optimizers_foreach_ops_skip_dtensors_search_and_a_world_keeps_no_decision(
     monkeypatch: Any,
 ) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "forget_meshes",
     "keep_world",
     "keeping_decisions",
+    "kept_elsewhere",
     "kept_world",
     "let_world_go",
     "world_ended",
@@ -122,6 +123,11 @@ def kept_world(shape: tuple[int, ...]) -> DeviceMesh | None:
         drop_world()
         return None
     return _kept.mesh
+
+
+def kept_elsewhere() -> bool:
+    """Whether the default process group is a world another thread's plan keeps."""
+    return _kept.mesh is not None and _kept.owner != threading.get_ident()
 
 
 def keep_world(shape: tuple[int, ...], mesh: DeviceMesh | None) -> bool:

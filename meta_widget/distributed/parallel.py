@@ -58,7 +58,14 @@ from ..trace.passes import Trace, trace
 from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
-from .decisions import keep_world, kept_world, let_world_go, world_ended, world_started
+from .decisions import (
+    keep_world,
+    kept_elsewhere,
+    kept_world,
+    let_world_go,
+    world_ended,
+    world_started,
+)
 from .experts_tp import MOE_STYLES
 from .fsdp_chunks import cut_every_chunk, cut_on_demand
 from .sequence import SEQUENCE_STYLES, sequence_parallel_names
@@ -131,6 +138,13 @@ class World:
         # the shape and this process's rank: a pipeline rank's groups differ from another's
         shape = (*plan.sizes, self.rank)
         kept = kept_world(shape)  # a plan's last world of this shape, kept for this one
+        if kept is None and kept_elsewhere():
+            raise ParallelError(
+                "parallel=... needs its own fake process group, but a plan running in another "
+                "thread of this process holds one between its traces (mw.plan keeps its world "
+                "for the next candidate of the same layout). Analyze once the plan has ended, "
+                "or in another process."
+            )
         if kept is None and dist.is_available() and dist.is_initialized():
             raise ParallelError(
                 "parallel=... needs its own fake process group, but this process already has a "
