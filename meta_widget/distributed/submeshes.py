@@ -11,9 +11,10 @@ default plan's time (``benchmarks/results/llama3_405b.md``).
 :func:`same_submeshes` answers a slice or a join asked again of the same mesh objects with the
 mesh it made the first time, as a value that compares equal to what PyTorch would make again
 (the same ranks, layout, names and process groups), and the same object: the comparisons that
-follow stop at identity. It is on while a parallel trace's world exists (``World.__enter__``);
-:func:`own_submeshes` puts PyTorch's own methods back and drops what was kept
-(``World.__exit__``, on every path).
+follow stop at identity. It is on while a parallel trace's world exists (``World.__enter__``)
+or a plan keeps one for its next trace (``decisions.keep_world``); :func:`own_submeshes` puts
+PyTorch's own methods back and drops what was kept (``World.__exit__``, ``decisions.drop_world``,
+on every path).
 """
 
 from __future__ import annotations
