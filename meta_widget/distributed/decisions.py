@@ -137,7 +137,7 @@ def keep_world(shape: tuple[int, ...], mesh: DeviceMesh | None) -> bool:
     here = threading.get_ident()
     if mesh is None or not any(thread == here for _, thread in _kept.blocks):
         return False
-    _kept.mesh, _kept.world_shape, _kept.owner = mesh, shape, threading.get_ident()
+    _kept.mesh, _kept.world_shape, _kept.owner = mesh, shape, here
     return True
 
 

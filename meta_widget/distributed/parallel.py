@@ -135,8 +135,7 @@ class World:
 
     def __enter__(self) -> World:
         plan = self.plan
-        # the shape and this process's rank: a pipeline rank's groups differ from another's
-        shape = (*plan.sizes, self.rank)
+        shape = self._shape()
         kept = kept_world(shape)  # a plan's last world of this shape, kept for this one
         if kept is None and kept_elsewhere():
             raise ParallelError(
@@ -177,8 +176,7 @@ class World:
         its meshes are kept for the next world of this shape instead, and destroyed with the
         plan's end or the next world of another shape."""
         try:
-            shape = (*self.plan.sizes, self.rank)
-            if not (exc and exc[0] is not None) and keep_world(shape, self.mesh):
+            if not (exc and exc[0] is not None) and keep_world(self._shape(), self.mesh):
                 return
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -188,6 +186,11 @@ class World:
             sys.excepthook = self._hook
             cut_every_chunk()
             world_ended()
+
+    def _shape(self) -> tuple[int, ...]:
+        """The mesh's sizes and this process's rank: a pipeline rank's groups differ from
+        another's."""
+        return (*self.plan.sizes, self.rank)
 
     def tracing(self) -> FakeTensorMode:
         """The mode the trace runs under (fake tensors standing for CPU tensors)."""
