@@ -150,7 +150,7 @@ PLAN_LAYOUTS = [
 def plan_without_a_pipeline() -> None:
     """``mw.plan`` of the 405B on 16,384 H100s, global batch 2,048 sequences of 8,192 tokens
     (the paper's 16M tokens), over :data:`PLAN_LAYOUTS`, every layer checkpointed, bf16
-    parameters: each candidate by the per-layer rule (2- and 3-layer traces), and one that
+    parameters: each candidate by the per-layer rule (3- and 4-layer traces), and one that
     may fit at full depth. Printed beside the paper's layout as traced here (the results
     file)."""
     start = time.perf_counter()

@@ -8,7 +8,7 @@ none and each is traced at full depth; issue 39).
 The issue's goal: a plan over at least 64 candidates in at most 60 s on a 2-core machine. The
 default space on 8 devices is 10 layouts (replicate x fsdp x tp) x checkpointing (2) x
 precision (3) x micro-batches (2) = 120 candidates, each traced per rank under FSDP2 / TP on a
-fake process group: by default at 2, 3 and 4 layers and extended by the per-layer rule
+fake process group: by default at 3 and 4 layers and extended by the per-layer rule
 (``meta_widget.explore.depth``), with ``--full-depth`` at all 80. ``--layouts N`` plans over
 the first N layouts only (12 candidates each) and prints the seconds per candidate, so a
 shorter run says what the whole plan costs: the "whole plan" line is then that rate times the

@@ -1,16 +1,18 @@
 """How often the caching allocator's reserve comes by ``plan``'s per-layer rule, and whether it is
 exact: for each candidate of a small Llama (64 wide, 9 layers), the allocator steps the rule
-builds from the 2-, 3- and 4-layer traces (``meta_widget.explore.depth_reserve.Reserve.build``)
-against the 9-layer trace's, step by step (every free freeing the allocation the full depth's
-frees), and the reserves (issue 39).
+builds from the 3- and 4-layer traces (and the 2-layer one where a free outside the layers' runs
+needs it, as ``plan`` traces it; ``meta_widget.explore.depth_reserve.Reserve.build``) against
+the 9-layer trace's, step by step (every free freeing the allocation the full depth's frees),
+and the reserves (issue 39).
 
     python benchmarks/reserve_rule.py [--size B,S] [--part K/N]
 
 Six layouts on 8 GPUs x checkpointing x 3 precisions x 1 and 2 micro-batches: 72 candidates,
-each printed as EXACT (steps and reserve the full depth's), WRONG (a step or the reserve
-differs: a bug of the rule) or NONE (no reserve by the rule: ``plan`` traces such a candidate at
-full depth when it may fit). ``--part K/N`` runs every N-th candidate from the K-th, so that
-two processes share the work. Results: benchmarks/results/plan.md.
+each printed as EXACT (steps and reserve the full depth's; "EXACT with 2 layers" where the
+2-layer trace was needed), WRONG (a step or the reserve differs: a bug of the rule) or NONE (no
+reserve by the rule: ``plan`` traces such a candidate at full depth when it may fit). ``--part
+K/N`` runs every N-th candidate from the K-th, so that two processes share the work.
+Results: benchmarks/results/plan.md.
 """
 
 from __future__ import annotations
@@ -50,13 +52,21 @@ def llama(layers: int) -> Any:
 def verdict(size: tuple[int, int], options: dict[str, Any]) -> str:
     """EXACT, WRONG or NONE for one candidate (module docstring)."""
     kwargs = dict(mode="training", gpu="H100", **options)
-    samples = [depth.sample(mw.analyze(llama(d), size, **kwargs), d) for d in depth.DEPTHS]
+    two, *samples = (
+        depth.sample(mw.analyze(llama(d), size, **kwargs), d) for d in (2, *depth.DEPTHS)
+    )
     layout = options["parallel"]
     dp = layout.get("replicate", 1) * layout.get("fsdp", 1)
     full = depth.extend(samples, LAYERS, resolve_gpu("H100"), dp)
-    runs = depth.inserted(samples[0], samples[1])
+    earlier = None
+    if full is not None and full.device_bytes is None:
+        full, earlier = depth.extend(samples, LAYERS, resolve_gpu("H100"), dp, two=two), two
+    runs = depth.doubled(samples[0], samples[1])
     tables = [s.allocator_steps for s in samples]
-    built = depth_reserve.Reserve(tables, depth._inserted, depth._repeat).build(runs or [], LAYERS)
+    reserve = depth_reserve.Reserve(
+        tables, depth._doubled, depth._repeat, None if earlier is None else earlier.allocator_steps
+    )
+    built = reserve.build(runs or [], LAYERS)
     if full is None or full.device_bytes is None or not isinstance(built, tuple):
         return "NONE"
     whole = mw.analyze(llama(LAYERS), size, **kwargs)
@@ -75,7 +85,8 @@ def verdict(size: tuple[int, int], options: dict[str, Any]) -> str:
         )
         and [n for _, n in steps[:initial]] == table[:initial, NBYTES].tolist()
     )
-    return "EXACT" if same and full.device_bytes == whole.footprint_bytes else "WRONG"
+    exact = same and full.device_bytes == whole.footprint_bytes
+    return ("EXACT" + ("" if earlier is None else " with 2 layers")) if exact else "WRONG"
 
 
 def main() -> None:

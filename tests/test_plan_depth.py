@@ -73,26 +73,32 @@ def same_numbers(a: plan_module.Candidate, b: plan_module.Candidate) -> None:
         assert math.isclose(getattr(a, name), getattr(b, name), rel_tol=1e-9), (a.key, name)
 
 
+#: a candidate's depths by the rule: 3 and 4 layers, and 2 where the reserve needs them
+RULED = ((3, 4), (2, 3, 4))
+
+
 def test_rule_gives_the_full_depth_numbers_for_every_candidate() -> None:
     """Each candidate by the rule equals the same candidate traced at full depth (FSDP alone,
     micro-batches 1, is ``test_traces_that_break_the_rule...``'s and the benchmark's)."""
     by_rule = mw.plan(llama(), SIZE, **SPACE)
     full = mw.plan(llama(), SIZE, full_depth=True, **SPACE)
     assert len(by_rule.candidates) == 6
-    assert all(c.traced_layers == (2, 3, 4) for c in by_rule.candidates)
+    # at 2 layers too where the caching allocator's steps need a third rank (``RULED``)
+    assert all(c.traced_layers in RULED for c in by_rule.candidates)
     assert all(c.traced_layers == () for c in full.candidates)
     for a, b in zip(by_rule.candidates, full.candidates, strict=True):
         same_numbers(a, b)
-    assert by_rule.traces == 3 * 6 and full.traces == 6
+    assert by_rule.traces == sum(len(c.traced_layers) for c in by_rule.candidates)
+    assert full.traces == 6
     assert not by_rule.to_dataframe()["fits"].any() and not full.to_dataframe()["fits"].any()
-    assert set(by_rule.to_dataframe()["traced_layers"]) == {"2, 3, 4"}
+    assert set(by_rule.to_dataframe()["traced_layers"]) <= {"3, 4", "2, 3, 4"}
     assert set(full.to_dataframe()["traced_layers"]) == {"all"}
 
 
 def test_a_candidates_analysis_is_traced_at_full_depth_when_asked_for() -> None:
     p = mw.plan(llama(), SIZE, **FSDP8)
     best = p.candidates[0]
-    assert best.openable and best.traced_layers == (2, 3, 4)
+    assert best.openable and best.traced_layers == (3, 4)
     traces = p.traces
     a = best.analysis  # traced now, at full depth
     assert a is not None and a.peak_bytes == best.peak_bytes
@@ -102,15 +108,15 @@ def test_a_candidates_analysis_is_traced_at_full_depth_when_asked_for() -> None:
 
 
 def test_traces_that_break_the_rule_are_traced_at_full_depth(monkeypatch: Any) -> None:
-    """Under FSDP the 1-layer trace is no 2-layer trace less a layer (the one layer is both the
-    first and the last): with depths 1, 2, 3 the check on the third fails, and the candidate
+    """Under FSDP the 2-layer trace is no 1-layer trace with a run doubled (the one layer is
+    both the first and the last): with depths 1 and 2 the rule is not found, and the candidate
     is traced at full depth."""
-    monkeypatch.setattr(plan_trace, "DEPTHS", (1, 2, 3))
+    monkeypatch.setattr(plan_trace, "DEPTHS", (1, 2))
     p = mw.plan(llama(), SIZE, **FSDP8)
     (c,) = p.candidates
     assert c.traced_layers == () and c._analysis is not None
     assert c.peak_bytes == c._analysis.peak_bytes
-    assert p.traces == 3 + 1
+    assert p.traces == 2 + 1
 
 
 def test_layers_that_differ_are_not_extended() -> None:
@@ -160,7 +166,7 @@ ONE = dict(FSDP8, devices=4, layouts=[{"fsdp": 4}])
 def test_rule_holds_on_other_decoders(config: Any) -> None:
     by_rule = mw.plan(config(), SIZE, **ONE)
     full = mw.plan(config(), SIZE, full_depth=True, **ONE)
-    assert by_rule.candidates[0].traced_layers == (2, 3, 4)
+    assert by_rule.candidates[0].traced_layers in RULED
     same_numbers(by_rule.candidates[0], full.candidates[0])
 
 
@@ -193,29 +199,49 @@ def test_a_layer_the_diff_splits_is_one_run_again(config: Any) -> None:
     plan then traces the candidate at full depth: its numbers stay exact, only slower."""
     by_rule = mw.plan(config(), SIZE, **ONE)
     full = mw.plan(config(), SIZE, full_depth=True, **ONE)
-    assert by_rule.candidates[0].traced_layers in ((2, 3, 4), ())
+    assert by_rule.candidates[0].traced_layers in (*RULED, ())
     same_numbers(by_rule.candidates[0], full.candidates[0])
 
 
 def test_fsdp_with_checkpointing_follows_the_rule() -> None:
-    """FSDP 4 with checkpointing: diffed a training step at a time, the 2 -> 3 diff found one
-    run of the optimizer phase holding the third layer's update at the end of one group and at
-    the start of the next (``AB``), which the 4-layer trace extends each on its own (``AABB``,
-    cut by ``depth._regrouped``, below). Diffed a phase run at a time (``depth._chunks``) it
-    finds runs the 4-layer trace repeats whole; either way the peak and step time by the rule
-    are the full depth's."""
+    """FSDP 4 with checkpointing: the optimizer phase holds a layer's update at the end of one
+    group and at the start of the next (``AB`` at 3 layers), which the fourth layer extends
+    each on its own (``AABB``): two runs meeting where the diff inserts (``depth._run_doubled``;
+    ``depth._regrouped`` cuts such a run, below). Diffed a phase run at a time
+    (``depth._chunks``), the 4-layer trace is the 3-layer one with each run found doubled, and
+    the peak and step time by the rule are the full depth's."""
     kwargs = dict(mode="training", gpu="H100", parallel={"fsdp": 4}, activation_checkpointing=True)
     samples = [
         depth_rule.sample(mw.analyze(llama(d), SIZE, **kwargs), d) for d in depth_rule.DEPTHS
     ]
-    runs = depth_rule.inserted(samples[0], samples[1])
+    runs = depth_rule.doubled(samples[0], samples[1])
     assert runs is not None
-    assert depth_rule._repeat(samples[1].events, runs, 2) == list(samples[2].events)
+    assert depth_rule._repeat(samples[0].events, runs, 2) == list(samples[1].events)
     full = depth_rule.extend(samples, LAYERS, resolve_gpu("H100"), 4)
     whole = mw.analyze(llama(), SIZE, **kwargs)
     assert full is not None and whole.time is not None
     assert full.peak_bytes == whole.peak_bytes
     assert math.isclose(full.time.step_s, whole.time.step_s, rel_tol=1e-9)
+
+
+def test_the_runs_a_layer_more_doubles_are_found_wherever_the_diff_inserts() -> None:
+    """``depth._doubled``: the block the diff sees inserted is a run of the shorter trace next to
+    it, around it (a rotation: the diff may insert ``b, a`` inside ``a, b``) or two runs
+    meeting there (``AB`` to ``AABB``), each checked by doubling; a change, or a block that
+    doubles nothing, is no rule."""
+    x, a, b, c, y = ((n, "op", "forward") for n in (1, 2, 3, 4, 5))
+    three = [x, a, b, c, y]
+    four = [x, a, b, c, a, b, c, y]
+    runs = depth_rule._doubled(three, four)
+    assert runs == [(1, 4)] and depth_rule._repeat(three, runs, 2) == four
+    assert depth_rule._run_doubled(three, 2, [b, c, a]) == [(1, 4)]  # inserted inside the run
+    assert depth_rule._run_doubled(three, 4, [a, b, c]) == [(1, 4)]  # after it
+    assert depth_rule._run_doubled(three, 1, [a, b, c]) == [(1, 4)]  # before it
+    ab = [x, a, b, y]
+    assert depth_rule._doubled(ab, [x, a, a, b, b, y]) == [(1, 2), (2, 3)]
+    assert depth_rule._doubled(ab, [x, a, b, c, y]) is None  # c doubles nothing
+    assert depth_rule._doubled(ab, [x, a, c, y]) is None  # a change
+    assert depth_rule._doubled(ab, ab) is None  # nothing added
 
 
 def test_a_run_is_cut_only_where_one_cut_gives_the_next_depth() -> None:
@@ -247,15 +273,15 @@ def test_a_run_slides_on_while_the_events_let_it() -> None:
     assert depth_rule._slid(events, [(0, 2), (5, 6)], 0) == [(3, 5), (5, 6)]  # short of the next
     assert depth_rule._slid(events, [(4, 6)], 4) is None  # y differs from f
     assert depth_rule._slid(events, [(0, 2)], 3) is None  # no run holds event 3
-    assert depth_rule._slid([f, b, f, a], [(0, 2)], 0) == [(1, 3)]  # f, b inserted = b, f
-    assert depth_rule._without([f, b, f, a], [(1, 3)]) == depth_rule._without(
-        [f, b, f, a], [(0, 2)]
+    assert depth_rule._slid([f, b, f, a], [(0, 2)], 0) == [(1, 3)]  # f, b doubled = b, f
+    assert depth_rule._repeat([f, b, f, a], [(1, 3)], 2) == depth_rule._repeat(
+        [f, b, f, a], [(0, 2)], 2
     )
 
 
 def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     """Tensor parallelism alone leaves the norms plain tensors beside DTensors, and PyTorch's
-    multi-tensor AdamW (its default on CUDA) fails on the mix, as a real run does: the 2-layer
+    multi-tensor AdamW (its default on CUDA) fails on the mix, as a real run does: the 3-layer
     trace's error is the candidate's, with no full-depth trace; ``foreach=False`` traces."""
     space: dict[str, Any] = dict(FSDP8, devices=4, layouts=[{"tp": 4}])
     config = llama(num_key_value_heads=4)
@@ -264,45 +290,46 @@ def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     # the reason in words (issue 40): what failed and the fix, not the raw RuntimeError
     assert c.error is not None and c.error.startswith("A multi-tensor optimizer step over DTensors")
     assert "foreach=False" in c.error and "RuntimeError" not in c.error
-    assert c.traced_layers == (2,) and p.traces == 1 and not c.fits
+    assert c.traced_layers == (3,) and p.traces == 1 and not c.fits
     assert c.analysis is not None and c.analysis.error is not None  # the full depth, when asked
     assert "mixed torch.Tensor and DTensor" in c.analysis.error.message  # type: ignore[union-attr]
     (ok,) = mw.plan(config, SIZE, foreach=False, **space).candidates
-    assert ok.error is None and ok.traced_layers == (2, 3, 4) and ok.peak_bytes
+    assert ok.error is None and ok.traced_layers in RULED and ok.peak_bytes
 
 
 def test_a_candidate_that_may_fit_has_the_full_depths_numbers() -> None:
     """Within the budget, what the GPU holds comes from the caching allocator replayed over the
     full depth's steps by the rule (``depth_reserve``) where the allocator's steps follow it
-    (3 traces), else from a full-depth trace (a fourth): either way every row is the full-depth
-    plan's, what the GPU holds included."""
+    (2 traces; a third, at 2 layers, where a free outside the layers' runs needs a third rank:
+    5 of these 6 tiny models), else from a full-depth trace: either way every row is the
+    full-depth plan's, what the GPU holds included."""
     space = {**SPACE, "budget": None}  # the H100's memory: every candidate fits
     by_rule = mw.plan(llama(), SIZE, **space)
     full = mw.plan(llama(), SIZE, full_depth=True, **space)
-    assert all(c.traced_layers in ((2, 3, 4), ()) and c.fits for c in by_rule.candidates)
+    assert all(c.fits for c in by_rule.candidates)
+    assert [c.traced_layers for c in by_rule.candidates] == [(2, 3, 4)] * 5 + [(3, 4)]
     for a, b in zip(by_rule.candidates, full.candidates, strict=True):
         same_numbers(a, b)
         assert a.device_bytes == b.device_bytes
-    whole = sum(c.traced_layers == () for c in by_rule.candidates)
-    assert by_rule.traces == 3 * 6 + whole and full.traces == 6
+    assert by_rule.traces == 3 * 5 + 2 and full.traces == 6
 
 
 CHECKPOINTING = {"activation_checkpointing": True}
 RESERVE_CASES = [
-    ({"fsdp": 8}, {}, 1, SIZE),
-    ({"replicate": 2, "fsdp": 2, "tp": 2}, {"param_dtype": "bfloat16"}, 2, (4, 128)),
-    ({"fsdp": 4, "tp": 2, "sequence_parallel": True}, {"autocast": "bfloat16"}, 1, SIZE),
-    ({"replicate": 8}, {**CHECKPOINTING, "param_dtype": "bfloat16"}, 1, SIZE),
+    ({"fsdp": 8}, {}, 1, SIZE, False),
+    ({"replicate": 2, "fsdp": 2, "tp": 2}, {"param_dtype": "bfloat16"}, 2, (4, 128), True),
+    ({"fsdp": 4, "tp": 2, "sequence_parallel": True}, {"autocast": "bfloat16"}, 1, SIZE, True),
+    ({"replicate": 8}, {**CHECKPOINTING, "param_dtype": "bfloat16"}, 1, SIZE, False),
     # a free whose rank among the live allocations of its size moves with the copy
-    ({"fsdp": 8}, {}, 2, (4, 128)),
-    ({"fsdp": 8}, {**CHECKPOINTING, "autocast": "bfloat16"}, 1, SIZE),
-    # ... and one outside the runs whose rank moves with the depth (checked at 2 layers)
-    ({"replicate": 2, "fsdp": 4}, CHECKPOINTING, 2, (4, 128)),
+    ({"fsdp": 8}, {}, 2, (4, 128), True),
+    ({"fsdp": 8}, {**CHECKPOINTING, "autocast": "bfloat16"}, 1, SIZE, False),
+    # ... and one outside the runs whose rank moves with the depth: a third rank, at 2 layers
+    ({"replicate": 2, "fsdp": 4}, CHECKPOINTING, 2, (4, 128), True),
 ]
 
 
 @pytest.mark.parametrize(
-    ("layout", "options", "micro_batches", "size"),
+    ("layout", "options", "micro_batches", "size", "needs_two"),
     RESERVE_CASES,
     ids=[
         "fsdp",
@@ -315,30 +342,36 @@ RESERVE_CASES = [
     ],
 )
 def test_the_allocators_reserve_by_the_rule_is_the_full_depths(
-    layout: Any, options: Any, micro_batches: int, size: Any
+    layout: Any, options: Any, micro_batches: int, size: Any, needs_two: bool
 ) -> None:
-    """The caching allocator's steps the rule builds from 2, 3 and 4 layers are the full-depth
-    trace's, step by step (each free freeing the allocation the full depth's frees), so its
-    reserve replayed over them equals the full-depth trace's to the byte, and with it what the
-    GPU holds (``Analysis.footprint_bytes``), for each layout, precision, checkpointing and
-    micro-batches; at 2 layers less than that."""
+    """The caching allocator's steps the rule builds from 3 and 4 layers (and 2, where a free
+    outside the layers' runs needs a third rank: ``needs_two``, and only there) are the
+    full-depth trace's, step by step (each free freeing the allocation the full depth's
+    frees), so its reserve replayed over them equals the full-depth trace's to the byte, and
+    with it what the GPU holds (``Analysis.footprint_bytes``), for each layout, precision,
+    checkpointing and micro-batches; at 3 layers less than that."""
     gpu = resolve_gpu("H100")
     kwargs = dict(mode="training", gpu="H100", parallel=layout, micro_batches=micro_batches)
-    analyses = [mw.analyze(llama(d), size, **kwargs, **options) for d in depth_rule.DEPTHS]
-    samples = [depth_rule.sample(a, d) for a, d in zip(analyses, depth_rule.DEPTHS, strict=True)]
+    depths = (2, *depth_rule.DEPTHS)
+    analyses = [mw.analyze(llama(d), size, **kwargs, **options) for d in depths]
+    two, *samples = (depth_rule.sample(a, d) for a, d in zip(analyses, depths, strict=True))
     dp = layout.get("replicate", 1) * layout.get("fsdp", 1)
     full = depth_rule.extend(samples, LAYERS, gpu, dp)
+    assert full is not None and (full.device_bytes is None) == needs_two
+    if needs_two:
+        full = depth_rule.extend(samples, LAYERS, gpu, dp, two=two)
     assert full is not None
     whole = mw.analyze(llama(), size, **kwargs, **options)
     assert full.peak_bytes == whole.peak_bytes
     assert full.device_bytes == whole.footprint_bytes == whole.memory.device_bytes
     assert full.least_device_bytes <= full.device_bytes
-    assert analyses[0].footprint_bytes < full.device_bytes
-    runs = depth_rule.inserted(samples[0], samples[1])
+    assert analyses[1].footprint_bytes < full.device_bytes
+    runs = depth_rule.doubled(samples[0], samples[1])
+    assert runs is not None
     tables = [s.allocator_steps for s in samples]
-    built = depth_reserve.Reserve(tables, depth_rule._inserted, depth_rule._repeat).build(
-        runs, LAYERS
-    )
+    earlier = two.allocator_steps if needs_two else None
+    reserve = depth_reserve.Reserve(tables, depth_rule._doubled, depth_rule._repeat, earlier)
+    built = reserve.build(runs, LAYERS)
     assert isinstance(built, tuple)
     steps, places = built
     table = depth_rule.sample(whole, LAYERS).allocator_steps
@@ -363,7 +396,7 @@ def test_allocator_steps_that_break_the_rule_give_no_reserve() -> None:
         depth_rule.sample(mw.analyze(llama(d), SIZE, **kwargs), d) for d in depth_rule.DEPTHS
     ]
     assert depth_rule.extend(samples, LAYERS, gpu, 8).device_bytes is not None  # type: ignore[union-attr]
-    table = samples[2].allocator_steps.copy()
+    table = samples[1].allocator_steps.copy()
     frees = [i for i in range(len(table)) if table[i, 1] < 0]
     # two neighbouring frees of allocations of one size, made before either: swapped
     i, j = next(
@@ -372,8 +405,8 @@ def test_allocator_steps_that_break_the_rule_give_no_reserve() -> None:
         if table[table[i, 2], 1] == table[table[j, 2], 1] and table[j, 2] < i
     )
     table[[i, j], 2] = table[[j, i], 2]
-    broken = dataclasses.replace(samples[2], allocator_steps=table)
-    full = depth_rule.extend([*samples[:2], broken], LAYERS, gpu, 8)
+    broken = dataclasses.replace(samples[1], allocator_steps=table)
+    full = depth_rule.extend([samples[0], broken], LAYERS, gpu, 8)
     assert full is not None and full.device_bytes is None
 
 
@@ -386,20 +419,20 @@ def test_allocator_steps_that_break_the_rule_give_no_reserve() -> None:
     ],
     ids=["fsdp", "hsdp-tp-bf16", "fsdp-tp-autocast-checkpointing"],
 )
-def test_held_state_from_2_and_3_layers_is_the_full_depths(layout: Any, options: Any) -> None:
+def test_held_state_from_3_and_4_layers_is_the_full_depths(layout: Any, options: Any) -> None:
     """The pruning bound (``depth.held_state``): the parameters, buffers, gradients and
-    optimizer state a rank holds, at 2 and 3 layers extended, equal the full depth's to the byte
+    optimizer state a rank holds, at 3 and 4 layers extended, equal the full depth's to the byte
     (no rule to check), and every traced peak and footprint is at least them."""
     job = plan_trace.Job(llama(), SIZE, None, "training", resolve_gpu("H100"))
     options = {"parallel": mw.Parallel(**layout), **options}
     counts = plan_trace.Counts()
     with plan_trace.planning():
-        two, three, full = (plan_trace.run_analyze(job, counts, options, d) for d in (2, 3, None))
+        three, four, full = (plan_trace.run_analyze(job, counts, options, d) for d in (3, 4, None))
     held = depth_rule.held_state(full)
     assert held > 0
-    at = depth_rule.held_state_at(depth_rule.sample(two, 2), depth_rule.sample(three, 3), LAYERS)
+    at = depth_rule.held_state_at(depth_rule.sample(three, 3), depth_rule.sample(four, 4), LAYERS)
     assert at == held
-    for a in (two, three, full):
+    for a in (three, four, full):
         assert a.peak_bytes >= depth_rule.held_state(a)
         assert a.footprint_bytes >= depth_rule.held_state(a) + depth_rule.overheads(a)
         assert depth_rule.overheads(a) == depth_rule.overheads(full) > 0  # alike at every depth
@@ -407,8 +440,8 @@ def test_held_state_from_2_and_3_layers_is_the_full_depths(layout: Any, options:
 
 def test_a_layout_whose_state_is_over_the_budget_is_pruned_and_cannot_fit() -> None:
     """Between what FSDP 8 holds in parameters, gradients and optimizer state as given and in
-    bf16, the budget prunes the fp32 ones: the first candidate of "as given" stops at its 2- and
-    3-layer traces, and the rest of "as given" and "autocast bf16" (which holds the same) are not
+    bf16, the budget prunes the fp32 ones: the first candidate of "as given" stops at its 3- and
+    4-layer traces, and the rest of "as given" and "autocast bf16" (which holds the same) are not
     traced; "param_dtype bf16" is traced by the rule. Each row pruned cannot fit: traced at full
     depth, its footprint is over the budget by at least the bound's margin."""
     job = plan_trace.Job(llama(), SIZE, None, "training", resolve_gpu("H100"))
@@ -421,13 +454,13 @@ def test_a_layout_whose_state_is_over_the_budget_is_pruned_and_cannot_fit() -> N
     assert len(p.candidates) == 6  # checkpointing or not, 3 precisions, 1 micro-batch
     rows = p.to_dataframe()
     pruned = rows[rows["precision"] != "param_dtype bf16"]
-    assert list(pruned["traced_layers"]) == ["2, 3"] + ["none"] * 3
+    assert list(pruned["traced_layers"]) == ["3, 4"] + ["none"] * 3
     assert pruned["error"].str.startswith("Cannot fit: its parameters, gradients").all()
     assert (pruned["device_bytes"] == budget + 1).all() and not pruned["fits"].any()
     assert pruned["step_s"].isna().all() and pruned["peak_bytes"].isna().all()
     ruled = rows[rows["precision"] == "param_dtype bf16"]
-    assert set(ruled["traced_layers"]) == {"2, 3, 4"} and ruled["error"].isna().all()
-    assert p.traces == 2 + 3 * 2
+    assert set(ruled["traced_layers"]) == {"3, 4"} and ruled["error"].isna().all()
+    assert p.traces == 2 + 2 * 2
     for c in p.candidates:
         if c.error is not None:
             a = plan_trace.run_analyze(job, plan_trace.Counts(), c.options())

@@ -57,8 +57,8 @@ def test_without_the_reserve_the_rule_rejects_what_cannot_fit_by_its_least_bytes
 ) -> None:
     """Where the allocator's steps do not follow the rule (no reserve by it), under the least
     the GPU can hold (the peak, cuBLAS's workspaces, the CUDA context, NCCL's buffers) the
-    rule's numbers stand: not traced at full depth; at that least, the full-depth trace's
-    reserve decides."""
+    rule's numbers stand (after the 2-layer trace, tried for the reserve): not traced at full
+    depth; at that least, the full-depth trace's reserve decides."""
     monkeypatch.setattr(depth, "reserved_peak", lambda *args: None)
     m = traced.memory
     least = m.peak_bytes + m.workspace_bytes + m.device_bytes - m.reserved_bytes

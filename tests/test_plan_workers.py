@@ -120,8 +120,10 @@ def test_workers_give_the_numbers_of_one_process(
     assert sum(c.error is not None for c in alone.candidates) == 4  # the refused layout
     # all eight by the rule, the caching allocator's reserve replayed over the steps it builds
     # (FSDP 4 with checkpointing, as given, too: its steps follow the rule since the traces are
-    # diffed a phase run at a time, ``depth._chunks``)
-    assert sum(c.traced_layers == (2, 3, 4) for c in alone.candidates) == 8
+    # diffed a phase run at a time, ``depth._chunks``); six with the 2-layer trace too, for a
+    # free outside the layers' runs
+    assert sum(c.traced_layers in ((3, 4), (2, 3, 4)) for c in alone.candidates) == 8
+    assert sum(c.traced_layers == (2, 3, 4) for c in alone.candidates) == 6
     assert [c.fits for c in alone.candidates if c.error is None] == [True] * 4 + [False] * 4
     p = mw.plan(llama(), SIZE, workers=2, **SPACE)
     assert remote, "no candidate was traced by the child"
@@ -268,7 +270,7 @@ def test_a_thread_holding_every_frame_moves_no_free() -> None:
         done.set()
         holder.join()
     assert held, "the other thread never ran"
-    assert [a["traced_layers"] for a in alone] == [(2, 3, 4)] * 2
+    assert [a["traced_layers"] for a in alone] == [(2, 3, 4), (3, 4)]
     assert beside == alone
     assert sys.getswitchinterval() == interval
 
@@ -300,9 +302,9 @@ def test_pruned_rows_are_the_same_whatever_the_executors_width() -> None:
     with ThreadPoolExecutor(8) as wide:
         spread = mw.plan(llama(), SIZE, executor=wide, **space)
     rows = alone.to_dataframe()
-    assert set(rows["traced_layers"]) == {"2, 3", "none", "2, 3, 4"}, rows
+    assert list(rows["traced_layers"]) == ["3, 4", "none", "2, 3, 4", "none", "none", "3, 4"]
     pd.testing.assert_frame_equal(rows, spread.to_dataframe())
-    assert alone.traces == spread.traces == 2 + 3 * 2
+    assert alone.traces == spread.traces == 2 + 3 + 2
 
 
 def test_a_run_whose_future_raised_is_traced_here() -> None:

@@ -97,7 +97,7 @@ def _parallel(run: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _train(run: dict[str, Any]) -> float:
-    """One rank's step at the row's depth: traced at 2, 3 and 4 layers and extended by
+    """One rank's step at the row's depth: traced at 3 and 4 layers and extended by
     ``plan``'s rule (``meta_widget.explore.depth``: costs and collectives per layer, the overlap
     of communication applied at full depth)."""
     checkpointing = run.get("checkpointing", False)
@@ -114,10 +114,10 @@ def _train(run: dict[str, Any]) -> float:
 
 
 def _extended_step(samples: list[depth.Sample], layers: int, gpu: Any, dp: int) -> float:
-    """The time half of ``depth.extend``: costs and collectives grown by what each layer adds
-    (checked on the third sample), timed at full depth; the memory events, which ``extend``
-    also checks, play no part in the time."""
-    extra = layers - samples[1].layers
+    """The time half of ``depth.extend``: costs and collectives grown by what the fourth layer
+    adds, timed at full depth; the memory events, which ``extend`` also checks, play no part
+    in the time."""
+    extra = layers - samples[0].layers
     phases = sorted({p for s in samples for p in s.costs})
     costs = {p: depth._linear([s.costs.get(p, Counter()) for s in samples], extra) for p in phases}
     comms = depth._linear([s.comms for s in samples], extra)
@@ -129,12 +129,12 @@ def _extended_step(samples: list[depth.Sample], layers: int, gpu: Any, dp: int) 
         for p, c in costs.items()
         if p.startswith("outside ")
     }
-    assert samples[0].edges == samples[1].edges == samples[2].edges, "edges not alike"
-    records = depth.comm_records(comms, samples[1].edges)
-    three = samples[1]
+    three, four = samples
+    assert three.edges == four.edges, "edges not alike"
+    records = depth.comm_records(comms, three.edges)
     tokens = None if three.tokens is None else three.tokens // dp
     batch = None if three.samples is None else three.samples // dp
-    flops = three.flops + extra * (three.flops - samples[0].flops)
+    flops = three.flops + extra * (four.flops - three.flops)
     return step_time([call], outside, records, gpu, flops, tokens, batch, data_parallel=dp).step_s
 
 

@@ -119,8 +119,9 @@ class Candidate:
         checkpointing and micro-batches do not change) is not traced: "Cannot fit: ...", with
         ``device_bytes`` that least.
     traced_layers
-        The depths traced when the numbers follow from the per-layer rule (``(2, 3, 4)``;
-        ``meta_widget.explore.depth``); ``(2, 3)`` when those two put its parameters,
+        The depths traced when the numbers follow from the per-layer rule (``(3, 4)``, and
+        ``(2, 3, 4)`` where the caching allocator's steps needed the 2-layer trace too;
+        ``meta_widget.explore.depth``); ``(3, 4)`` also when those two put its parameters,
         gradients and optimizer state alone over the budget (``error`` says so); the one depth
         whose trace failed (its ``error``, which the full depth gives too: it is not traced for
         nothing); ``()`` when the model was traced at full depth, or not at all (its ``error``
@@ -198,7 +199,7 @@ class Candidate:
 
     def row(self) -> dict[str, Any]:
         """The candidate as a row of ``Plan.to_dataframe()`` (``traced_layers`` as text:
-        ``"2, 3, 4"``, ``"all"`` for the full depth, ``"none"`` for a candidate not traced)."""
+        ``"3, 4"``, ``"all"`` for the full depth, ``"none"`` for a candidate not traced)."""
         row = {c: getattr(self, c) for c in COLUMNS}
         row["traced_layers"] = ", ".join(map(str, self.traced_layers)) or (
             "all" if self.openable else "none"

@@ -1,21 +1,24 @@
-"""A decoder's numbers at full depth from traces of 2, 3 and 4 of its layers (``plan``).
+"""A decoder's numbers at full depth from traces of 3 and 4 of its layers (``plan``).
 
 A model whose decoder layers are all alike (same modules, parameters and settings; only their
 index differs) runs the same ops in each middle layer: its trace at ``n + 1`` layers is its
-trace at ``n`` layers with one layer's events, costs and collectives inserted, in each phase
-(forward, backward, the optimizer's loops over parameters). So ``plan`` traces each candidate
-at 2, 3 and 4 layers, and
+trace at ``n`` layers with one middle layer's events, costs and collectives repeated, in each
+phase (forward, backward, the optimizer's loops over parameters). So ``plan`` traces each
+candidate at 3 and 4 layers, and
 
-- **finds the rule**: the events the third layer inserts into the 2-layer trace (a diff of
-  the two event sequences, each event its bytes, op and phase, a phase run at a time), and the
-  costs, collectives, FLOPs and parameter bytes it adds;
-- **checks it** on the 4-layer trace: its events must be the 3-layer trace's with each
-  inserted run doubled, every byte and op; its costs, collectives, FLOPs and parameter bytes
-  the 3-layer trace's plus the same again. Any difference and the candidate is traced at full
-  depth (``Candidate.traced_layers`` says which);
+- **finds the rule**: the runs of the 3-layer trace's events that the 4-layer trace holds
+  twice (:func:`doubled`: a diff of the two event sequences, each event its bytes, op and
+  phase, a phase run at a time), and the costs, collectives, FLOPs and parameter bytes the
+  fourth layer adds (none may fall);
+- **checks it**: the 4-layer trace's events must be the 3-layer trace's with each run doubled,
+  every byte and op (:func:`_regrouped`): the middle layer between the first and the last and
+  the two middle layers beside them run the same events, as every middle layer at full depth
+  must. Any difference and the candidate is traced at full depth
+  (``Candidate.traced_layers`` says which). The 2-layer trace, once the rule's first sample,
+  checked only the model with no middle layer, which no deeper model holds;
 - **or stops early**: the parameters, buffers, gradients and optimizer state one rank holds
   (:func:`held_state_at`) grow by the same bytes with each alike layer (alike layers hold
-  alike shards), so the 2- and 3-layer traces give them exactly at full depth, with no rule to
+  alike shards), so the 3- and 4-layer traces give them exactly at full depth, with no rule to
   check: where they and the CUDA context alone are over the budget the candidate cannot fit,
   and nor can any other with its layout and precision (``plan`` traces none of those);
 - **applies it**: the full depth's events are the 3-layer trace's with each run repeated once
@@ -26,7 +29,9 @@ at 2, 3 and 4 layers, and
   the forward's first, the backward's last; the root unit's, alike at every depth) are kept
   with their place, checked like the rest. What the GPU holds is the caching allocator's
   reserve replayed over the full depth's allocator steps, built and checked the same way
-  (``depth_reserve``), and what does not grow with depth (the CUDA context, NCCL's buffers).
+  (``depth_reserve``; where a free outside the runs needs a third rank, ``plan`` traces the
+  candidate at 2 layers too), and what does not grow with depth (the CUDA context, NCCL's
+  buffers).
 
 Where the layers are not all alike (a layer type list with two kinds, a first dense layer
 before MoE layers, any module attribute other than the layer's index differing), or the model
@@ -61,17 +66,17 @@ __all__ = [
     "Sample",
     "comm_records",
     "depth_of",
+    "doubled",
     "extend",
     "held_state",
     "held_state_at",
-    "inserted",
     "overheads",
     "sample",
     "with_layers",
 ]
 
-#: the depths traced: the rule from the first two, checked on the third
-DEPTHS = (2, 3, 4)
+#: the depths traced: the rule is what the layer more adds, each run it doubles checked whole
+DEPTHS = (3, 4)
 #: module attributes that may differ between alike layers (the layer's own index)
 _INDEX_NAMES = frozenset({"layer_idx", "layer_id", "layer_number", "idx", "index"})
 
@@ -189,19 +194,19 @@ def held_state(a: Analysis) -> int:
     return m.param_bytes + m.buffer_bytes + m.gradient_bytes + m.optimizer_state_bytes
 
 
-def held_state_at(two: Sample, three: Sample, layers: int) -> int:
-    """:func:`held_state` at ``layers`` layers from the samples at 2 and 3: exact, with no rule
+def held_state_at(three: Sample, four: Sample, layers: int) -> int:
+    """:func:`held_state` at ``layers`` layers from the samples at 3 and 4: exact, with no rule
     to check, where the layers are alike (:func:`depth_of`): each holds the same parameters,
     sharded alike (FSDP2 and tensor parallelism split each parameter by its shape), and with
     them the same gradients and optimizer state; the rest (embeddings, head, norm) is the same
     at every depth."""
-    return state_at(two.state_bytes, three.state_bytes, layers)
+    return state_at(three.state_bytes, four.state_bytes, layers)
 
 
-def state_at(two: int, three: int, layers: int) -> int:
-    """What held ``two`` bytes at 2 layers and ``three`` at 3 holds at ``layers``: each layer
+def state_at(three: int, four: int, layers: int) -> int:
+    """What held ``three`` bytes at 3 layers and ``four`` at 4 holds at ``layers``: each layer
     alike adds the same (:func:`held_state_at`)."""
-    return three + (three - two) * (layers - 3)
+    return four + (four - three) * (layers - 4)
 
 
 def overheads(s: Sample | Analysis) -> int:
@@ -256,16 +261,18 @@ def extend(
     gpu: GPU,
     data_parallel: int,
     runs: Sequence[tuple[int, int]] | None = None,
+    two: Sample | None = None,
 ) -> Extended | None:
-    """The full depth's peak and step time from the samples at 2, 3 and 4 layers; None when
-    the third sample does not follow the rule of the first two (``runs``: the first two's,
-    :func:`inserted`, when found already)."""
-    two, three, four = samples
-    runs = inserted(two, three) if runs is None else list(runs)
+    """The full depth's peak and step time from the samples at 3 and 4 layers; None when
+    they do not follow the rule (``runs``: :func:`doubled`'s, when found already). ``two``:
+    the sample at 2 layers, where it was traced for the caching allocator's reserve
+    (``depth_reserve.Reserve``'s ``earlier``)."""
+    three, four = samples
+    runs = doubled(three, four) if runs is None else list(runs)
     runs = None if runs is None else _regrouped(three.events, runs, four.events)
     if runs is None:
         return None
-    if not two.edges == three.edges == four.edges:
+    if three.edges != four.edges:
         return None
     extra = layers - three.layers
     linear = [
@@ -299,11 +306,15 @@ def extend(
     flops = totals["flops"]
     time = step_time([call], outside, records, gpu, flops, tokens, batch, data_parallel=dp)
     least = least_device_bytes(peak, four)
-    return Extended(peak, time, least, _device_bytes(samples, runs, layers, peak))
+    return Extended(peak, time, least, _device_bytes(samples, runs, layers, peak, two))
 
 
 def _device_bytes(
-    samples: Sequence[Sample], runs: Sequence[tuple[int, int]], layers: int, peak: int
+    samples: Sequence[Sample],
+    runs: Sequence[tuple[int, int]],
+    layers: int,
+    peak: int,
+    two: Sample | None = None,
 ) -> int | None:
     """What the GPU holds at ``layers`` layers (``Analysis.footprint_bytes``): the caching
     allocator's reserve by the rule (``depth_reserve.Reserve``) and the CUDA context and
@@ -312,12 +323,13 @@ def _device_bytes(
     ``runs`` as the diff placed them, the same events' runs placed otherwise are tried: spread
     over their block (:func:`_spread`), then the run of each free that fails moved on
     (:func:`_slid`)."""
-    three, four = samples[1], samples[2]
+    three, four = samples
     if four.reserved_bytes <= 0 or four.device_bytes <= four.peak_bytes:
         return peak
     if overheads(three) != overheads(four):
         return None
-    rule = Reserve([s.allocator_steps for s in samples], _inserted, _repeat)
+    earlier = None if two is None else two.allocator_steps
+    rule = Reserve([s.allocator_steps for s in samples], _doubled, _repeat, earlier)
     placed = list(runs)
     built = rule.build(placed, layers)
     spread = None if isinstance(built, tuple) else _spread(three.events, runs)
@@ -402,11 +414,11 @@ def _phases(samples: Sequence[Sample]) -> list[str]:
 
 
 def _linear(counters: Sequence[Counter[Any]], extra: int) -> Counter[Any] | None:
-    """The third counter plus ``extra`` times the per-layer step; None unless the fourth is
-    the third plus the same step as the third the second."""
-    two, three, four = counters
-    step, again = _step(two, three), _step(three, four)
-    if step != again or any(n < 0 for n in step.values()):
+    """The 3-layer counter plus ``extra`` times the per-layer step (what the 4-layer counter
+    adds); None where the layer takes anything away (a count that is not the layers' own)."""
+    three, four = counters
+    step = _step(three, four)
+    if any(n < 0 for n in step.values()):
         return None
     out = Counter(three)
     for key, n in step.items():
@@ -420,22 +432,22 @@ def _step(before: Counter[Any], after: Counter[Any]) -> dict[Any, int]:
     return {k: after[k] - before[k] for k in keys if after[k] != before[k]}
 
 
-def inserted(short: Sample, long: Sample) -> list[tuple[int, int]] | None:
-    """The runs of ``long``'s events that the layer it has more inserts into ``short``'s, found
-    by :func:`_inserted` chunk by chunk (:func:`_chunks`), the chunks alike in both skipped;
-    None when the two are not cut into as many chunks, or the layer inserts nothing, or changes
-    anything (the rule is not found)."""
-    cuts = _chunks(short), _chunks(long)
+def doubled(three: Sample, four: Sample) -> list[tuple[int, int]] | None:
+    """The runs of ``three``'s events that ``four`` (a layer more) holds twice where ``three``
+    holds them once (:func:`_doubled`), chunk by chunk (:func:`_chunks`), the chunks alike in
+    both skipped; in ``three``'s places. None when the two are not cut into as many chunks, or
+    the layer adds nothing, or changes anything (the rule is not found)."""
+    cuts = _chunks(three), _chunks(four)
     if len(cuts[0]) != len(cuts[1]):
         return None
     runs: list[tuple[int, int]] = []
     for (a, end_a), (b, end_b) in zip(*cuts, strict=True):
-        if short.events[a:end_a] == long.events[b:end_b]:
+        if three.events[a:end_a] == four.events[b:end_b]:
             continue  # a chunk no layer runs in: a stage without the layer, an embedding's
-        found = _inserted(short.events[a:end_a], long.events[b:end_b])
+        found = _doubled(three.events[a:end_a], four.events[b:end_b])
         if found is None:
             return None
-        runs.extend((start + b, end + b) for start, end in found)
+        runs.extend((start + a, end + a) for start, end in found)
     return runs or None
 
 
@@ -449,17 +461,58 @@ def _chunks(s: Sample) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], len(s.events)], strict=True))
 
 
-def _inserted(short: Sequence[Token], long: Sequence[Token]) -> list[tuple[int, int]] | None:
-    """The runs ``long`` inserts into ``short``: (start, end) in ``long``; None when ``long``
-    changes or drops anything, or inserts nothing."""
+def _doubled(short: Sequence[Token], long: Sequence[Token]) -> list[tuple[int, int]] | None:
+    """The runs of ``short`` that ``long`` repeats: (start, end) in ``short``, each a block the
+    diff sees ``long`` insert read as a run of ``short`` next to it, or around it, doubled
+    (:func:`_run_doubled`); None when ``long`` changes or drops anything, inserts nothing, or
+    inserts a block that doubles no run.
+
+    The diff may split one layer's events around an event that also ends the run before it
+    (GPT-2's optimizer loop: ``[free, sqrt, div, free]`` matched at its first ``free``): a block
+    that doubles no run is read with the next one and the events between them as one block.
+    """
     matcher = difflib.SequenceMatcher(None, short, long, autojunk=False)
-    runs: list[tuple[int, int]] = []
-    for tag, _, _, j1, j2 in matcher.get_opcodes():
+    inserts: list[tuple[int, int, int]] = []
+    for tag, i1, _, j1, j2 in matcher.get_opcodes():
         if tag == "insert":
-            runs.append((j1, j2))
+            inserts.append((i1, j1, j2))
         elif tag != "equal":
             return None
-    return _split(long, _joined(short, long, runs)) or None
+    runs: list[tuple[int, int]] = []
+    k = 0
+    while k < len(inserts):
+        at, j1, j2 = inserts[k]
+        found = _run_doubled(short, at, long[j1:j2])
+        if found is None and k + 1 < len(inserts):
+            then, m1, m2 = inserts[k + 1]
+            n = (j2 - j1) + (m2 - m1)
+            if list(long[j1 + n : m2]) == list(short[at:then]):
+                found = _run_doubled(short, at, long[j1 : j1 + n])
+                k += 1
+        if found is None:
+            return None
+        runs.extend(found)
+        k += 1
+    apart = all(end <= start for (_, end), (start, _) in itertools.pairwise(runs))
+    return _split(short, runs) if runs and apart else None
+
+
+def _run_doubled(
+    short: Sequence[Token], at: int, block: Sequence[Token]
+) -> list[tuple[int, int]] | None:
+    """The run of ``short`` that inserting ``block`` at ``at`` doubles: the run ending at
+    ``at``, the one starting there, or one around ``at`` (``block`` its events from ``at``
+    on, then those before); else two runs meeting at ``at``, each doubled (the ends of two
+    groups a layer extends each on its own, ``AB`` to ``AABB``); None where there is none."""
+    n, block = len(block), list(block)
+    for start in (at - n, at, *range(at - n + 1, at)):
+        inside = start >= 0 and start + n <= len(short)
+        if inside and list(short[at : start + n]) + list(short[start:at]) == block:
+            return [(start, start + n)]
+    for k in range(1, n):
+        if list(short[at - k : at]) == block[:k] and list(short[at : at + n - k]) == block[k:]:
+            return [(at - k, at), (at, at + n - k)]
+    return None
 
 
 def _split(events: Sequence[Token], runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -475,29 +528,6 @@ def _split(events: Sequence[Token], runs: list[tuple[int, int]]) -> list[tuple[i
                 out.append((cut, j))
                 cut = j
         out.append((cut, end))
-    return out
-
-
-def _joined(
-    short: Sequence[Token], long: Sequence[Token], runs: list[tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """``runs`` with two neighbours made one where ``long`` less that one run is ``short`` too.
-
-    The diff may split one layer's events around an event that also ends the run before it
-    (GPT-2's optimizer loop: ``[free, sqrt, div, free]`` matched at its first ``free``), and two
-    runs repeated apart are not the run repeated whole: each pair is tried as one run at the
-    first's start.
-    """
-    out = list(runs)
-    i = 0
-    while i + 1 < len(out):
-        (a, b), (c, d) = out[i], out[i + 1]
-        whole = (a, a + (b - a) + (d - c))
-        trial = [*out[:i], whole, *out[i + 2 :]]
-        if _without(long, trial) == list(short):
-            out = trial
-        else:
-            i += 1
     return out
 
 
@@ -531,17 +561,6 @@ def _regrouped(
             out += [(start, start + cuts[0]), (start + cuts[0], end)]
         at, pos = end, pos + size
     return out if list(four[pos:]) == list(events[at:]) else None
-
-
-def _without(events: Sequence[Token], runs: Sequence[tuple[int, int]]) -> list[Token]:
-    """``events`` less ``runs``."""
-    out: list[Token] = []
-    at = 0
-    for start, end in runs:
-        out.extend(events[at:start])
-        at = end
-    out.extend(events[at:])
-    return out
 
 
 def _repeat(events: Sequence[Token], runs: Sequence[tuple[int, int]], times: int) -> list[Token]:

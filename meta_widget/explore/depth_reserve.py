@@ -1,5 +1,6 @@
-"""The caching allocator's reserve at a decoder's full depth, from its traces at 2, 3 and 4
-layers (``plan``'s per-layer rule, ``explore.depth``).
+"""The caching allocator's reserve at a decoder's full depth, from its traces at 3 and 4
+layers, and 2 where a free outside the runs needs a third rank (``plan``'s per-layer rule,
+``explore.depth``).
 
 What the GPU holds is not the running sum of the events' bytes that the rule extends: the
 caching allocator rounds, splits, caches and reuses blocks, so its reserve depends on which
@@ -8,9 +9,9 @@ steps with that link (the row a free frees). The full depth's steps are built th
 builds its events, and replayed through the same allocator:
 
 - **the tensors alive before the trace** (parameters, buffers, inputs, in the order
-  ``module.to("cuda")`` moves them): the third layer's run inserted into the 2-layer list,
-  checked on the 4-layer list (repeated twice), repeated once per middle layer;
-- **the trace's steps**: those of each event run the third layer inserts (``depth.inserted``)
+  ``module.to("cuda")`` moves them): the runs of the 3-layer list that the 4-layer list holds
+  twice, repeated once per middle layer;
+- **the trace's steps**: those of each event run the fourth layer doubles (``depth.doubled``)
   repeated with the run (a cuBLAS workspace, placed once per thread, never), checked step by
   step against the 4-layer trace's;
 - **which allocation each free frees**, a rule per free of the 3-layer trace, read off the
@@ -25,11 +26,13 @@ builds its events, and replayed through the same allocator:
   both, or for a free repeated with a layer an ``r`` that moves by a step with the copy, from
   the last copy or with the depth (a layer's share of such a list, or a free whose allocation
   the diff of the events put outside the runs). The step is read off two of the three ranks
-  seen and checked on the third; where several rank rules fit, all must name the same
-  allocation at the full depth. The 4-layer steps the rules build must free exactly what that
-  trace frees. Where no rule fits, or the steps do not follow the runs, there is no reserve by
-  the rule (``depth`` then tries the same events' runs placed otherwise: ``depth._spread``,
-  and ``depth._slid`` on the run of the free :meth:`Reserve.build` names).
+  seen and checked on the third (a free outside the runs is seen twice, at 3 and 4 layers:
+  ``plan`` then traces 2 layers for its third rank, ``earlier``); where several rank rules
+  fit, all must name the same allocation at the full depth. The 4-layer steps the rules build
+  must free exactly what that trace frees. Where no rule fits, or the steps do not follow the
+  runs, there is no reserve by the rule (``depth`` then tries the same events' runs placed
+  otherwise: ``depth._spread``, and ``depth._slid`` on the run of the free
+  :meth:`Reserve.build` names).
 
 ``tests/test_plan_depth.py`` checks the reserve so found against full-depth traces.
 """
@@ -50,7 +53,7 @@ Place = tuple[int, int]  # (row of the 3-layer trace's steps, copy)
 Token = tuple[int, str, str]  # ``depth``'s token: an initial tensor's is its size
 
 
-Inserted = Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None]
+Doubled = Callable[[Sequence[Token], Sequence[Token]], list[tuple[int, int]] | None]
 Repeat = Callable[[Sequence[Token], Sequence[tuple[int, int]], int], list[Token]]
 #: :meth:`Reserve.build`'s answer: the steps at full depth and each traced step's place; the
 #: 3-layer trace's event whose free names no live allocation there; or None
@@ -59,13 +62,16 @@ Built = tuple[list[Step], list[Place]] | int | None
 
 @dataclass(frozen=True)
 class Reserve:
-    """The allocator steps of the traces at 2, 3 and 4 layers (``tables``, each trace's
-    ``MemoryReport.allocator_steps``) and ``depth``'s diff (``inserted``) and repeat
-    (``repeat``) of a token sequence: what builds the steps at any depth (module docstring)."""
+    """The allocator steps of the traces at 3 and 4 layers (``tables``, each trace's
+    ``MemoryReport.allocator_steps``) and ``depth``'s runs a layer more doubles (``doubled``)
+    and repeat (``repeat``) of a token sequence: what builds the steps at any depth (module
+    docstring). ``earlier``: the 2-layer trace's steps, where it was traced (a third rank to
+    check the rank rules of frees outside the runs on)."""
 
     tables: Sequence[np.ndarray | None]
-    inserted: Inserted
+    doubled: Doubled
     repeat: Repeat
+    earlier: np.ndarray | None = None
 
     def build(self, runs: Sequence[tuple[int, int]], layers: int) -> Built:
         """The allocator steps at ``layers`` layers with the third layer's event ``runs`` and
@@ -73,38 +79,29 @@ class Reserve:
         steps); or the event of the 3-layer trace whose free, by rules found and checked at 3
         and 4 layers, names no live allocation at ``layers`` (``depth`` then places that free's
         run otherwise); or None where the steps do not follow the rule."""
-        if len(self.tables) != 3 or any(t is None for t in self.tables):
+        if len(self.tables) != 2 or any(t is None for t in self.tables):
             return None
-        two, three, four = (t for t in self.tables if t is not None)
-        lists = [_initial(t) for t in (two, three, four)]
-        initial_runs = self.inserted(lists[0], lists[1])
-        if initial_runs is None or self.repeat(lists[1], initial_runs, 2) != lists[2]:
+        three, four = (t for t in self.tables if t is not None)
+        lists = [_initial(t) for t in (three, four)]
+        initial_runs = self.doubled(lists[0], lists[1])
+        if initial_runs is None or self.repeat(lists[0], initial_runs, 2) != lists[1]:
             return None
-        traced3, traced4 = three[len(lists[1]) :], four[len(lists[2]) :]
+        traced3, traced4 = three[len(lists[0]) :], four[len(lists[1]) :]
         copied = _copied(traced3, runs)
         order2 = _order(traced3, runs, copied, 2)
         if len(order2) != len(traced4) or not _same_steps(traced3, order2, traced4):
             return None
-        # the 2-layer steps are the 3-layer ones less the runs', but for where a workspace lands
-        traced2 = two[len(lists[0]) :]
-        order0 = [p for p in _order(traced3, runs, copied, 0) if traced3[p[0], KIND] != EXTRA]
-        plain2 = np.flatnonzero(traced2[:, KIND] != EXTRA)
-        alike = len(order0) == len(plain2) and _same_steps(traced3, order0, traced2[plain2])
-        before = (
-            (traced2, len(lists[0]), dict(zip(plain2.tolist(), order0, strict=True)))
-            if alike
-            else None
-        )
-        rules = _rules(traced3, len(lists[1]), traced4, len(lists[2]), order2, copied, before)
+        before = None if self.earlier is None else _before(self.earlier, traced3, runs, copied)
+        rules = _rules(traced3, len(lists[0]), traced4, len(lists[1]), order2, copied, before)
         if rules is None:
             return None
-        again = _steps(traced3, len(lists[1]), order2, rules, [], 2)
-        if isinstance(again, int) or not _follows(again, traced4, len(lists[2]), order2):
+        again = _steps(traced3, len(lists[0]), order2, rules, [], 2)
+        if isinstance(again, int) or not _follows(again, traced4, len(lists[1]), order2):
             return None
         times = layers - 2
-        initial = [size for size, _, _ in self.repeat(lists[1], initial_runs, times)]
+        initial = [size for size, _, _ in self.repeat(lists[0], initial_runs, times)]
         order = _order(traced3, runs, copied, times)
-        steps = _steps(traced3, len(lists[1]), order, rules, initial, times)
+        steps = _steps(traced3, len(lists[0]), order, rules, initial, times)
         return int(traced3[steps, EVENT]) if isinstance(steps, int) else (steps, order)
 
 
@@ -119,6 +116,20 @@ def _initial(table: np.ndarray) -> list[Token]:
     kinds = table[:, KIND]
     count = int(np.argmax(kinds != INITIAL)) if (kinds != INITIAL).any() else len(table)
     return [(int(n), "", "") for n in table[:count, NBYTES]]
+
+
+def _before(
+    two: np.ndarray, traced3: np.ndarray, runs: Sequence[tuple[int, int]], copied: np.ndarray
+) -> tuple[np.ndarray, int, dict[int, Place]] | None:
+    """The 2-layer trace's steps, initial rows and each step's place among the 3-layer steps,
+    where they are those less the runs' (but for where a workspace lands); else None."""
+    offset = len(_initial(two))
+    traced2 = two[offset:]
+    order0 = [p for p in _order(traced3, runs, copied, 0) if traced3[p[0], KIND] != EXTRA]
+    plain2 = np.flatnonzero(traced2[:, KIND] != EXTRA)
+    if len(order0) != len(plain2) or not _same_steps(traced3, order0, traced2[plain2]):
+        return None
+    return traced2, offset, dict(zip(plain2.tolist(), order0, strict=True))
 
 
 def _copied(traced: np.ndarray, runs: Sequence[tuple[int, int]]) -> np.ndarray:
@@ -212,9 +223,9 @@ Seen = tuple[int, int, tuple[int, int]]  # (copies, copy, (from the newest, from
 def _rank_rules(seen: Sequence[Seen], before: Sequence[Seen] = ()) -> list[Rank]:
     """The rank rules that give every rank ``seen`` (at 3 and 4 layers), each checked on one
     rank at least that it was not read from: the same rank on either side, else one moving by
-    a step with the copy, from the last copy or with the depth, where three ranks are seen
-    (a free repeated with a layer; one outside the runs with its rank at 2 layers,
-    ``before``)."""
+    a step with the copy, from the last copy or with the depth, where three ranks are seen (a
+    free repeated with a layer: its copy at 3 layers and its two at 4; one outside the runs
+    with its rank at 2 layers, ``before``)."""
     rules = []
     for side in (0, 1):
         ranks = [r[side] for _, _, r in seen]
@@ -254,9 +265,8 @@ def _rules(
     """For each free of the 3-layer trace, which allocation each of its copies frees: a rule
     naming the allocation's place (:func:`_by_place`), else the rank rules (:class:`Rank`)
     that give what the 3- and the 4-layer traces free (all of them: at the full depth they
-    must name one allocation), a free outside the runs checked on the 2-layer trace too
-    (``before``: its steps, initial rows and each step's place among the 3-layer steps, where
-    they are those less the runs). None where none does."""
+    must name one allocation), a free outside the runs checked on the 2-layer trace too where
+    it was traced (``before``: :func:`_before`). None where none does."""
     frees3: dict[int, Place] = {}
     nbytes3, links3 = traced3[:, NBYTES].tolist(), traced3[:, FREES].tolist()
     for row, n in enumerate(nbytes3):

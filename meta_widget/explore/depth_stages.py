@@ -16,13 +16,13 @@ bubbles come from the schedule's actions, which must be the same at every depth)
 pipeline's step the slowest rank's, and the peak, what the GPU holds and the rates those of
 the rank with the highest peak (``in_pipeline``).
 
-Each trace runs every rank, so the rule costs the layers of its three traces, 2 + 3 + 4 a
-stage, where the full depth costs the stage's layers once: it is used only where a stage holds
-more than 9 (the Llama 3 405B's 126 layers over 2, 4 or 8 stages: 63, 32 and 16 layers a
-stage; over 16 stages, 8 layers a stage are traced whole). Where a rank's stages differ in
-size (virtual stages over layers they do not divide), the schedule's bubbles change with depth
-or any rank's traces break the rule, there is no result either: the pipeline is traced at
-full depth. After its traces at 2 and 3 layers a stage, what each rank holds besides its
+Each trace runs every rank, so the rule costs the layers of its two traces, 3 + 4 a stage,
+where the full depth costs the stage's layers once: it is used only where a stage holds more
+than 7 (the Llama 3 405B's 126 layers over 2, 4 or 8 stages: 63, 32 and 16 layers a stage;
+over 16 stages, 7 or 8 layers a stage are traced whole). Where a rank's stages differ in size
+(virtual stages over layers they do not divide), the schedule's bubbles change with depth or
+any rank's traces break the rule, there is no result either: the pipeline is traced at full
+depth. After its traces at 3 and 4 layers a stage, what each rank holds besides its
 activations at the full depth is exact (:func:`held_by_ranks`), and prunes as for one stage.
 """
 
@@ -43,7 +43,7 @@ __all__ = ["extend_stages", "held_by_ranks", "stage_layers"]
 def stage_layers(plan: Parallel, layers: int) -> list[int] | None:
     """The layers a stage of each pipeline rank of ``plan`` holds at ``layers`` layers (split
     as ``layer_ranges`` splits them without ``stage_boundaries``); None where one rank's stages
-    differ in size, or a stage holds no more layers than the rule's three traces together (9:
+    differ in size, or a stage holds no more layers than the rule's two traces together (7:
     tracing the pipeline whole once costs less)."""
     if plan.stage_boundaries is not None:
         return None
@@ -58,29 +58,34 @@ def stage_layers(plan: Parallel, layers: int) -> list[int] | None:
     return out if min(out) > sum(DEPTHS) else None
 
 
-def held_by_ranks(two: Analysis, three: Analysis, sizes: Sequence[int]) -> int | None:
+def held_by_ranks(three: Analysis, four: Analysis, sizes: Sequence[int]) -> int | None:
     """The most one rank of the pipeline holds on its GPU through a step at the full depth
     (``sizes``: :func:`stage_layers`) besides what its activations take: its parameters,
     buffers, gradients and optimizer state (``depth.held_state_at``, exact as for one stage:
     each rank's layers are alike) and the CUDA context and NCCL's buffers; from the analyses
-    at 2 and 3 layers a stage. None where they lack a rank."""
-    ranks = (two.stages, three.stages)
+    at 3 and 4 layers a stage. None where they lack a rank."""
+    ranks = (three.stages, four.stages)
     if any(r is None or len(r) != len(sizes) for r in ranks):
         return None
-    at_two, at_three = ranks
-    assert at_two is not None and at_three is not None
+    at_three, at_four = ranks
+    assert at_three is not None and at_four is not None
     return max(
         state_at(held_state(a.analysis), held_state(b.analysis), layers) + overheads(b.analysis)
-        for a, b, layers in zip(at_two, at_three, sizes, strict=True)
+        for a, b, layers in zip(at_three, at_four, sizes, strict=True)
     )
 
 
 def extend_stages(
-    analyses: Sequence[Analysis], sizes: Sequence[int], gpu: GPU, data_parallel: int
+    analyses: Sequence[Analysis],
+    sizes: Sequence[int],
+    gpu: GPU,
+    data_parallel: int,
+    two: Analysis | None = None,
 ) -> Extended | None:
     """The pipeline's numbers at the full depth (``sizes``: :func:`stage_layers`) from its
     analyses with ``DEPTHS`` layers a stage; None where the rule does not hold (module
-    docstring)."""
+    docstring). ``two``: its analysis with 2 layers a stage, where traced for the caching
+    allocator's reserve (``depth.extend``)."""
     reports = [a.stages for a in analyses]
     if any(r is None or len(r) != len(sizes) for r in reports):
         return None
@@ -91,7 +96,10 @@ def extend_stages(
     ranks: list[Extended] = []
     for rank, layers in enumerate(sizes):
         samples = [sample(r[rank].analysis, d) for r, d in zip(reports, DEPTHS, strict=True) if r]
-        full = extend(samples, layers, gpu, data_parallel)
+        earlier = None if two is None or two.stages is None else two.stages[rank].analysis
+        full = extend(
+            samples, layers, gpu, data_parallel, two=None if earlier is None else sample(earlier, 2)
+        )
         if full is None:
             return None
         ranks.append(full)

@@ -33,16 +33,15 @@ with that reason).
 Each is traced with ``analyze(..., gpu=gpu, parallel=...)``: its ``peak_bytes`` is rank 0's
 traced peak, never a formula, and its ``step_s``, ``mfu`` and ``tokens_per_s`` are
 ``Analysis.time``'s. For a transformers config whose decoder layers are all alike, each
-candidate is traced at 2, 3 and 4 layers and its full depth's numbers follow from the
+candidate is traced at 3 and 4 layers and its full depth's numbers follow from the
 per-layer rule those traces show and check (``meta_widget.explore.depth``: equal to the byte
-to a full-depth trace); its ``analysis``, the full depth traced, is made when first asked
-for. Fewer traces where they can say no more (``plan_trace.Learned``): a candidate whose
-parameters, gradients and optimizer state at 2 and 3 layers are over the budget at full depth
-stops there, and the others of its layout and precision are not traced (they cannot fit); one
-that may fit by the rule found at 2 and 3 layers is traced at full depth without the 4-layer
-trace, and once one fits, the others of its layout and precision are traced at full depth
-straight away. A pipeline is traced at 2, 3 and 4 layers a stage and each rank extended on its
-own where a stage holds more than 9 layers (``explore.depth_stages``), else at full depth;
+to a full-depth trace; at 2 layers too where the caching allocator's steps need it); its
+``analysis``, the full depth traced, is made when first asked for. Fewer traces where they
+can say no more (``plan_trace.Learned``): a candidate whose parameters, gradients and
+optimizer state are over the budget at full depth (exact from its 3- and 4-layer traces)
+stops there, and the others of its layout and precision are not traced (they cannot fit). A
+pipeline is traced at 3 and 4 layers a stage and each rank extended on its own where a stage
+holds more than 7 layers (``explore.depth_stages``), else at full depth;
 ``full_depth=True`` traces every candidate at full depth. A pipeline's ``peak_bytes`` is its
 worst stage's rank's and its ``step_s`` the pipeline's step, the bubble included.
 The fastest candidate that fits is the one with the most tokens per second (samples per second
@@ -324,7 +323,7 @@ def plan(
         ``(done, total, text)``.
     full_depth
         Trace every candidate at the model's full depth. By default a transformers config
-        whose decoder layers are all alike is traced at 2, 3 and 4 layers per candidate and
+        whose decoder layers are all alike is traced at 3 and 4 layers per candidate and
         extended by the per-layer rule those traces check (``meta_widget.explore.depth``), ~10x
         faster for an 80-layer model; a candidate whose traces break the rule is traced at full
         depth.

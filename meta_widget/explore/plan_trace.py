@@ -32,7 +32,6 @@ from .depth import (
     extend,
     held_state,
     held_state_at,
-    inserted,
     overheads,
     sample,
     with_layers,
@@ -287,24 +286,16 @@ def _by_rule(
 ) -> bool:
     """Fill in ``c``'s numbers from its traces at ``DEPTHS`` layers and the per-layer rule;
     False when a trace failed or the traces do not follow the rule (then a full-depth trace
-    says what happened), or when the allocator's steps do not and the least the candidate
-    holds on the GPU is within ``budget`` (it may fit: the full-depth trace's reserve decides).
-    When the 2- and 3-layer traces put its parameters, gradients and optimizer state alone over
+    says what happened), or when the allocator's steps do not, even with the 2-layer trace
+    (:func:`_with_two`, traced where they do not without it: what the GPU holds is then exact
+    for a candidate that cannot fit too), and the least the candidate holds on the GPU is
+    within ``budget`` (it may fit: the full-depth trace's reserve decides).
+    When the 3- and 4-layer traces put its parameters, gradients and optimizer state alone over
     the budget (``held_state_at``: exact), it cannot fit and nor can the others of its layout
-    and precision (``learned.over``): the 4-layer trace is not run."""
+    and precision (``learned.over``)."""
     samples: list[Sample] = []
     options = c.options()
-    runs: list[tuple[int, int]] | None = None
     for d in DEPTHS:
-        if len(samples) == 2:
-            two, three = samples
-            held = held_state_at(two, three, layers) + overheads(three)
-            if _learn_over(c, learned, held, budget, "at 2 and 3 layers"):
-                _take_over(c, learned, lambda: run(options))
-                return True
-            runs = inserted(two, three)
-            if runs is None:
-                return False
         a = run(options, d)
         if a.error is not None:
             _take_failure(c, a.error, d, lambda: run(options))
@@ -312,8 +303,29 @@ def _by_rule(
         if a.time is None:
             return False
         samples.append(sample(a, d))
-    full = extend(samples, layers, gpu, c.layout.data_parallel, runs)
-    return _take_extended(c, full, budget, lambda: run(options))
+    three, four = samples
+    held = held_state_at(three, four, layers) + overheads(four)
+    if _learn_over(c, learned, held, budget, "at 3 and 4 layers"):
+        _take_over(c, learned, lambda: run(options))
+        return True
+    full = extend(samples, layers, gpu, c.layout.data_parallel)
+    if full is None or full.device_bytes is not None:
+        return _take_extended(c, full, budget, lambda: run(options))
+    two = _with_two(run, options, 2)
+    if two is None:
+        return False
+    full = extend(samples, layers, gpu, c.layout.data_parallel, two=sample(two, 2))
+    return _take_extended(c, full, budget, lambda: run(options), (2, *DEPTHS))
+
+
+def _with_two(
+    run: Callable[..., Analysis], options: dict[str, Any], layers: int
+) -> Analysis | None:
+    """The candidate of ``options`` traced at 2 layers (a stage: ``layers``), for a third
+    rank of the allocator's frees outside the layers' runs (``depth_reserve.Reserve``'s
+    ``earlier``); None where the trace failed (the full depth then says how)."""
+    a = run(options, layers)
+    return None if a.error is not None or a.time is None else a
 
 
 def _stages_by_rule(
@@ -327,8 +339,8 @@ def _stages_by_rule(
     """:func:`_by_rule` for a pipeline: its traces at ``DEPTHS`` layers a stage, each rank
     extended on its own (``depth_stages``); False where the stages do not allow it or the
     traces do not follow the rule. Where a rank's parameters, gradients and optimizer state
-    alone put it over the budget at 2 and 3 layers a stage (``held_by_ranks``: exact), no
-    candidate of the layout and precision fits, and the 4-layer trace is not run."""
+    alone put it over the budget at the full depth (``held_by_ranks``: exact), no candidate of
+    the layout and precision fits."""
     plan = c.layout.parallel()
     sizes = None if plan is None else stage_layers(plan, layers)
     if plan is None or sizes is None:
@@ -336,13 +348,6 @@ def _stages_by_rule(
     options = c.options()
     analyses: list[Analysis] = []
     for d in DEPTHS:
-        if len(analyses) == 2:
-            held = held_by_ranks(analyses[0], analyses[1], sizes)
-            if held is not None and _learn_over(
-                c, learned, held, budget, "at 2 and 3 layers a stage"
-            ):
-                _take_over(c, learned, lambda: run(options))
-                return True
         a = run(options, d * plan.stages)
         if a.error is not None:
             _take_failure(c, a.error, d, lambda: run(options))
@@ -350,15 +355,25 @@ def _stages_by_rule(
         if a.time is None:
             return False
         analyses.append(a)
+    held = held_by_ranks(analyses[0], analyses[1], sizes)
+    if held is not None and _learn_over(c, learned, held, budget, "at 3 and 4 layers a stage"):
+        _take_over(c, learned, lambda: run(options))
+        return True
     full = extend_stages(analyses, sizes, gpu, plan.data_parallel)
-    return _take_extended(c, full, budget, lambda: run(options))
+    if full is None or full.device_bytes is not None:
+        return _take_extended(c, full, budget, lambda: run(options))
+    two = _with_two(run, options, 2 * plan.stages)
+    if two is None:
+        return False
+    full = extend_stages(analyses, sizes, gpu, plan.data_parallel, two)
+    return _take_extended(c, full, budget, lambda: run(options), (2, *DEPTHS))
 
 
 def _take_over(c: Candidate, learned: Learned, trace_full: Callable[[], Analysis]) -> None:
-    """``c`` cannot fit: its traces at 2 and 3 layers put what it holds besides activations over
+    """``c`` cannot fit: its traces at 3 and 4 layers put what it holds besides activations over
     the budget (``learned.over``, for its layout and precision)."""
     c.device_bytes, c.error = learned.over[c.layout, HELD_AS[c.precision]]
-    c.traced_layers, c._trace_full = (2, 3), trace_full
+    c.traced_layers, c._trace_full = DEPTHS, trace_full
 
 
 def _take_failure(
@@ -371,17 +386,22 @@ def _take_failure(
 
 
 def _take_extended(
-    c: Candidate, full: Extended | None, budget: int, trace_full: Callable[[], Analysis]
+    c: Candidate,
+    full: Extended | None,
+    budget: int,
+    trace_full: Callable[[], Analysis],
+    depths: tuple[int, ...] = DEPTHS,
 ) -> bool:
-    """Fill in ``c``'s numbers from ``full``, its numbers by the rule; False (nothing filled
-    in) where there are none, or where the allocator's steps follow no rule and the least the
-    candidate holds on the GPU is within ``budget`` (it may fit: the full depth decides)."""
+    """Fill in ``c``'s numbers from ``full``, its numbers by the rule from its traces at
+    ``depths`` layers; False (nothing filled in) where there are none, or where the
+    allocator's steps follow no rule and the least the candidate holds on the GPU is within
+    ``budget`` (it may fit: the full depth decides)."""
     if full is None or (full.device_bytes is None and full.least_device_bytes <= budget):
         return False
     c.peak_bytes = full.peak_bytes
     c.device_bytes = full.least_device_bytes if full.device_bytes is None else full.device_bytes
     c.fits = c.device_bytes <= budget
-    c.traced_layers = DEPTHS
+    c.traced_layers = depths
     c._trace_full = trace_full
     _set_time(c, full.time)
     return True
