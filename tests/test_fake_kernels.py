@@ -70,6 +70,7 @@ def test_every_layout_traces_the_same_past_the_fake_mode(
     assert ran["fsdp.all_gather_copy_in.default"] > 0, ran
     assert ran["c10d._allgather_base_.default"] > 0, ran
     assert ran["c10d._reduce_scatter_base_.default"] > 0, ran
+    assert ran["aten.lift_fresh.default"] > 0, ran  # AdamW's step counters
 
 
 def test_a_call_on_real_tensors_goes_to_the_op() -> None:
@@ -114,3 +115,50 @@ def test_the_copy_in_on_fake_tensors_is_the_fake_modes(rank: int) -> None:
     )
     assert a.untyped_storage()._cdata == b.untyped_storage()._cdata
     assert (a._is_view(), a.requires_grad) == (b._is_view(), b.requires_grad)
+
+
+@pytest.mark.parametrize(
+    "value, dtype", [(0.0, torch.float32), (7, torch.int64), (2.5, torch.float64), ([1.0], None)]
+)
+def test_a_small_tensor_lifted_is_the_fake_modes(value: Any, dtype: torch.dtype | None) -> None:
+    """``torch.tensor`` under a fake mode (an optimizer's step counter): the same fake tensor,
+    its value kept as the mode keeps it (``.item()`` reads it)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    lift = fake_kernels.past_the_fake_mode()[torch.ops.aten.lift_fresh.default]
+    with torch._C._DisableTorchDispatch():
+        real = torch.tensor(value, dtype=dtype)
+    with FakeTensorMode() as mode:
+        theirs = torch.tensor(value, dtype=dtype)
+        mine = lift(real)
+    assert type(mine) is FakeTensor and mine.fake_mode is mode
+    assert set(vars(mine)) == set(vars(theirs))
+    for name, theirs_value in vars(theirs).items():
+        if name != "constant":
+            assert vars(mine)[name] == theirs_value, name
+    assert torch.equal(mine.constant, theirs.constant) and mine.constant is not real
+    assert mine.constant.dtype == theirs.constant.dtype
+    assert torch._C._dispatch_keys(mine) == torch._C._dispatch_keys(theirs)
+    assert (mine.shape, mine.stride(), mine.dtype, mine.device, mine.is_leaf) == (
+        theirs.shape,
+        theirs.stride(),
+        theirs.dtype,
+        theirs.device,
+        theirs.is_leaf,
+    )
+    assert mine.item() == theirs.item()
+
+
+def test_a_lift_the_kernel_is_not_written_for_goes_to_the_op() -> None:
+    """No fake mode, more elements than the mode keeps as a constant, a gradient: the op."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    lift = fake_kernels.past_the_fake_mode()[torch.ops.aten.lift_fresh.default]
+    real = torch.tensor(3.0)
+    assert lift(real) is real  # no fake mode: lift_fresh is the tensor itself
+    with torch._C._DisableTorchDispatch():
+        big, grad = torch.arange(8.0), torch.tensor(1.0, requires_grad=True)
+    with FakeTensorMode():
+        lifted = lift(big)
+        assert type(lifted) is FakeTensor and lifted.constant is None  # the mode's own answer
+        assert type(lift(grad)) is FakeTensor

@@ -562,3 +562,31 @@ def test_fake_tensors_the_cache_makes_are_the_constructors_own(monkeypatch: Any)
     monkeypatch.setattr(FakeTensor, "__new__", lambda *a, **k: made.append(a) or object())
     new_fake(strict, meta(False), torch.device("cpu"))
     assert len(made) == 1
+
+
+def test_a_tensor_autograd_saves_is_detached_as_the_op_detaches_it() -> None:
+    """The pack hook's ``detached`` (past every mode): for a fake tensor (fresh, a view, one
+    that requires grad, one with autograd history) and a plain meta tensor, what ``detach()``
+    gives under the mode, but for the op's trip through it; a fake tensor holding a constant
+    and a tensor of another kind are ``detach()``-ed as they are."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from meta_widget.trace.fake_tensors import detached
+
+    def seen(t: torch.Tensor) -> tuple[Any, ...]:
+        state = {k: v for k, v in vars(t).items()}
+        return (type(t), state, str(torch._C._dispatch_keys(t)), t.device, t.shape, t.stride(),
+                t.storage_offset(), t.untyped_storage()._cdata, t.dtype, t.requires_grad,
+                t.grad_fn, t._is_view(), t.is_leaf)  # fmt: skip
+
+    with FakeTensorMode() as mode:
+        base = torch.empty(4, 6, dtype=torch.bfloat16)
+        leaf = torch.empty(6, 3, requires_grad=True)
+        made = [base, base[1:3].t(), leaf, leaf * 2]
+        for t in made:
+            mine = detached(t)
+            assert mine.fake_mode is mode and seen(mine) == seen(t.detach())
+        constant = torch.tensor(2.0)
+        assert detached(constant).constant is not None  # the mode's own detach keeps it
+    plain = torch.empty(5, 2, device="meta", requires_grad=True) * 3
+    assert seen(detached(plain)) == seen(plain.detach())

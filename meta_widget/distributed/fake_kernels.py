@@ -15,7 +15,9 @@ makes it straight:
   autograd view (as the fake mode returns it), and ``output`` itself. Its meta kernel copies
   nothing, so neither does this.
 
-A call on anything but fake tensors, or of another signature, goes to the op as before. The
+A call on anything but fake tensors (for ``lift_fresh``: a plain real tensor of at most the
+fake mode's ``CONSTANT_NUMEL_LIMIT`` elements, no gradient, under a fake mode), or of another
+signature, goes to the op as before. The
 test (``tests/test_fake_kernels.py``) traces FSDP2 and tensor-parallel layouts with and without
 these kernels and compares every number: the timeline event by event, each call's costs and
 FLOPs, the collectives.
@@ -27,7 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import CONSTANT_NUMEL_LIMIT, FakeTensor
+from torch.utils._mode_utils import no_dispatch
 
 from ..trace.fake_tensors import new_fake
 from ..trace.storage import on_meta
@@ -53,10 +56,38 @@ def past_the_fake_mode() -> dict[Any, Callable[..., Any]]:
     """The kernels of this module by op (``Recorder.kernels``); an op PyTorch does not have,
     or has in another signature, is left out (the fake mode runs it)."""
     kernels = _collectives()
+    kernels[_LIFT_FRESH] = _lift_fresh
     copy_in = _copy_in_op()
     if copy_in is not None:
         kernels[copy_in] = _all_gather_copy_in(copy_in)
     return kernels
+
+
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+_FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
+
+
+def _lift_fresh(*args: Any, **kwargs: Any) -> Any:
+    """``torch.tensor``'s lift of a small real tensor into the fake mode below: as the fake
+    mode makes it (a fake tensor on the real one's device, its value a copy kept as its
+    ``constant``, which ``.item()`` reads), past the mode's converter."""
+    t = args[0] if len(args) == 1 and not kwargs else None
+    mode = torch._C._get_dispatch_mode(_FAKE_KEY)
+    if (
+        type(t) is not torch.Tensor
+        or mode is None
+        or t.layout is not torch.strided
+        or t.requires_grad
+        or t.numel() > CONSTANT_NUMEL_LIMIT
+        or t.device.type == "meta"
+    ):
+        return _LIFT_FRESH(*args, **kwargs)
+    with no_dispatch():
+        constant = t.clone()
+        elem = torch.empty_strided(
+            constant.shape, constant.stride(), dtype=constant.dtype, device="meta"
+        )
+    return FakeTensor(mode, elem, constant.device, constant=constant)
 
 
 def _collectives() -> dict[Any, Callable[..., Any]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -217,7 +218,7 @@ class World:
     def _wrap(self, copied: nn.Module) -> None:
         assert self.mesh is not None
         if self.plan.tp > 1:
-            parallelize_module(copied, self.mesh["tp"], tp_plan(copied, self.plan))
+            parallelize_locally(copied, self.mesh["tp"], tp_plan(copied, self.plan))
         mp = self.plan.mp  # FSDP2's own mixed precision, as the user's fully_shard takes it
         policy = MixedPrecisionPolicy(**vars(mp)) if mp is not None else MixedPrecisionPolicy()
         experts: set[nn.Parameter] = set()
@@ -455,6 +456,25 @@ def fsdp_blocks(module: nn.Module, names: tuple[str, ...] | None) -> list[nn.Mod
             f"{type(module).__name__}; use paths from a.to_dataframe()['module'] or class names."
         )
     return chosen
+
+
+#: whether ``parallelize_module`` takes ``src_data_rank`` (PyTorch 2.7 and later)
+_LOCAL_SHARDS = "src_data_rank" in inspect.signature(parallelize_module).parameters
+
+
+def parallelize_locally(
+    module: nn.Module, mesh: DeviceMesh, styles: dict[str, ParallelStyle]
+) -> None:
+    """``parallelize_module(module, mesh, styles)``, each rank's shard of a parameter cut from
+    its own copy (``src_data_rank=None``) where PyTorch takes that: by default each parameter
+    is scattered from rank 0 (a broadcast where replicated), one collective a parameter over the
+    fake process group, which moves no data and cost 0.3 ms each (4 % of a tensor-parallel
+    trace); the shards are the same either way (new tensors of the chunk's shape), and the
+    trace has not begun (no collective of the set-up is recorded)."""
+    if _LOCAL_SHARDS:
+        parallelize_module(module, mesh, styles, src_data_rank=None)
+    else:  # pragma: no cover - PyTorch before 2.7
+        parallelize_module(module, mesh, styles)
 
 
 def tp_plan(module: nn.Module, plan: Parallel) -> dict[str, ParallelStyle]:

@@ -41,7 +41,6 @@ from torch.distributed import pipelining as pp
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import schedules as pp_schedules
 from torch.distributed.pipelining.stage import InferenceMode
-from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils._pytree import tree_map_only
 
 from ..choices import Phase
@@ -59,6 +58,7 @@ from .parallel import (
     World,
     fake_like,
     on_fake,
+    parallelize_locally,
     tp_names,
     trace_rank,
 )
@@ -153,7 +153,7 @@ class PipelineWorld(World):
             for stage in copied.children():
                 styles = stage_tp_plan(stage, self.tp_styles)
                 if styles:
-                    parallelize_module(stage, full["tp"], styles)
+                    parallelize_locally(stage, full["tp"], styles)
                 if plan.sequence_parallel:
                     assert isinstance(stage, DecoderStage)
                     stage.sequence_mesh = full["tp"]

@@ -42,6 +42,7 @@ from .callstack import Listener
 from .checkpointing import SavedOps, patch_forwards
 from .decode_skip import Stretch
 from .factories import DeviceLessFactories
+from .fake_tensors import detached
 from .fastpath import patch_fast_paths
 from .generate import CacheSummary, Generation, StopChecks
 from .kernels import WORKSPACES, AttentionKernels
@@ -522,7 +523,7 @@ def _pack(recorder: Recorder) -> Callable[[torch.Tensor], torch.Tensor]:
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         recorder.storage.mark_saved(t)
-        return t.detach()
+        return detached(t)
 
     return pack
 
