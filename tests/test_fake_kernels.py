@@ -162,3 +162,40 @@ def test_a_lift_the_kernel_is_not_written_for_goes_to_the_op() -> None:
         lifted = lift(big)
         assert type(lifted) is FakeTensor and lifted.constant is None  # the mode's own answer
         assert type(lift(grad)) is FakeTensor
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"fsdp": 2, "tp": 2},
+        {"fsdp": 2, "tp": 2, "sequence_parallel": True},
+        {"pp": 2, "fsdp": 2, "tp": 2, "microbatches": 2},
+    ],
+    ids=["fsdp2-tp2", "fsdp2-tp2-sp", "pp2-fsdp2-tp2"],
+)
+def test_tensor_parallel_shards_are_cut_locally_and_trace_the_same(
+    monkeypatch: pytest.MonkeyPatch, layout: dict[str, Any]
+) -> None:
+    """``parallelize_locally``: no parameter is scattered over the fake process group, and
+    the trace is the one ``parallelize_module``'s scatter gives, every record."""
+    from torch.distributed.tensor import placement_types
+
+    from meta_widget.distributed import parallel
+
+    if not parallel._LOCAL_SHARDS:
+        pytest.skip("this PyTorch's parallelize_module has no src_data_rank")
+    scattered: list[int] = []
+    scatter = placement_types.mesh_scatter
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        scattered.append(1)
+        return scatter(*args, **kwargs)
+
+    monkeypatch.setattr(placement_types, "mesh_scatter", counted)
+    kwargs: dict[str, Any] = {"input_size": (2, 64), "mode": "training", "gpu": "H100"}
+    local = mw.analyze(tiny_llama_config(), parallel=layout, **kwargs)
+    assert not scattered
+    monkeypatch.setattr(parallel, "_LOCAL_SHARDS", False)
+    scattering = mw.analyze(tiny_llama_config(), parallel=layout, **kwargs)
+    assert scattered  # the default scatters each sharded parameter
+    assert_same_parallel(local, scattering)
