@@ -76,11 +76,12 @@ def run(
     live: dict[object, Block] = {}
     peak = (0, -1, 0)  # reserved, step, segments
     failed = -1
+    malloc, free, taken = alloc.malloc, alloc.free, live.pop  # a replay is 100,000 steps
     for i, (key, nbytes) in enumerate(steps):
         if nbytes is None:
-            alloc.free(live.pop(key))
+            free(taken(key))
             continue
-        block = alloc.malloc(nbytes, stream(key) if stream is not None else 0)
+        block = malloc(nbytes, stream(key) if stream is not None else 0)
         if block is None:
             failed = i
             break

@@ -185,11 +185,6 @@ class Block:
         self.prev: Block | None = None
         self.next: Block | None = None
 
-    @property
-    def key(self) -> tuple[int, int, int]:
-        """The order of a pool's free blocks: stream, size, address."""
-        return (self.stream, self.size, self.ptr)
-
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
@@ -205,12 +200,14 @@ class _Pool:
         self.blocks: dict[tuple[int, ...], Block] = {}
 
     def add(self, b: Block) -> None:
-        insort(self.free, b.key)
-        self.blocks[b.key] = b
+        key = (b.stream, b.size, b.ptr)  # the free blocks' order: stream, size, address
+        insort(self.free, key)
+        self.blocks[key] = b
 
     def remove(self, b: Block) -> None:
-        i = bisect_left(self.free, b.key)
-        assert self.blocks.pop(self.free.pop(i)) is b
+        free = self.free
+        i = bisect_left(free, (b.stream, b.size, b.ptr))
+        assert self.blocks.pop(free.pop(i)) is b
 
     def add_unmapped(self, b: Block) -> None:
         insort(self.unmapped, (b.stream, b.ptr))
@@ -231,6 +228,10 @@ class CachingAllocator:
     def __init__(self, config: AllocatorConfig = DEFAULT_CONFIG, capacity: int | None = None):
         self.config = config
         self.capacity = capacity
+        # read on every request (the config is frozen)
+        self._split_limit = config.max_split_size
+        self._expandable = config.expandable_segments
+        self._oversize_slack = config.max_non_split_rounding_mb * MIB
         self.pools = (_Pool(small=True), _Pool(small=False))
         self.reserved = self.allocated = self.peak_reserved = self.peak_allocated = 0
         self.segments = 0
@@ -270,16 +271,20 @@ class CachingAllocator:
             pool.add(_split_off(block, size))
         block.allocated = True
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block
 
     def free(self, block: Block) -> None:
         """Return ``block`` to its pool, merged with its free neighbours."""
         block.allocated = False
         self.allocated -= block.size
-        pool = self._pool(block)
-        for other in (block.prev, block.next):
-            self._merge(block, other, pool)
+        pool = self.pools[0] if block.small else self.pools[1]
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            self._merge(block, before, pool)
+        if after is not None and not after.allocated:
+            self._merge(block, after, pool)
         pool.add(block)
 
     # -- finding a block ------------------------------------------------------------------
@@ -288,7 +293,7 @@ class CachingAllocator:
         i = bisect_left(free, (stream, size, -1))
         if i == len(free) or free[i][0] != stream:
             return None
-        if self.config.expandable_segments:
+        if self._expandable:
             # the size a block of an expandable segment can grow to decides the best fit
             while (
                 pool.blocks[free[i]].page
@@ -298,19 +303,19 @@ class CachingAllocator:
             ):
                 i += 1
         block = pool.blocks[free[i]]
-        limit = self.config.max_split_size
+        limit = self._split_limit
         if size < limit <= block.size:
             return None  # an oversize block for a request that is not
-        if size >= limit and block.size >= size + self.config.max_non_split_rounding_mb * MIB:
+        if size >= limit and block.size >= size + self._oversize_slack:
             return None
-        pool.remove(block)
+        del pool.blocks[free.pop(i)]  # ``pool.remove(block)``, its place known
         return block
 
     def _should_split(self, block: Block, size: int) -> bool:
         rest = block.size - size
-        if block.small or self.config.expandable_segments:
+        if block.small or self._expandable:
             return rest >= MIN_BLOCK
-        return size < self.config.max_split_size and rest > SMALL_SIZE
+        return size < self._split_limit and rest > SMALL_SIZE
 
     # -- reserving --------------------------------------------------------------------------
     def _new_block(self, pool: _Pool, size: int, stream: int) -> Block | None:
@@ -471,9 +476,6 @@ class CachingAllocator:
             pool.add_unmapped(block)
         else:
             self.segments -= 1  # nothing mapped is left: the segment goes
-
-    def _pool(self, block: Block) -> _Pool:
-        return self.pools[0] if block.small else self.pools[1]
 
 
 def _growable(b: Block) -> int:
