@@ -75,6 +75,15 @@ def test_the_large_pool_splits_only_a_rest_over_one_mib() -> None:
     assert r.peak_allocated_bytes == 19 * MIB - 512
 
 
+def test_an_expandable_segment_splits_a_large_rest_of_512_bytes() -> None:
+    # expandable segments split as the small pool does (``should_split``): 20 MiB - 512 B
+    # from a 20 MiB page leaves 512 B split off, allocated 20 MiB - 512 B, not the whole page
+    expandable = AllocatorConfig(expandable_segments=True)
+    r = run(alloc(20 * MIB - 512), expandable)
+    assert (r.peak_bytes, r.peak_allocated_bytes) == (20 * MIB, 20 * MIB - 512)
+    assert run(alloc(20 * MIB - 512)).peak_allocated_bytes == 20 * MIB  # cudaMalloc'd: whole
+
+
 def test_the_small_pool_splits_a_rest_of_512_bytes() -> None:
     # 1 MiB, then 1 MiB - 512 B from the 1 MiB left leaves 512 B, split off: a 512 B request
     # then fits without a new segment
