@@ -17,10 +17,9 @@ makes it straight:
 
 A call on anything but fake tensors (for ``lift_fresh``: a plain real tensor of at most the
 fake mode's ``CONSTANT_NUMEL_LIMIT`` elements, no gradient, under a fake mode), or of another
-signature, goes to the op as before. The
-test (``tests/test_fake_kernels.py``) traces FSDP2 and tensor-parallel layouts with and without
-these kernels and compares every number: the timeline event by event, each call's costs and
-FLOPs, the collectives.
+signature, goes to the op as before. The test (``tests/test_fake_kernels.py``) traces FSDP2 and
+tensor-parallel layouts with and without these kernels and compares every number: the timeline
+event by event, each call's costs and FLOPs, the collectives.
 """
 
 from __future__ import annotations
