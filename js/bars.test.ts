@@ -6,6 +6,7 @@ import { tiny } from "./testdata";
 import { aggregate, buildTree, foldedPath, frontier, groupLabels } from "./tree";
 import gpt2 from "./fixtures/gpt2-tiny.json";
 import gpt2Training from "./fixtures/gpt2-tiny.training.json";
+import fsdpGpt2 from "./fixtures/fsdp-gpt2.json";
 
 const sum = (xs: number[]): number => xs.reduce((x, y) => x + y, 0);
 
@@ -52,6 +53,27 @@ describe("the memory chart's bars", () => {
     // nothing is lost: the totals are the same
     expect(sum(bars.params)).toBe(sum(raw.params));
     expect(sum(bars.activations)).toBe(sum(raw.activations));
+  });
+
+  it("draws one rank's shards under FSDP, where the tree counts the whole model", () => {
+    const a = decodePayload(fsdpGpt2) as Analysis;
+    const bars = folded(a, 1); // transformer, lm_head
+    expect(bars.labels).toEqual(["transformer", "lm_head"]);
+    // the rank's bytes: they add up to its totals, beside its gradients and optimizer state
+    expect(sum(bars.params)).toBe(a.totals.param_bytes);
+    expect(sum(bars.params)).toBeLessThan(sum(bars.modules.map((m) => a.modules[m]?.paramBytes ?? 0)) / 1.5);
+    expect(sum(bars.gradients)).toBe(a.memory.gradientBytes);
+    expect(sum(bars.optimizer)).toBe(a.memory.optimizerStateBytes);
+    expect(bars.params[0]).toBe(bars.gradients[0]); // fp32 gradients of the same shards
+    // lm_head's weight is transformer.wte's: the rank's shard of it, said beside the bar
+    const wte = a.modules.find((m) => m.path === "transformer.wte");
+    expect(wte).toBeDefined();
+    expect([bars.params[1], bars.gradients[1], bars.optimizer[1]]).toEqual([0, 0, 0]);
+    expect(bars.tied[1]).toBe(a.memory.modules.paramBytes[wte?.index ?? -1]);
+    expect(bars.tied[1]).toBeLessThan(wte?.paramBytes ?? 0);
+    // the precision switch scales the rank's floating-point parameters
+    const bf16 = memoryBars(a, frontier(a, 1), aggregate(a), (m) => m.floatParams * 2);
+    expect(sum(bf16.params)).toBe(a.memory.modules.floatParams[0] as number * 2);
   });
 
   it("stacks gradients and optimizer state in training, tied weights at their first owner", () => {

@@ -84,16 +84,19 @@ export function memoryBars(
     const m = a.modules[i];
     if (!m) continue;
     const tied = own.tied.get(i);
-    const owned = tied
-      ? { ...m, paramBytes: m.paramBytes - tied.bytes, floatParams: m.floatParams - tied.floatParams }
-      : m;
+    const ranked = own.paramBytes.length === a.modules.length;
+    const owned = ranked // one rank of several: what the subtree owns on it
+      ? { ...m, paramBytes: own.paramBytes[i] ?? 0, floatParams: own.floatParams[i] ?? 0 }
+      : tied
+        ? { ...m, paramBytes: m.paramBytes - tied.bytes, floatParams: m.floatParams - tied.floatParams }
+        : m;
     const pb = paramBytes(owned);
     out.modules.push(i);
     out.labels.push(m.path || a.title);
     out.types.push(m.type);
     out.counts.push(1);
     out.params.push(pb);
-    out.tied.push(tied ? paramBytes(m) - pb : 0);
+    out.tied.push(tied ? paramBytes({ ...m, paramBytes: tied.bytes, floatParams: tied.floatParams }) : 0);
     out.gradients.push(Math.round((own.gradientBytes[i] ?? 0) * stepScale));
     out.optimizer.push(Math.round((own.optimizerStateBytes[i] ?? 0) * stepScale));
     out.activations.push(aggs[i]?.activationBytes ?? 0);

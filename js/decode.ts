@@ -209,7 +209,13 @@ function decodeModuleMemory(raw: unknown): ModuleMemory {
     if (row !== undefined) tied.set(row, { bytes: bytes ?? 0, floatParams: floatParams ?? 0 });
   }
   const column = (v: unknown): number[] => arr<unknown>(v).map((x) => num(x));
-  return { tied, gradientBytes: column(m.gradient_bytes), optimizerStateBytes: column(m.optimizer_state_bytes) };
+  return {
+    tied,
+    paramBytes: column(m.param_bytes),
+    floatParams: column(m.float_params),
+    gradientBytes: column(m.gradient_bytes),
+    optimizerStateBytes: column(m.optimizer_state_bytes),
+  };
 }
 
 function decodeCheckpoint(raw: unknown): CheckpointDiff | null {

@@ -249,6 +249,8 @@ export function renderDetails(parent: HTMLElement, node: TreeNode | null, ctx: D
   const members = node.kind === "module" ? [node.module] : node.members;
   const own = a.memory.modules;
   const sumOf = (xs: readonly number[]): number => members.reduce((s, i) => s + (xs[i] ?? 0), 0);
+  // one rank of several: the tree counts the model, the chart what the rank holds of it
+  if (own.paramBytes.length) rows.push(["parameter memory a rank (recorded dtype)", formatBytes(sumOf(own.paramBytes))]);
   if (own.gradientBytes.length) rows.push(["gradients", formatBytes(sumOf(own.gradientBytes))]);
   if (own.optimizerStateBytes.length) rows.push(["optimizer state", formatBytes(sumOf(own.optimizerStateBytes))]);
   const mi = node.kind === "module" ? node.module : (node.members[0] as number);

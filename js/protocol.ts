@@ -211,10 +211,18 @@ export interface Memory {
  */
 export interface ModuleMemory {
   /**
-   * Row -> the part of its `paramBytes` / `floatParams` that a module outside its subtree owns
-   * (GPT-2's `lm_head`: its weight is `transformer.wte`'s). Rows absent own all of theirs.
+   * Row -> the parameters its subtree reaches that a module outside it owns (GPT-2's `lm_head`:
+   * its weight is `transformer.wte`'s), bytes and floating-point elements on one device. Rows
+   * absent own all of theirs.
    */
   tied: Map<number, { bytes: number; floatParams: number }>;
+  /**
+   * One rank of several (FSDP, tensor parallelism), where the tree's `paramBytes` count the whole
+   * model: the parameter bytes and floating-point elements each row's subtree owns on the rank.
+   * Empty when not sent: a row then owns its `paramBytes` less its `tied` part.
+   */
+  paramBytes: number[];
+  floatParams: number[];
   /** Training: gradient bytes per module row (subtree); empty when not sent (inference). */
   gradientBytes: number[];
   /** Training: optimizer-state bytes per module row (subtree); empty when not sent. */

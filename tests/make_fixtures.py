@@ -12,6 +12,8 @@
   ``stages``.
 - ``js/fixtures/graph-llama.json``: the payload of a training step of a 4-layer Llama with tied
   embeddings (input (1, 8)): its ``graph``, the Graph tab's tests' model.
+- ``js/fixtures/fsdp-gpt2.json``: the payload of a training step of the tiny GPT-2 (tied
+  embeddings) under FSDP over 2 ranks: the memory chart's columns as one rank holds them.
 - ``js/fixtures/choices.json``: the fixed name sets (``meta_widget.choices``) the front end's
   constants must equal.
 """
@@ -104,6 +106,9 @@ def samples() -> dict[str, Any]:
     config.num_hidden_layers = 4
     config.tie_word_embeddings = True
     graph = mw.analyze(config, input_size=(1, 8), mode="training")
+    fsdp = mw.analyze(
+        gpt2_config(), input_size=(1, 8), mode="training", parallel=mw.Parallel(fsdp=2)
+    )
     return {
         "llama-generate.json": generate.to_payload(),
         "graph-llama.json": graph.to_payload(),
@@ -112,6 +117,7 @@ def samples() -> dict[str, Any]:
         "failing.json": failing.to_payload(),
         "gpt2-tiny.training.json": training.to_payload(),
         "pipeline-llama.json": pipeline.to_payload(),
+        "fsdp-gpt2.json": fsdp.to_payload(),
         "choices.json": choices(),
     }
 

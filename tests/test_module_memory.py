@@ -144,3 +144,63 @@ def test_the_memory_figure_folds_layers_and_stacks_the_step() -> None:
         "parameters",
         "output mem",
     ]
+
+
+def _shard_bytes(p: Any, ranks: int) -> int:
+    """Bytes of rank 0's FSDP2 shard of a parameter of ``p``'s shape: dim 0 cut in ``ranks``
+    chunks, each padded to the largest (``ceil``)."""
+    rows = -(-p.shape[0] // ranks)
+    return rows * (p.numel() // p.shape[0]) * p.element_size()
+
+
+def test_one_rank_owns_its_shards_beside_its_gradients_and_state() -> None:
+    """Under FSDP each column is the rank's: the parameters as their shards (the tree counts the
+    model), beside the rank's gradients and optimizer state; the bars add up to the rank's
+    totals."""
+    config = llama_config()
+    a = mw.analyze(config, input_data=IDS, mode="training", parallel=mw.Parallel(fsdp=4))
+    assert a.error is None
+    by, mem = a.memory.by_module, a.memory
+    assert by is not None
+    model = real(config)
+    own = {
+        path: [p for p in m._parameters.values() if p is not None]
+        for path, m in model.named_modules()
+    }
+    for n in a.modules:
+        assert by.param_bytes[n.index] == sum(_shard_bytes(p, 4) for p in own[n.path]), n.path
+    assert sum(by.param_bytes) == mem.param_bytes < a.root.param_bytes // 3
+    assert sum(by.gradient_bytes) == mem.gradient_bytes == mem.param_bytes  # fp32, padded
+    assert sum(by.optimizer_state_bytes) == mem.optimizer_state_bytes
+    # a decoder layer is one FSDP group: one reduce-scatter output holds its gradients
+    sums = by.subtree([n.parent for n in a.modules])
+    layer = next(n.index for n in a.modules if n.path == "model.layers.0")
+    assert sums.gradient_bytes[layer] == sums.param_bytes[layer]
+    q = next(n.index for n in a.modules if n.path == "model.layers.0.self_attn.q_proj")
+    assert by.gradient_bytes[q] == by.param_bytes[q]  # its view, not the group's storage
+    bars = memory_bars(a, depth=1)
+    assert sum(b.param_bytes for b in bars) == mem.param_bytes
+    assert sum(b.gradient_bytes for b in bars) == mem.gradient_bytes
+    assert all(b.tied_bytes == 0 for b in bars)
+    payload = a.to_payload()["memory"]["modules"]
+    assert payload["param_bytes"][0] == mem.param_bytes
+    assert payload["float_params"][0] == mem.float_params
+    assert payload["tied"] == []
+
+
+def test_a_tied_weight_under_fsdp_is_the_ranks_shard_at_its_first_owner() -> None:
+    a = mw.analyze(gpt2_config(), input_data=IDS, mode="training", parallel=mw.Parallel(fsdp=2))
+    assert a.error is None
+    by = a.memory.by_module
+    assert by is not None
+    row = {n.path: n.index for n in a.modules}
+    wte, head = row["transformer.wte"], row["lm_head"]
+    shard = by.param_bytes[wte]
+    assert shard == _shard_bytes(real(gpt2_config()).transformer.wte.weight, 2)
+    assert by.param_bytes[head] == 0
+    bars = memory_bars(a, depth=1)
+    assert [b.path for b in bars] == ["transformer", "lm_head"]
+    assert (bars[1].param_bytes, bars[1].tied_bytes) == (0, shard)
+    assert sum(b.param_bytes for b in bars) == a.memory.param_bytes
+    tied = a.to_payload()["memory"]["modules"]["tied"]
+    assert tied == [[head, shard, shard // 4]]

@@ -5,6 +5,7 @@ serializes and keeps no model alive.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
     from .records import CallRecord
 
-__all__ = ["ModuleNode", "build_tree"]
+__all__ = ["ModuleNode", "build_tree", "held_bytes", "reached_params"]
 
 
 @dataclass(slots=True)
@@ -158,8 +159,29 @@ def _tied(module: torch.nn.Module, row: int, owner: dict[int, int]) -> list[tupl
 _Totals = tuple[int, int, int, int, int]
 
 
-def _subtree_totals(module: torch.nn.Module, tree: ModuleWalk) -> dict[int, _Totals]:
-    """The totals of each module's subtree, by ``id``, each tensor once.
+def reached_params(
+    tree: ModuleWalk, size: Callable[[torch.Tensor], tuple[int, int]]
+) -> tuple[list[int], list[int]]:
+    """Per row of ``tree`` (``named_modules()`` order): the bytes and the floating-point
+    elements of every parameter its subtree reaches, each once, as ``size(p)`` (elements,
+    bytes) counts them. ``ModuleNode.param_bytes`` and ``float_params`` with another count:
+    ``meta_widget.memory.modules`` counts what one rank holds of each DTensor."""
+    totals = _subtree_totals(tree.modules[0], tree, size) if tree.modules else {}
+    rows = [totals[id(m)] for m in tree.modules]
+    return [t[2] for t in rows], [t[3] for t in rows]
+
+
+def _held(t: torch.Tensor) -> tuple[int, int]:
+    return t.numel(), held_bytes(t)
+
+
+def _subtree_totals(
+    module: torch.nn.Module,
+    tree: ModuleWalk,
+    size: Callable[[torch.Tensor], tuple[int, int]] = _held,
+) -> dict[int, _Totals]:
+    """The totals of each module's subtree, by ``id``, each tensor once; a parameter's elements
+    and bytes as ``size`` counts them.
 
     Where no module has two parents and no tensor two owners (most models), a subtree's totals
     are its own plus its children's, summed bottom-up. Otherwise (tied weights, a shared block)
@@ -171,15 +193,15 @@ def _subtree_totals(module: torch.nn.Module, tree: ModuleWalk) -> dict[int, _Tot
         len(p) > 1 for p in tree.paths.values()
     )
     if shared:
-        return _totals_of_sets(module)
+        return _totals_of_sets(module, size)
     totals: dict[int, _Totals] = {}
     for m in reversed(tree.modules):  # preorder reversed: children before their parent
         n = trainable = nbytes = floats = buffer_bytes = 0
         for p in m._parameters.values():
             if p is not None:
-                k = p.numel()
+                k, held = size(p)
                 n += k
-                nbytes += held_bytes(p)
+                nbytes += held
                 if p.requires_grad:
                     trainable += k
                 if p.is_floating_point():
@@ -199,11 +221,13 @@ def _subtree_totals(module: torch.nn.Module, tree: ModuleWalk) -> dict[int, _Tot
     return totals
 
 
-def _totals_of_sets(module: torch.nn.Module) -> dict[int, _Totals]:
+def _totals_of_sets(
+    module: torch.nn.Module, size: Callable[[torch.Tensor], tuple[int, int]]
+) -> dict[int, _Totals]:
     params: dict[int, tuple[int, int, bool, bool]] = {}  # id -> numel, bytes, float, grad
     buffers: dict[int, int] = {}
     subtree: dict[int, tuple[frozenset[int], frozenset[int]]] = {}
-    _gather(module, params, buffers, subtree)
+    _gather(module, params, buffers, subtree, size)
     totals: dict[int, _Totals] = {}
     for key, (ps, bs) in subtree.items():
         info = [params[k] for k in ps]
@@ -222,6 +246,7 @@ def _gather(
     params: dict[int, tuple[int, int, bool, bool]],
     buffers: dict[int, int],
     subtree: dict[int, tuple[frozenset[int], frozenset[int]]],
+    size: Callable[[torch.Tensor], tuple[int, int]],
 ) -> None:
     """The ids of the parameters and buffers in each module's subtree under ``root``, by the
     module's ``id``, into ``subtree`` (filling ``params`` and ``buffers`` on the way).
@@ -244,7 +269,7 @@ def _gather(
             todo.append((m, True))
             todo.extend((c, False) for c in reversed(children))
             continue
-        ps, bs = _own_tensors(m, params, buffers)
+        ps, bs = _own_tensors(m, params, buffers, size)
         for child in children:
             below = subtree.get(id(child))  # None: an ancestor (a cycle), counted above
             if below is not None:
@@ -257,6 +282,7 @@ def _own_tensors(
     m: torch.nn.Module,
     params: dict[int, tuple[int, int, bool, bool]],
     buffers: dict[int, int],
+    size: Callable[[torch.Tensor], tuple[int, int]],
 ) -> tuple[set[int], set[int]]:
     """The ids of ``m``'s own parameters and buffers (recording each in ``params`` and
     ``buffers``)."""
@@ -264,12 +290,7 @@ def _own_tensors(
     bs: set[int] = set()
     for p in m._parameters.values():
         if p is not None:
-            params[id(p)] = (
-                p.numel(),
-                held_bytes(p),
-                p.is_floating_point(),
-                p.requires_grad,
-            )
+            params[id(p)] = (*size(p), p.is_floating_point(), p.requires_grad)
             ps.add(id(p))
     for b in m._buffers.values():
         if b is not None:

@@ -39,13 +39,12 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from ..choices import MemoryCategory, Phase
-from ..data.tree import held_bytes
 from ..data.walk import walk
 from ..trace.storage import local
 from ..units import DTYPE_BYTES
 from .allocator import run, step_table, steps_of
 from .device import cublas_workspace_bytes, device_bytes, workspaces
-from .modules import ModuleMemory, module_memory
+from .modules import ModuleMemory, module_memory, tensor_sizes
 
 if TYPE_CHECKING:
     import torch
@@ -190,24 +189,6 @@ def unique_bytes(tensors: Sequence[torch.Tensor]) -> dict[str, int]:
     for t, n in tensor_sizes(tensors):
         name = _dtype_name(t)
         out[name] = out.get(name, 0) + n
-    return out
-
-
-def tensor_sizes(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
-    """Each tensor object of ``tensors`` once, with its bytes as :func:`unique_bytes` counts
-    them, in order."""
-    seen: set[int] = set()
-    out: list[tuple[torch.Tensor, int]] = []
-    for t in tensors:
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        held = local(t)
-        if type(t).__name__ != "DTensor":
-            n = held_bytes(t)  # a quantized weight: its inner tensors
-        else:
-            n = held.untyped_storage().nbytes() if held is not t else t.numel() * t.element_size()
-        out.append((t, n))
     return out
 
 

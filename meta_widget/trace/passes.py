@@ -86,8 +86,10 @@ class Trace:
     #: begun at or before it
     phase_runs: list[tuple[int, str]] = field(default_factory=list)
     #: storage keys of the gradients and optimizer state alive at the end of a training step,
-    #: each -> the name of its parameter in ``named_parameters()`` (its first owner: tied once)
-    grad_keys: dict[int, str] = field(default_factory=dict)
+    #: each -> the name of its parameter in ``named_parameters()`` (its first owner: tied once);
+    #: a gradient's -> each parameter whose gradient it holds, with the bytes of its view (FSDP2
+    #: reduce-scatters a group's gradients into one storage, each a view of it)
+    grad_keys: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     state_keys: dict[int, str] = field(default_factory=dict)
     #: optimizer state kept off the meta device (e.g. AdamW's step counters, on the CPU)
     state_other_bytes: int = 0
@@ -328,7 +330,7 @@ class _Run:
         self.micro_batches = 1
         self.phase_starts: dict[str, int] = {Phase.FORWARD: 0}
         self.phase_runs: list[tuple[int, str]] = [(0, Phase.FORWARD)]
-        self.grad_keys: dict[int, str] = {}
+        self.grad_keys: dict[int, list[tuple[str, int]]] = {}
         self.state_keys: dict[int, str] = {}
         self.param_names: dict[int, str] = {}  # id of each parameter -> its name
         self.state_other = 0
@@ -447,7 +449,9 @@ class _Run:
         for p in params:
             if p.grad is not None:
                 grad = local(p.grad)
-                self.grad_keys[storage_key(grad)] = self.param_names.get(id(p), "")
+                self.grad_keys.setdefault(storage_key(grad), []).append(
+                    (self.param_names.get(id(p), ""), grad.numel() * grad.element_size())
+                )
                 storage.set_category(grad, MemoryCategory.GRADIENTS)  # also once freed
 
     def _forward(

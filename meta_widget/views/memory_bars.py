@@ -94,6 +94,7 @@ def memory_bars(analysis: Analyzed, depth: int = 1) -> list[MemoryBar]:
     ] or [analysis.root]
     owned = analysis.memory.by_module
     sums = owned.subtree([n.parent for n in analysis.modules]) if owned is not None else None
+    tied = {row: nbytes for row, nbytes, _ in sums.tied()} if sums is not None else {}
     paths = folded_paths(analysis)
     bars: dict[str, MemoryBar] = {}
     for n in nodes:
@@ -104,7 +105,7 @@ def memory_bars(analysis: Analyzed, depth: int = 1) -> list[MemoryBar]:
             bar.param_bytes += n.param_bytes
             continue
         bar.param_bytes += sums.param_bytes[n.index]
-        bar.tied_bytes += n.param_bytes - sums.param_bytes[n.index]
+        bar.tied_bytes += tied.get(n.index, 0)
         bar.gradient_bytes += sums.gradient_bytes[n.index]
         bar.optimizer_state_bytes += sums.optimizer_state_bytes[n.index]
     return list(bars.values())

@@ -71,10 +71,14 @@ One JSON object, dictionary-encoded so that 80 identical decoder layers cost lit
                  "modules": {                     # what each module's subtree owns (each
                                                   # parameter at its first owner, see
                                                   # meta_widget.memory.modules)
-                     "tied": [[row, bytes, float_params]],  # of modules.param_bytes/float_params
-                                                  # owned outside the subtree (GPT-2's lm_head:
-                                                  # its weight is transformer.wte's); rows left
-                                                  # out own all of theirs
+                     "tied": [[row, bytes, float_params]],  # of the parameters the subtree
+                                                  # reaches, those owned outside it (GPT-2's
+                                                  # lm_head: its weight is transformer.wte's),
+                                                  # on one device; rows left out own all of theirs
+                     "param_bytes": [int],        # sent where one rank holds other bytes than
+                     "float_params": [int],       # modules.param_bytes/float_params count (FSDP,
+                                                  # TP): what the subtree owns on the rank;
+                                                  # else modules' minus "tied"
                      "gradient_bytes": [int],     # training: per module row; left out when
                      "optimizer_state_bytes": [int]}},   # all 0 (inference)
       "totals": {"params", "trainable_params", "flops", "param_bytes", "buffer_bytes",
@@ -462,18 +466,20 @@ def encode_time(a: Analyzed) -> dict[str, Any]:
 
 def encode_module_memory(a: Analyzed) -> dict[str, list[Any]]:
     """``payload["memory"]["modules"]``: subtree sums of ``a.memory.by_module`` (see the module
-    docstring), parameters as the bytes the tree counts that the subtree does not own (sparse)."""
+    docstring): the parameters the subtree reaches but does not own (sparse), and where the
+    rank holds other bytes than the tree counts (FSDP, tensor parallelism) what it owns."""
     owned = a.memory.by_module
     if owned is None or len(owned.param_bytes) != len(a.modules):
         return {"tied": []}  # structural, or a traced module whose rows are not the tree's
     sums = owned.subtree([n.parent for n in a.modules])
-    out: dict[str, list[Any]] = {
-        "tied": [
-            [n.index, n.param_bytes - pb, n.float_params - fp]
-            for n, pb, fp in zip(a.modules, sums.param_bytes, sums.float_params, strict=True)
-            if n.param_bytes != pb or n.float_params != fp
-        ]
-    }
+    out: dict[str, list[Any]] = {"tied": [list(row) for row in sums.tied()]}
+    if any(  # one rank of several: what the rank holds, where the tree counts the model
+        n.param_bytes != reached or n.float_params != floats
+        for n, reached, floats in zip(
+            a.modules, sums.reached_bytes, sums.reached_floats, strict=True
+        )
+    ):
+        out["param_bytes"], out["float_params"] = sums.param_bytes, sums.float_params
     for name in ("gradient_bytes", "optimizer_state_bytes"):
         column = getattr(sums, name)
         if any(column):
