@@ -297,6 +297,29 @@ def test_a_trace_that_fails_is_not_traced_again_at_full_depth() -> None:
     assert ok.error is None and ok.traced_layers in RULED and ok.peak_bytes
 
 
+def test_a_layouts_multi_tensor_failure_is_traced_once_a_precision() -> None:
+    """The failure above is the layout's (which parameters are DTensors) and the precision's
+    (their dtypes): the other candidates of the layout and precision are not traced, and each
+    of them, traced alone, fails the same way."""
+    space: dict[str, Any] = dict(
+        gpu="H100", devices=4, layouts=[{"tp": 4}], activation_checkpointing=[False, True],
+        micro_batches=[1, 2], budget="80GiB",
+    )  # fmt: skip
+    config = llama(num_key_value_heads=4)
+    p = mw.plan(config, SIZE, workers=1, **space)
+    assert len(p.candidates) == 12 and all(c.error for c in p.candidates)
+    first = {c.precision: c for c in reversed(p.candidates)}  # the first of each precision
+    traced = [c for c in p.candidates if c.traced_layers]
+    # autocast holds what the precision as given holds: one group (HELD_AS)
+    assert traced == [first["as given"], first["param_dtype bf16"]] and p.traces == 2
+    for c in p.candidates:
+        assert c.error.startswith(plan_trace.FOREACH_MIXED_TITLE), c.key  # type: ignore[union-attr]
+        if c not in traced:
+            assert "Not traced: every candidate of tp=4" in c.error and not c.openable  # type: ignore[operator]
+            alone = mw.analyze(config, SIZE, mode="training", gpu="H100", **c.options())
+            assert alone.error is not None and alone.error.title == plan_trace.FOREACH_MIXED_TITLE
+
+
 def test_a_candidate_that_may_fit_has_the_full_depths_numbers() -> None:
     """Within the budget, what the GPU holds comes from the caching allocator replayed over the
     full depth's steps by the rule (``depth_reserve``) where the allocator's steps follow it

@@ -23,6 +23,7 @@ from ..distributed.parallel import ParallelError
 from ..options import LayoutError, OptionError
 from ..timing.gpus import GPU
 from ..trace.explain import GENERIC_TITLE, Explanation
+from ..trace.known_errors import FOREACH_MIXED_TITLE
 from ..units import format_bytes
 from .candidates import _NUMBERS, HELD_AS, Candidate, Layout
 from .depth import (
@@ -73,12 +74,20 @@ class Learned:
     - ``over``: a layout and precision whose parameters, gradients and optimizer state alone
       (with the CUDA context) are over the budget on one rank, with the bytes and the row's
       reason: no candidate of them can fit, whatever its checkpointing or micro-batches (which
-      change neither), and none is traced (the bound and its proof: ``depth.held_state``).
+      change neither), and none is traced (the bound and its proof: ``depth.held_state``);
+    - ``failed``: a layout and precision whose trace failed where they alone decide, and the
+      row's reason: the optimizer's multi-tensor step over DTensors and plain tensors (tensor
+      parallelism alone leaves the norms plain). Which parameters are DTensors is the
+      wrapping's doing, before any step, and each precision gives them one dtype (one
+      multi-tensor group); checkpointing and micro-batches touch no parameter: every candidate
+      of them fails so, and none after the first is traced. Keyed as ``over`` (a run never
+      splits such a group: the rows are the same whatever the executor).
 
     Keyed by ``HELD_AS``: autocast holds what the precision as given holds."""
 
     refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
     over: dict[tuple[Layout, str], tuple[int, str]] = field(default_factory=dict)
+    failed: dict[tuple[Layout, str], str] = field(default_factory=dict)
 
 
 class Counts:
@@ -231,6 +240,9 @@ def _trace(
     if group in learned.over:
         c.device_bytes, c.error = learned.over[group]
         return
+    if group in learned.failed:
+        c.error = learned.failed[group]
+        return
     try:
         if layers is not None and (
             _by_rule(c, run, layers, gpu, budget, learned)
@@ -247,6 +259,7 @@ def _trace(
     a = c._analysis
     if a.error is not None:
         c.error = failure_reason(a.error)
+        _learn_failed(c, a.error, learned)
         return
     c.peak_bytes, c.device_bytes = int(a.peak_bytes), int(a.footprint_bytes)
     c.fits = c.device_bytes <= budget
@@ -298,7 +311,7 @@ def _by_rule(
     for d in DEPTHS:
         a = run(options, d)
         if a.error is not None:
-            _take_failure(c, a.error, d, lambda: run(options))
+            _take_failure(c, a.error, d, lambda: run(options), learned)
             return True
         if a.time is None:
             return False
@@ -350,7 +363,7 @@ def _stages_by_rule(
     for d in DEPTHS:
         a = run(options, d * plan.stages)
         if a.error is not None:
-            _take_failure(c, a.error, d, lambda: run(options))
+            _take_failure(c, a.error, d, lambda: run(options), learned)
             return True
         if a.time is None:
             return False
@@ -377,12 +390,29 @@ def _take_over(c: Candidate, learned: Learned, trace_full: Callable[[], Analysis
 
 
 def _take_failure(
-    c: Candidate, error: Explanation, depth: int, trace_full: Callable[[], Analysis]
+    c: Candidate,
+    error: Explanation,
+    depth: int,
+    trace_full: Callable[[], Analysis],
+    learned: Learned,
 ) -> None:
     """``c`` failed in its trace at ``depth`` layers (a stage): the full depth fails the same
     way, and is traced only when its analysis is asked for."""
     c.error, c.traced_layers = failure_reason(error), (depth,)
     c._trace_full = trace_full
+    _learn_failed(c, error, learned)
+
+
+def _learn_failed(c: Candidate, error: Explanation, learned: Learned) -> None:
+    """Keep in ``learned.failed`` a failure of ``c``'s trace that its layout alone decides (see
+    :class:`Learned`), for the other candidates of the layout."""
+    if error.title == FOREACH_MIXED_TITLE:
+        learned.failed[c.layout, HELD_AS[c.precision]] = (
+            f"{c.error} Not traced: every candidate of {c.layout.label()} in {c.precision} "
+            "fails so, whatever its checkpointing or micro-batches (which parameters are "
+            "DTensors is the layout's doing); the first one traced did, and its analysis says "
+            "where."
+        )
 
 
 def _take_extended(

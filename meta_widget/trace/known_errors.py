@@ -290,10 +290,13 @@ register_explanation(
         "code, pass such numbers as arguments (e.g. F.one_hot(x, num_classes=N))."
     ),
 )
+#: the title of the explanation of a multi-tensor optimizer step over DTensors and plain tensors:
+#: which parameters are DTensors is the parallel layout's doing (``plan`` learns it per layout)
+FOREACH_MIXED_TITLE = "A multi-tensor optimizer step over DTensors and plain tensors"
 register_explanation(
     "foreach_mixed_dtensor",
     r"_foreach_\w+\S* got mixed torch\.Tensor and DTensor",
-    title="A multi-tensor optimizer step over DTensors and plain tensors",
+    title=FOREACH_MIXED_TITLE,
     explanation=(
         "The optimizer step runs as PyTorch runs it on CUDA: one multi-tensor (foreach) op per "
         "list of parameters. Tensor parallelism alone turned some parameters into DTensors and "
