@@ -14,8 +14,9 @@ import pytest
 
 import meta_widget as mw
 from meta_widget.explore import depth as depth_rule
-from meta_widget.explore import depth_reserve, plan_trace
+from meta_widget.explore import depth_held, depth_reserve, plan_trace
 from meta_widget.explore import plan as plan_module
+from meta_widget.explore.layouts import Layout
 from meta_widget.memory.allocator import FREES, INITIAL, KIND, NBYTES
 from meta_widget.timing.gpus import resolve_gpu
 
@@ -463,10 +464,11 @@ def test_held_state_from_3_and_4_layers_is_the_full_depths(layout: Any, options:
 
 def test_a_layout_whose_state_is_over_the_budget_is_pruned_and_cannot_fit() -> None:
     """Between what FSDP 8 holds in parameters, gradients and optimizer state as given and in
-    bf16, the budget prunes the fp32 ones: the first candidate of "as given" stops at its 3- and
-    4-layer traces, and the rest of "as given" and "autocast bf16" (which holds the same) are not
-    traced; "param_dtype bf16" is traced by the rule. Each row pruned cannot fit: traced at full
-    depth, its footprint is over the budget by at least the bound's margin."""
+    bf16, the budget prunes the fp32 ones: the first candidate of "as given" stops at its
+    3-layer trace (``depth_held``: what its middle layer holds, once per layer more), and the
+    rest of "as given" and "autocast bf16" (which holds the same) are not traced; "param_dtype
+    bf16" is traced by the rule. Each row pruned cannot fit: traced at full depth, its footprint
+    is over the budget by at least the bound's margin, and the bound is the full depth's."""
     job = plan_trace.Job(llama(), SIZE, None, "training", resolve_gpu("H100"))
     counts = plan_trace.Counts()
     with plan_trace.planning():
@@ -477,16 +479,60 @@ def test_a_layout_whose_state_is_over_the_budget_is_pruned_and_cannot_fit() -> N
     assert len(p.candidates) == 6  # checkpointing or not, 3 precisions, 1 micro-batch
     rows = p.to_dataframe()
     pruned = rows[rows["precision"] != "param_dtype bf16"]
-    assert list(pruned["traced_layers"]) == ["3, 4"] + ["none"] * 3
+    assert list(pruned["traced_layers"]) == ["3"] + ["none"] * 3
     assert pruned["error"].str.startswith("Cannot fit: its parameters, gradients").all()
     assert (pruned["device_bytes"] == budget + 1).all() and not pruned["fits"].any()
     assert pruned["step_s"].isna().all() and pruned["peak_bytes"].isna().all()
     ruled = rows[rows["precision"] == "param_dtype bf16"]
     assert set(ruled["traced_layers"]) == {"3, 4"} and ruled["error"].isna().all()
-    assert p.traces == 2 + 2 * 2
+    assert p.traces == 1 + 2 * 2
     for c in p.candidates:
         if c.error is not None:
             a = plan_trace.run_analyze(job, plan_trace.Counts(), c.options())
             assert a.error is None and a.footprint_bytes > budget, c.key
     with pytest.raises(mw.NothingFitsError, match="least any holds on the GPU"):
         _ = p.best
+
+
+@pytest.mark.parametrize(
+    ("config", "layout", "precision"),
+    [
+        (llama(), {"fsdp": 8}, "as given"),
+        (llama(), {**SPACE["layouts"][0], "sequence_parallel": True}, "param_dtype bf16"),
+        (llama(), {"replicate": 4, "tp": 2, "sequence_parallel": True}, "autocast bf16"),
+        (llama(tie_word_embeddings=True), {"replicate": 8}, "as given"),
+    ],
+)  # fmt: skip
+def test_the_middle_layers_state_gives_the_two_traces_number(
+    config: Any, layout: dict[str, Any], precision: str
+) -> None:
+    """``depth_held``: what one rank holds besides activations at full depth, from the 3-layer
+    trace's middle layer, is the number of the 3- and 4-layer traces, to the byte."""
+    c = plan_module.Candidate(Layout(**layout), True, precision, 2)
+    job = plan_trace.Job(config, SIZE, None, "training", resolve_gpu("H100"))
+    with plan_trace.planning():
+        three, four = (
+            plan_trace.run_analyze(job, plan_trace.Counts(), c.options(), d) for d in (3, 4)
+        )
+    two = depth_rule.held_state_at(depth_rule.sample(three, 3), depth_rule.sample(four, 4), LAYERS)
+    assert depth_held.held_from_three(three, LAYERS) == two
+    assert depth_held.held_from_three(four, LAYERS) is None  # 4 layers: no single middle one
+
+
+def test_the_one_trace_bound_stops_at_its_first_difference(monkeypatch: Any) -> None:
+    """Where the 3-layer trace's number is not the two traces' (never seen; forced here), the
+    plan stops pruning by it: the next candidate, whose forced number is over any budget, is
+    traced as before."""
+    calls: list[int] = []
+    real = depth_held.held_from_three
+
+    def off(a: Any, layers: int) -> int | None:
+        calls.append(layers)
+        found = real(a, layers)
+        assert found is not None
+        return found + 1 if len(calls) == 1 else 10**15
+
+    monkeypatch.setattr(plan_trace, "held_from_three", off)
+    p = mw.plan(llama(), SIZE, **{**FSDP8, "activation_checkpointing": [False, True]})
+    assert len(calls) == 1 and [c.error for c in p.candidates] == [None, None]
+    assert [c.traced_layers for c in p.candidates][1] in RULED

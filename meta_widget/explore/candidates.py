@@ -121,8 +121,9 @@ class Candidate:
     traced_layers
         The depths traced when the numbers follow from the per-layer rule (``(3, 4)``, and
         ``(2, 3, 4)`` where the caching allocator's steps needed the 2-layer trace too;
-        ``meta_widget.explore.depth``); ``(3, 4)`` also when those two put its parameters,
-        gradients and optimizer state alone over the budget (``error`` says so); the one depth
+        ``meta_widget.explore.depth``); ``(3,)`` when that trace put its parameters,
+        gradients and optimizer state alone at full depth over the budget
+        (``explore.depth_held``; ``error`` says so), ``(3, 4)`` when those two did; the one depth
         whose trace failed (its ``error``, which the full depth gives too: it is not traced for
         nothing); ``()`` when the model was traced at full depth, or not at all (its ``error``
         says why). With a pipeline the depths are layers a stage (``explore.depth_stages``).

@@ -37,6 +37,7 @@ from .depth import (
     sample,
     with_layers,
 )
+from .depth_held import held_from_three
 from .depth_stages import extend_stages, held_by_ranks, stage_layers
 
 __all__ = ["Job", "Learned", "planning", "trace_run"]
@@ -88,6 +89,9 @@ class Learned:
     refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
     over: dict[tuple[Layout, str], tuple[int, str]] = field(default_factory=dict)
     failed: dict[tuple[Layout, str], str] = field(default_factory=dict)
+    #: whether ``over`` may be learned from the 3-layer trace alone (``depth_held``): until a
+    #: candidate traced at 3 and 4 layers gives another number than the two traces (never seen)
+    from_three: bool = True
 
 
 class Counts:
@@ -308,6 +312,7 @@ def _by_rule(
     and precision (``learned.over``)."""
     samples: list[Sample] = []
     options = c.options()
+    one: int | None = None
     for d in DEPTHS:
         a = run(options, d)
         if a.error is not None:
@@ -315,10 +320,19 @@ def _by_rule(
             return True
         if a.time is None:
             return False
+        if d == DEPTHS[0] and learned.from_three:  # one trace's bound (depth_held)
+            one = held_from_three(a, layers)
+            if one is not None and _learn_over(
+                c, learned, one + overheads(a), budget, "at 3 layers"
+            ):
+                _take_over(c, learned, lambda: run(options), (d,))
+                return True
         samples.append(sample(a, d))
     three, four = samples
-    held = held_state_at(three, four, layers) + overheads(four)
-    if _learn_over(c, learned, held, budget, "at 3 and 4 layers"):
+    held = held_state_at(three, four, layers)
+    if one is not None and one != held:  # the two traces' number: the bound's check
+        learned.from_three = False
+    if _learn_over(c, learned, held + overheads(four), budget, "at 3 and 4 layers"):
         _take_over(c, learned, lambda: run(options))
         return True
     full = extend(samples, layers, gpu, c.layout.data_parallel)
@@ -382,11 +396,16 @@ def _stages_by_rule(
     return _take_extended(c, full, budget, lambda: run(options), (2, *DEPTHS))
 
 
-def _take_over(c: Candidate, learned: Learned, trace_full: Callable[[], Analysis]) -> None:
-    """``c`` cannot fit: its traces at 3 and 4 layers put what it holds besides activations over
-    the budget (``learned.over``, for its layout and precision)."""
+def _take_over(
+    c: Candidate,
+    learned: Learned,
+    trace_full: Callable[[], Analysis],
+    depths: tuple[int, ...] = DEPTHS,
+) -> None:
+    """``c`` cannot fit: its traces at ``depths`` layers put what it holds besides activations
+    over the budget (``learned.over``, for its layout and precision)."""
     c.device_bytes, c.error = learned.over[c.layout, HELD_AS[c.precision]]
-    c.traced_layers, c._trace_full = DEPTHS, trace_full
+    c.traced_layers, c._trace_full = depths, trace_full
 
 
 def _take_failure(
