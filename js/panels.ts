@@ -209,7 +209,7 @@ export class Panels {
     const bars = largestBars(folded, MAX_BARS);
     this.shownBars = bars;
     const training = a.memory.modules.gradientBytes.length > 0;
-    let note = `Modules at depth ${state.depth} (and shallower leaves), repeated layers folded into one bar (summed): parameters (${state.dtype === "recorded" ? "as recorded" : state.dtype})${training ? ", their gradients and optimizer state at the end of the step" : ""} and output mem (the new storage their outputs hold), stacked. Each parameter counts at its first owner (tied weights once), so the bars add up to the totals. The peak by category above counts what is live at the peak. Click a bar to select the module.`;
+    let note = `Modules at depth ${state.depth} (and shallower leaves), repeated layers folded into one bar (summed): parameters (${state.dtype === "recorded" ? "as recorded" : state.dtype})${training ? ", their gradients and optimizer state at the end of the step" : ""} and output mem (the new storage their outputs hold), stacked. Each parameter counts at its first owner (tied weights once), so the bars add up to the totals.${a.memory.modules.paramBytes.length ? " Each bar is one rank's: its parameters' shards, as the totals count them (the table counts the whole model)." : ""} The peak by category above counts what is live at the peak. Click a bar to select the module.`;
     if (bars !== folded) note += ` Showing the ${MAX_BARS} largest of ${folded.modules.length}; a smaller depth shows all.`;
     this.memoryNote.textContent = note;
     renderCategoryBar(

@@ -17,6 +17,7 @@ import torch
 import transformers
 
 import meta_widget as mw
+from meta_widget.units import format_bytes
 from meta_widget.views.memory_bars import memory_bars
 
 pytestmark = pytest.mark.e2e
@@ -33,6 +34,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[mw.Analysi
         a = mw.analyze(config, input_size=(2, 32), dtypes=[torch.long], mode=mode)
         paths[mode] = (a, out / f"{mode}.html")
         a.to_html(str(paths[mode][1]))
+    fsdp = mw.analyze(
+        config, input_size=(2, 32), dtypes=[torch.long], mode="training",
+        parallel=mw.Parallel(fsdp=4),
+    )  # fmt: skip
+    paths["fsdp"] = (fsdp, out / "fsdp.html")
+    fsdp.to_html(str(paths["fsdp"][1]))
     return paths
 
 
@@ -91,6 +98,26 @@ def test_tied_weight_counts_at_its_first_owner(
         "lm_head · parameters 0 B · gradients 0 B · optimizer state 0 B · output "
     )
     assert "of tied parameters, counted at their first owner" in tip
+
+
+def test_fsdp_bars_are_one_ranks_shards_beside_its_gradients(
+    page: Any, runs: dict[str, tuple[mw.Analysis, Path]], artifacts: Path
+) -> None:
+    """Under FSDP 4 the bars hold what one rank does (its shards, gradients and state: the tree
+    counts the model), the tied weight said as the rank's shard of it."""
+    a, path = runs["fsdp"]
+    bars = open_memory(page, path, "1")
+    expected = memory_bars(a, depth=1)
+    assert sum(b.param_bytes for b in expected) == a.memory.param_bytes < a.root.param_bytes / 3
+    for bar, want in zip(bars, expected, strict=True):
+        tip = hover_text(page, bar)
+        assert tip.startswith(f"{want.path} · parameters {format_bytes(want.param_bytes)} · ")
+        assert f" · gradients {format_bytes(want.gradient_bytes)} · " in tip
+    head = hover_text(page, bars[1])
+    assert f"+ {format_bytes(expected[1].tied_bytes)} of tied parameters" in head
+    assert 0 < expected[1].tied_bytes < a.modules[expected[1].modules[0]].param_bytes
+    page.screenshot(path=str(artifacts / "memory-bars-fsdp-light.png"), full_page=True)
+    assert page.errors == []
 
 
 def test_inference_bars_have_no_step_parts(
