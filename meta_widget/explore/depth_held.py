@@ -25,13 +25,14 @@ __all__ = ["held_from_three", "middle_layer"]
 
 
 def middle_layer(a: Analysis) -> int | None:
-    """The row (``a.modules``) of the middle one of the decoder's 3 layers: the one module
-    whose 3 children are named ``0``, ``1``, ``2`` and are of one class; None when no module
-    or several are."""
+    """The row (``a.modules``) of the middle one of the decoder's 3 layers: the one
+    ``ModuleList`` whose 3 children are of one class (``depth_of`` found the decoder's layers
+    so); None when no module or several are."""
     found = [
         n.children[1].index
         for n in a.modules
-        if len(n.children) == DEPTHS[0]
+        if n.type == "ModuleList"
+        and len(n.children) == DEPTHS[0]
         and [c.name for c in n.children] == [str(i) for i in range(DEPTHS[0])]
         and len({c.type for c in n.children}) == 1
     ]
