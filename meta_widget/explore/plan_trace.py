@@ -426,11 +426,12 @@ def _learn_failed(c: Candidate, error: Explanation, learned: Learned) -> None:
     """Keep in ``learned.failed`` a failure of ``c``'s trace that its layout alone decides (see
     :class:`Learned`), for the other candidates of the layout."""
     if error.title == FOREACH_MIXED_TITLE:
-        learned.failed[c.layout, HELD_AS[c.precision]] = (
-            f"{c.error} Not traced: every candidate of {c.layout.label()} in {c.precision} "
-            "fails so, whatever its checkpointing or micro-batches (which parameters are "
-            "DTensors is the layout's doing); the first one traced did, and its analysis says "
-            "where."
+        held = HELD_AS[c.precision]
+        learned.failed[c.layout, held] = (
+            f"{c.error} Not traced: every candidate of {c.layout.label()} whose parameters are "
+            f"held as in {held!r} (autocast holds them as given) fails so, whatever its "
+            "checkpointing or micro-batches (which parameters are DTensors is the layout's "
+            "doing); the first one traced did, and its analysis says where."
         )
 
 
