@@ -204,3 +204,73 @@ def test_a_tied_weight_under_fsdp_is_the_ranks_shard_at_its_first_owner() -> Non
     assert sum(b.param_bytes for b in bars) == a.memory.param_bytes
     tied = a.to_payload()["memory"]["modules"]["tied"]
     assert tied == [[head, shard, shard // 4]]
+
+
+def real_fsdp_rank_by_module(config: Any, ranks: int) -> dict[str, tuple[int, int, int]]:
+    """Module path -> (parameter, gradient, optimizer-state bytes) it owns on rank 0 of
+    ``ranks`` after one real CPU step under PyTorch's fake process group, wrapped by hand
+    (``fully_shard`` on each decoder layer, then the root: ``parallel_truth.default_wrap``).
+
+    The storages are the real rank's: each parameter's local shard, the optimizer's state. A
+    storage holding several gradients (FSDP2 reduce-scatters a group's into one, a view each)
+    is split by the views' bytes in ``named_parameters()`` order, its rest with the last.
+    AdamW's step counters are left out: a CUDA run keeps them on the host (``foreach``, not
+    ``capturable``), and so does the analysis (``optimizer_host_bytes``)."""
+    import torch.distributed as dist
+    from parallel_truth import default_wrap
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meta_widget.distributed.decisions import forget_meshes
+
+    dist.init_process_group("fake", rank=0, world_size=ranks, store=FakeStore())
+    try:
+        model = real(config).train()
+        default_wrap(model, init_device_mesh("cpu", (ranks, 1), mesh_dim_names=("dp", "tp")))
+        opt = torch.optim.AdamW(model.parameters(), foreach=False)
+        model(IDS).logits.sum().backward()
+        opt.step()
+        owner = {name: name.rpartition(".")[0] for name, _ in model.named_parameters()}
+        owned = {path: [0, 0, 0] for path, _ in model.named_modules()}
+        views: dict[int, list[tuple[str, int, int]]] = {}
+        for name, p in model.named_parameters():
+            local = p.to_local()
+            owned[owner[name]][0] += local.untyped_storage().nbytes()
+            state = opt.state[p]
+            held = [v.to_local() for k, v in state.items() if k != "step"]
+            owned[owner[name]][2] += sum(v.untyped_storage().nbytes() for v in held)
+            grad = p.grad.to_local()  # type: ignore[union-attr]
+            storage = grad.untyped_storage()
+            views.setdefault(storage.data_ptr(), []).append(
+                (name, grad.numel() * grad.element_size(), storage.nbytes())
+            )
+        for parts in views.values():
+            rest = parts[0][2]
+            for name, nbytes, _ in parts:
+                owned[owner[name]][1] += min(nbytes, rest)
+                rest -= min(nbytes, rest)
+            owned[owner[parts[-1][0]]][1] += rest
+        return {path: (p, g, s) for path, (p, g, s) in owned.items()}
+    finally:
+        dist.destroy_process_group()
+        forget_meshes()
+
+
+def test_each_module_owns_what_a_real_fsdp_rank_gives_it() -> None:
+    config = llama_config()
+    a = mw.analyze(config, input_data=IDS, mode="training", parallel=mw.Parallel(fsdp=4))
+    assert a.error is None
+    by = a.memory.by_module
+    assert by is not None
+    got = {
+        n.path: (
+            by.param_bytes[n.index],
+            by.gradient_bytes[n.index],
+            by.optimizer_state_bytes[n.index],
+        )
+        for n in a.modules
+    }
+    assert got == real_fsdp_rank_by_module(config, 4)
+    mem = a.memory
+    assert mem.optimizer_state_bytes == 2 * mem.param_bytes  # AdamW's two moments, no counter
+    assert mem.optimizer_host_bytes == 4 * len(list(real(config).parameters()))  # the counters

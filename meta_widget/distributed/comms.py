@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import heavy
+from ..choices import Phase
 from ..data.records import CallRecord
 from ..registry import Registry
 from .dtensor_cache import DTensorCache
 from .fake_kernels import past_the_fake_mode
+
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -203,6 +206,17 @@ class CommWatcher:
         recorder.observer = self.observe
         recorder.kernels[_WAIT] = _wait_tensor
         recorder.kernels.update(past_the_fake_mode())
+        lift = recorder.kernels.get(_LIFT_FRESH, _LIFT_FRESH)
+
+        def lift_fresh(*args: Any, **kwargs: Any) -> Any:
+            # the optimizer's device-less tensors (AdamW's step counters, ``torch.tensor(0.0)``)
+            # are on the host in a real run, as a single-device trace leaves them
+            out = lift(*args, **kwargs)
+            if recorder.phase == Phase.OPTIMIZER and isinstance(out, torch.Tensor):
+                recorder.storage.on_host(out)
+            return out
+
+        recorder.kernels[_LIFT_FRESH] = lift_fresh
         if recorder.cache is not None:  # the fast path: DTensor calls cached too
             recorder.dtensors = DTensorCache(recorder.cache.stats)
         recorder.asides.append(self._set_aside)

@@ -84,6 +84,8 @@ class StorageTracker:
         self._quiet: dict[int, tuple[weakref.ref[Any], int]] | None = None
         self._before: dict[int, tuple[Allocation, weakref.ref[Any]]] = {}
         self._held: dict[int, weakref.ref[Any]] = {}
+        #: storages that stand for host memory though on meta (:meth:`on_host`), while alive
+        self._host: dict[int, weakref.ref[Any]] = {}
 
     def track_real(self, existing: Iterable[torch.Tensor]) -> None:
         """Track storages on every device from now on (``mw.measure``'s real run), ``existing``
@@ -93,7 +95,25 @@ class StorageTracker:
 
     def tracks(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage is one this tracker follows (on meta, or any in a real run)."""
+        if self._host and storage_key(t) in self._host:
+            return False
         return self.real or on_meta(t)
+
+    def on_host(self, t: torch.Tensor) -> None:
+        """Never track ``t``'s new storage: it stands for host memory though it is on meta (a
+        parallel trace's fake tensors all stand for the device's; the optimizer's own scalars,
+        AdamW's step counters, are the host's in a real run). Before its op's output is
+        tracked. Forgotten when it dies: a later storage may get its key."""
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._host or key in self._existing or key in self._live:
+            return
+        self._host[key] = weakref.ref(st, partial(self._host_died, key))
+        self._existing.add(key)
+
+    def _host_died(self, key: int, _ref: Any) -> None:
+        if self._host.pop(key, None) is not None:
+            self._existing.discard(key)
 
     def detach(self) -> None:
         """Drop the callbacks (the recorder's methods) once the trace is over and nothing is
