@@ -52,6 +52,20 @@ def real_step_by_module(config: Any, optimizer: str) -> dict[str, tuple[int, int
     return owned
 
 
+def owned_by_module(a: mw.Analysis) -> dict[str, tuple[int, int, int]]:
+    """Module path -> (parameter, gradient, optimizer-state bytes) it owns, as analyzed."""
+    by = a.memory.by_module
+    assert by is not None
+    return {
+        n.path: (
+            by.param_bytes[n.index],
+            by.gradient_bytes[n.index],
+            by.optimizer_state_bytes[n.index],
+        )
+        for n in a.modules
+    }
+
+
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 @pytest.mark.parametrize("model", list(CONFIGS))
 def test_each_module_owns_what_a_real_step_gives_it(model: str, optimizer: str) -> None:
@@ -60,15 +74,7 @@ def test_each_module_owns_what_a_real_step_gives_it(model: str, optimizer: str) 
     assert a.error is None
     by = a.memory.by_module
     assert by is not None
-    got = {
-        n.path: (
-            by.param_bytes[n.index],
-            by.gradient_bytes[n.index],
-            by.optimizer_state_bytes[n.index],
-        )
-        for n in a.modules
-    }
-    assert got == real_step_by_module(config, optimizer)
+    assert owned_by_module(a) == real_step_by_module(config, optimizer)
     # over all modules each byte once: the totals of the step, as they stand when it ends
     mem = a.memory
     assert sum(by.param_bytes) == mem.param_bytes
@@ -260,17 +266,7 @@ def test_each_module_owns_what_a_real_fsdp_rank_gives_it() -> None:
     config = llama_config()
     a = mw.analyze(config, input_data=IDS, mode="training", parallel=mw.Parallel(fsdp=4))
     assert a.error is None
-    by = a.memory.by_module
-    assert by is not None
-    got = {
-        n.path: (
-            by.param_bytes[n.index],
-            by.gradient_bytes[n.index],
-            by.optimizer_state_bytes[n.index],
-        )
-        for n in a.modules
-    }
-    assert got == real_fsdp_rank_by_module(config, 4)
+    assert owned_by_module(a) == real_fsdp_rank_by_module(config, 4)
     mem = a.memory
     assert mem.optimizer_state_bytes == 2 * mem.param_bytes  # AdamW's two moments, no counter
     assert mem.optimizer_host_bytes == 4 * len(list(real(config).parameters()))  # the counters
