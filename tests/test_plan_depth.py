@@ -16,6 +16,7 @@ import meta_widget as mw
 from meta_widget.explore import depth as depth_rule
 from meta_widget.explore import depth_held, depth_reserve, plan_trace
 from meta_widget.explore import plan as plan_module
+from meta_widget.explore.alike_layers import alike_layers
 from meta_widget.explore.layouts import Layout
 from meta_widget.memory.allocator import FREES, INITIAL, KIND, NBYTES
 from meta_widget.timing.gpus import resolve_gpu
@@ -136,9 +137,9 @@ def test_layers_that_differ_are_not_extended() -> None:
 def test_alike_layers_compare_settings_not_only_shapes() -> None:
     """Two layers with the same parameters but another attribute (a window) are not alike."""
     model = transformers.LlamaForCausalLM(llama(6)).to("meta")
-    assert depth_rule._alike_layers(model, 6)
+    assert alike_layers(model, 6)
     model.model.layers[3].self_attn.sliding_window = 16
-    assert not depth_rule._alike_layers(model, 6)
+    assert not alike_layers(model, 6)
 
 
 def test_full_depth_must_be_a_bool() -> None:

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..analysis import Analysis
 from ..data.records import CallRecord
@@ -58,6 +57,7 @@ from ..memory.allocator import read_table
 from ..sources.models import is_transformers_config, to_meta
 from ..timing.gpus import GPU
 from ..timing.model import StepTime, schedule_edges, step_time
+from .alike_layers import alike_layers
 from .depth_reserve import Reserve, reserved_peak
 
 __all__ = [
@@ -77,8 +77,6 @@ __all__ = [
 
 #: the depths traced: the rule is what the layer more adds, each run it doubles checked whole
 DEPTHS = (3, 4)
-#: module attributes that may differ between alike layers (the layer's own index)
-_INDEX_NAMES = frozenset({"layer_idx", "layer_id", "layer_number", "idx", "index"})
 
 Token = tuple[int, str, str]  # an event: (bytes, op, phase)
 CommKey = tuple[str, int, str, int, str]  # collective, bytes, group, group size, phase
@@ -132,7 +130,7 @@ def depth_of(model: Any) -> int | None:
         ):
             return None  # e.g. sliding and full attention layers, dense and MoE layers
     module = to_meta(with_layers(model, max(DEPTHS) + 1)).module
-    return layers if _alike_layers(module, max(DEPTHS) + 1) else None
+    return layers if alike_layers(module, max(DEPTHS) + 1) else None
 
 
 def with_layers(config: Any, layers: int) -> Any:
@@ -433,18 +431,19 @@ def _step(before: Counter[Any], after: Counter[Any]) -> dict[Any, int]:
 
 
 def doubled(three: Sample, four: Sample) -> list[tuple[int, int]] | None:
-    """The runs of ``three``'s events that ``four`` (a layer more) holds twice where ``three``
-    holds them once (:func:`_doubled`), chunk by chunk (:func:`_chunks`), the chunks alike in
-    both skipped; in ``three``'s places. None when the two are not cut into as many chunks, or
-    the layer adds nothing, or changes anything (the rule is not found)."""
+    """The runs of ``three``'s events that ``four`` (a layer more) holds twice (:func:`_doubled`),
+    chunk by chunk (:func:`_chunks`; those alike in both skipped), in ``three``'s places. None
+    when the chunks differ in number, or the layer adds nothing or changes anything."""
     cuts = _chunks(three), _chunks(four)
     if len(cuts[0]) != len(cuts[1]):
         return None
     runs: list[tuple[int, int]] = []
+    seen: dict[Any, list[tuple[int, int]] | None] = {}  # alike chunks (each step's) diffed once
     for (a, end_a), (b, end_b) in zip(*cuts, strict=True):
-        if three.events[a:end_a] == four.events[b:end_b]:
+        pair = three.events[a:end_a], four.events[b:end_b]
+        if pair[0] == pair[1]:
             continue  # a chunk no layer runs in: a stage without the layer, an embedding's
-        found = _doubled(three.events[a:end_a], four.events[b:end_b])
+        found = seen[pair] if pair in seen else seen.setdefault(pair, _doubled(*pair))
         if found is None:
             return None
         runs.extend((start + a, end + a) for start, end in found)
@@ -573,28 +572,3 @@ def _repeat(events: Sequence[Token], runs: Sequence[tuple[int, int]], times: int
         at = end
     out.extend(events[at:])
     return out
-
-
-def _alike_layers(module: torch.nn.Module, layers: int) -> bool:
-    """Whether ``module`` has a ModuleList of ``layers`` alike modules (every submodule's type,
-    parameter and buffer shapes and dtypes, and plain attributes other than an index)."""
-    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == layers]
-    return any(len({_signature(layer) for layer in found}) == 1 for found in lists)
-
-
-def _signature(layer: torch.nn.Module) -> tuple[Any, ...]:
-    parts: list[Any] = []
-    for name, m in layer.named_modules():
-        plain = sorted(
-            (k, repr(v))
-            for k, v in vars(m).items()
-            if not k.startswith("_")
-            and k not in _INDEX_NAMES
-            and isinstance(v, (int, float, str, bool, type(None), tuple))
-        )
-        tensors = [
-            (k, tuple(t.shape), t.dtype)
-            for k, t in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
-        ]
-        parts.append((name, type(m).__qualname__, tuple(plain), tuple(tensors)))
-    return tuple(parts)

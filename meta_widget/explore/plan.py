@@ -425,7 +425,7 @@ def plan(
             share(runs, here, task, executor, on_done, helping=False)
         elif count > 1:  # this process and count - 1 children
             with local_pool(count - 1) as pool:
-                # a group a run (not a layout's groups merged): the last run a child takes
+                # a group a run (not a layout's groups merged): the last run anywhere
                 # is what this process may wait for at the end (10 % of a 2-process plan)
                 runs = _runs(traced, 1)
                 share(runs, here, task, pool, on_done, window=count - 1)
@@ -444,7 +444,12 @@ def _runs(candidates: list[Candidate], size: int) -> list[list[tuple[Any, ...]]]
     A group is the candidates of one layout that hold the same parameters, gradients and
     optimizer state (``HELD_AS``), in the plan's order: what one of them shows over the budget
     prunes the rest (``plan_trace.Learned``), so a group is never split between workers, and
-    the rows are the same whatever the executor's width (the first of a group is traced)."""
+    the rows are the same whatever the executor's width (the first of a group is traced).
+
+    The longest runs come first (the plan's order among runs as long): a process that runs
+    out of runs waits for the others' last ones, which are then the shortest. In the default
+    plan of a 16-layer Llama on 2 processes, one process waited 7 s of 67 for an 8-candidate
+    run that another took last, where the runs alternated 8 and 4 candidates."""
     groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for c in candidates:
         groups.setdefault((c.layout, HELD_AS[c.precision]), []).append(c.key)
@@ -454,7 +459,7 @@ def _runs(candidates: list[Candidate], size: int) -> list[list[tuple[Any, ...]]]
             runs[-1].extend(keys)
         else:
             runs.append(list(keys))
-    return runs
+    return sorted(runs, key=len, reverse=True)
 
 
 def by_layout(key: tuple[Any, ...]) -> Any:

@@ -145,12 +145,13 @@ def share(
     A run submitted (``executor.submit(task, run)``) reaches ``on_done(item, result, True)``
     item by item, in the order runs finish; an item traced here reaches
     ``on_done(item, here(item), False)``. ``on_done`` is called in this thread only. With
-    ``helping``, this process takes runs too (from the end, while the executor takes them from
-    the start); ``window`` bounds the runs in flight (None: every run submitted at once), and
-    the next run is submitted the moment one finishes (:class:`_Feed`), not when this thread
-    is next free. A run whose future raised or was cancelled, or that the executor would not
-    take (broken, shut down), is traced here. On any exit (Ctrl-C included) nothing more is
-    submitted and the futures in flight are cancelled.
+    ``helping``, this process takes runs too, in the same order as the executor: the first one
+    left (so with the dearest runs first, the last to end anywhere are the cheapest: the wait
+    at the end is short); ``window`` bounds the runs in flight (None: every run submitted at
+    once), and the next run is submitted the moment one finishes (:class:`_Feed`), not when
+    this thread is next free. A run whose future raised or was cancelled, or that the
+    executor would not take (broken, shut down), is traced here. On any exit (Ctrl-C
+    included) nothing more is submitted and the futures in flight are cancelled.
     """
     feed = _Feed([list(run) for run in runs if run], task, executor, window)
     mine: deque[T] = deque()  # the items this process traces next, in order
@@ -160,7 +161,7 @@ def share(
             for future, run in feed.finished():
                 _collect(future, run, mine, on_done)
             if not mine and (helping or feed.broken):
-                mine.extend(feed.last())
+                mine.extend(feed.first())
             if mine:
                 item = mine.popleft()
                 on_done(item, here(item), False)
@@ -172,8 +173,8 @@ def share(
 
 class _Feed(Generic[T]):
     """The runs not yet taken and the futures of those submitted, shared by the thread of
-    :func:`share` (which takes runs from the end) and the futures' done-callbacks (which
-    submit the next from the start as soon as one ends: a worker never waits for a trace of
+    :func:`share` and the futures' done-callbacks (both take the first run left; a callback
+    submits it as soon as a run ends: a worker never waits for a trace of
     this process to end first, nor holds a run queued behind its own that this process,
     once idle, could have taken: up to two runs' wait at a plan's end)."""
 
@@ -219,10 +220,10 @@ class _Feed(Generic[T]):
             done = [f for f in self.pending if f.done()]
             return [(f, self.pending.pop(f)) for f in done]
 
-    def last(self) -> list[T]:
-        """The last run not yet taken, for this process (none left: empty)."""
+    def first(self) -> list[T]:
+        """The first run not yet taken, for this process (none left: empty)."""
         with self.lock:
-            return self.todo.pop() if self.todo else []
+            return self.todo.popleft() if self.todo else []
 
     def wait(self) -> bool:
         """Wait for a future to finish; False when nothing is left anywhere."""
