@@ -19,10 +19,12 @@ prints both peaks, both figures on the GPU and both step times. ``--workers N`` 
 plan in one process. ``benchmarks/plan_cluster.py`` runs it on a Dask
 cluster.
 
-Beside the wall time it prints the CPU time of the plan's processes and the load average before
-and after (other work on the machine slows a plan down): this VM runs long two-core
-work up to 1.8x slower after sustained load (the same plan took 87 to 100 s of CPU time rested,
-132 to 155 s after a test run), so the CPU time says which machine a wall time was measured on.
+Beside the wall time it prints the CPU time of the plan's processes, the wall time over the CPU
+time a process (1.0: no process waited; it compares across runs where the VM's speed moved),
+and the load average before and after (other work on the machine slows a plan down): this VM
+runs long two-core work up to 1.8x slower after sustained load (the same plan took 87 to 100 s
+of CPU time rested, 132 to 155 s after a test run), so the CPU time says which machine a wall
+time was measured on.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 import meta_widget as mw
 from meta_widget.explore.candidates import Space
 from meta_widget.explore.layouts import Layout
+from meta_widget.explore.workers import default_workers
 from meta_widget.timing.gpus import resolve_gpu
 
 GOAL_S, GOAL_CANDIDATES = 60.0, 64
@@ -114,6 +117,10 @@ def main() -> None:
         f"{seconds:.1f} s: {per:.1f} s per candidate; {cpu:.0f} s of CPU time (its processes); "
         f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores"
     )
+    # the VM's speed swings by a fifth within an hour: the wall time over the CPU time a
+    # process compares across runs where the wall time alone does not (1.0: no process waited)
+    processes = args.workers or default_workers(len(rows))
+    print(f"wall time over CPU time a process ({processes}): {seconds / (cpu / processes):.3f}")
     whole = per * total
     kind = "measured" if len(rows) == total else "projected"
     print(
