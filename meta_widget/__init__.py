@@ -143,7 +143,7 @@ _WHERE = {
     "load_snapshot": "views.snapshot",
     "MemorySnapshot": "views.snapshot",
     "SnapshotError": "memory.snapshot",
-    "Plan": "explore.plan",
+    "Plan": "explore.plan_result",
     "Graph": "views.graph_frame",
     "GraphDependencyError": "views.graph_frame",
 }
@@ -163,7 +163,8 @@ if TYPE_CHECKING:
     from .explore.fit import Fit, FitError, NothingFitsError, max_fit
     from .explore.measure import Measured, MeasureError, measure
     from .explore.pipelines import PipelineAnalysis, PipelineError, analyze_pipeline
-    from .explore.plan import Plan, plan
+    from .explore.plan import plan
+    from .explore.plan_result import Plan
     from .explore.sweeps import Sweep, sweep
     from .magics import load_ipython_extension, unload_ipython_extension
     from .materialization import InsufficientMemoryError, MaterializeError, materialize
