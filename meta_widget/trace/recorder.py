@@ -11,10 +11,10 @@ beside ``FlopCounterMode`` and ``MemTracker``):
 - :class:`~meta_widget.trace.assume.Assumptions`: the assumption policy at work.
 
 One ``TorchDispatchMode`` hands every aten op to :meth:`Recorder.on_op`, a short pipeline over a
-plan decided once per op (:class:`OpPlan`): run it, follow assumptions, credit its FLOPs and its
-cost (:mod:`meta_widget.trace.costs`: what a time model needs) to the call that owns it, track the
-storage it returns. Records hold summaries (shapes, dtypes,
-strides, byte counts, names), never tensors or modules.
+plan decided once per op (:mod:`meta_widget.trace.op_plans`): run it, follow assumptions, credit
+its FLOPs and its cost (:mod:`meta_widget.trace.costs`: what a time model needs) to the call that
+owns it, track the storage it returns. Records hold summaries (shapes, dtypes, strides, byte
+counts, names), never tensors or modules.
 
 Everything the recorder installs (hooks, the dispatch mode) is undone on exit, errors and
 interrupts included (see :mod:`meta_widget.undo`). Hooks only record calls made by the thread
@@ -27,7 +27,6 @@ import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,71 +34,23 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.modules import module as module_globals
 from torch.nn.modules.module import register_module_forward_hook
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from ..data.records import CallRecord
 from ..data.walk import ModuleWalk, walk
 from ..undo import DispatchModes, Undo
-from .assume import META_FIXES, Assumptions, Policy, data_dependent
+from .assume import Assumptions, Policy
 from .callstack import CallStack, Listener
-from .costs import (
-    Cost,
-    OpCost,
-    causal_index,
-    foreach_costs,
-    is_convolution,
-    is_foreach,
-    is_free,
-    is_gather,
-    op_cost,
-    shape_kind,
-)
-from .kernels import EXTRA_FLOPS
-from .opcache import DECOMPOSED, VIEW, OpCache, static_bypass
-from .storage import StorageTracker, local
+from .costs import Cost, OpCost, foreach_costs, op_cost
+from .op_plans import PRIM_DEVICE, OpPlan, plan_op
+from .opcache import DECOMPOSED, VIEW, OpCache
+from .storage import StorageTracker
 from .trace_changes import remove_module_hooks
 
-__all__ = ["Listener", "OpPlan", "Recorder"]
+__all__ = ["Listener", "Recorder"]
 
-_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
-#: FLOP formulas by overload packet: FlopCounterMode's registry, plus kernels it lacks
-_FLOPS = {**flop_registry, **EXTRA_FLOPS}
-_PRIM_DEVICE = torch.ops.prim.device.default
 #: PyTorch's tables of global forward hooks (``register_module_forward_hook``)
 _GLOBAL_FORWARD_HOOKS = module_globals._global_forward_hooks
 _GLOBAL_ALWAYS_CALLED = module_globals._global_forward_hooks_always_called
-
-
-@dataclass(frozen=True, slots=True)
-class OpPlan:
-    """How the recorder handles one aten op, decided the first time it runs."""
-
-    #: the op's name in FLOP tables and the timeline (``aten.mm``)
-    name: str
-    #: run its composite decomposition instead: it holds ops that count FLOPs (as
-    #: ``FlopCounterMode`` decomposes); elsewhere the fused kernel runs, as on a real device
-    decompose: bool
-    #: the kernel: the op itself, the assumption policy's answer, or a fixed meta kernel
-    run: Callable[..., Any]
-    #: ``FlopCounterMode``'s formula (called with ``out_val=`` the output), or None: counts 0
-    flops: Callable[..., int] | None
-    #: why the op cache never holds this op (``meta_widget.trace.opcache``), or None
-    uncached: str | None = None
-    #: bytes the target device's kernel allocates and frees inside the op (``kernels.py``), or
-    #: None: none
-    workspace: Callable[..., int] | None = None
-    #: a view or metadata op: it costs nothing (``meta_widget.trace.costs``)
-    free: bool = False
-    #: the position of ``is_causal`` in a fused attention kernel that skips masked blocks
-    causal: int | None = None
-    #: a convolution: float32 runs at the TF32 peak
-    convolution: bool = False
-    #: a multi-tensor op (``_foreach_*``): a cost per tensor of its lists
-    foreach: bool = False
-    #: a gather (``embedding``...): it reads from its first argument only what it outputs
-    gather: bool = False
-    #: a matrix multiply or fused attention: what its cost records of its shape
-    shape: Any = None
 
 
 class _OpMode(TorchDispatchMode):
@@ -123,7 +74,7 @@ class _OpMode(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if func is _PRIM_DEVICE and type(args[0]) is FakeTensor:
+        if func is PRIM_DEVICE and type(args[0]) is FakeTensor:
             # a fake tensor's ``.device`` (autograd asks it of every gradient): what the fake
             # mode below answers outside its kernels, without the trip through both modes
             return args[0].fake_device
@@ -437,37 +388,8 @@ class Recorder:
         return scratch
 
     def _plan(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpPlan:
-        run: Callable[..., Any] = func
-        answered = data_dependent(func) and self.assumptions.policy is not None
-        if answered:
-            answer = self.assumptions.answer
-
-            def run(*a: Any, **k: Any) -> Any:
-                return answer(func, a, k)
-
-        elif func in META_FIXES:
-            run = META_FIXES[func]
-        elif func in self.kernels:
-            run = self.kernels[func]
-        flops = _FLOPS.get(func._overloadpacket)
-        workspace = self.workspaces.get(func._overloadpacket)
-        uncached = static_bypass(func, answered)
-        return OpPlan(
-            name=str(func._overloadpacket),
-            decompose=_decomposition_counts(func, args, kwargs),
-            run=run,
-            flops=_on_local(flops) if flops is not None and self.local_flops else flops,
-            uncached=uncached,
-            workspace=_on_local(workspace)
-            if workspace is not None and self.local_flops
-            else workspace,  # a DTensor op's kernel runs on its local tensors
-            free=is_free(func, uncached, VIEW),
-            causal=causal_index(func),
-            convolution=is_convolution(func),
-            foreach=is_foreach(func),
-            gather=is_gather(func),
-            shape=shape_kind(func),
-        )
+        answer = self.assumptions.answer if self.assumptions.policy is not None else None
+        return plan_op(func, args, kwargs, answer, self.kernels, self.workspaces, self.local_flops)
 
     def _count(self, plan: OpPlan, n: int, owner: CallRecord | None, backward: bool) -> None:
         """Credit ``n`` FLOPs of ``plan``'s op to ``owner`` (its backward, or ops outside calls)."""
@@ -534,57 +456,3 @@ class Recorder:
 
     def _free_owner(self) -> CallRecord | None:
         return self.callstack.owner()[0]
-
-
-def _on_local(formula: Callable[..., int]) -> Callable[..., int]:
-    """``formula`` applied to the local tensors of DTensor arguments: one device's FLOPs."""
-
-    def count(*args: Any, **kwargs: Any) -> int:
-        return formula(*_locals(args), **{k: _locals(v) for k, v in kwargs.items()})
-
-    return count
-
-
-def _locals(value: Any) -> Any:
-    """``value`` with each tensor in it, nested in tuples, lists and dicts, its local one:
-    ``tree_map_only(torch.Tensor, local, value)`` for an op's arguments, at a tenth of the cost
-    (a DTensor op's FLOPs are counted on every call: the op cache keys no DTensor)."""
-    if isinstance(value, torch.Tensor):
-        return local(value)
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return kind(_locals(v) for v in value)
-    if kind is dict:
-        return {k: _locals(v) for k, v in value.items()}
-    return value
-
-
-class _FlopProbe(TorchDispatchMode):
-    """Sees whether any op with a FLOP formula runs (used once per composite op)."""
-
-    found = False
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        if func._overloadpacket in _FLOPS:
-            self.found = True
-        return func(*args, **(kwargs or {}))
-
-
-def _decomposition_counts(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether ``func`` has a composite decomposition holding ops that count FLOPs."""
-    if func is _PRIM_DEVICE or not (
-        _COMPOSITE in func.py_kernels
-        or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
-    ):
-        return False
-    if func._schema.is_mutable:
-        return True  # never run twice; decompose as FlopCounterMode does
-    probe = _FlopProbe()
-    try:
-        with probe:
-            func.decompose(*args, **kwargs)
-    except Exception:
-        return True
-    return probe.found
