@@ -7,8 +7,8 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { draw } from "./explore";
 import training from "./fixtures/gpt2-tiny.training.json";
-import { decodePlan, planVerdict, sortCandidates } from "./plan";
-import { candidateText, isDrawn, labelBox, layoutText, paretoFront, ticks, xRange } from "./planchart";
+import { decodePlan, failedGroups, indexRuns, planVerdict, sortCandidates } from "./plan";
+import { candidateText, isDrawn, labelBox, layoutText, paretoFront, tickSeconds, ticks, xRange } from "./planchart";
 import type { PlanCandidate } from "./protocol";
 import { fakeModel } from "./testmodel";
 
@@ -191,5 +191,72 @@ describe("the plan view", () => {
     const label = el.querySelector(".mw-plan-best-label")!;
     expect(label.getAttribute("pointer-events")).toBe("none");
     expect(label.closest(".mw-plan-point")).toBeNull();
+  });
+
+  it("puts 4 to 6 nice ticks on the step axis, in the fewest digits, clear of the axis title", () => {
+    // 82 s: a step of 20 (not 50, which left one tick above 0)
+    expect(ticks(82, 5)).toEqual([0, 20, 40, 60, 80]);
+    expect(ticks(0.0082, 5)).toEqual([0, 0.002, 0.004, 0.006, 0.008]);
+    expect(ticks(1.3, 5)).toEqual([0, 0.2, 0.4, 0.6, 0.8, 1, 1.2]);
+    for (const max of [3e-5, 0.7, 1.12, 9.9, 82, 640]) {
+      const t = ticks(max, 5);
+      expect(t.length).toBeGreaterThanOrEqual(4);
+      expect(t.length).toBeLessThanOrEqual(8);
+      expect(t.at(-1)).toBeLessThanOrEqual(max);
+    }
+    expect([0, 50, 0.25, 0.0015, 4e-5, 0.30000000000000004].map(tickSeconds)).toEqual(["0", "50 s", "250 ms", "1.5 ms", "40 µs", "300 ms"]);
+    show(raw);
+    const yTicks = [...el.querySelectorAll<SVGTextElement>(".mw-plan-tick[text-anchor='end']")];
+    expect(yTicks.length).toBeGreaterThanOrEqual(3);
+    for (const t of yTicks) {
+      // its text ends at its x; at 11px about 6.5px a character: it starts right of the title (x 12, 11px high)
+      expect(Number(t.getAttribute("x")) - 6.5 * (t.textContent ?? "").length).toBeGreaterThan(18);
+    }
+  });
+
+  it("draws only the candidates that fit when asked, their axes spanning them", () => {
+    show(raw);
+    const fitting = traced.filter((c) => c.fits);
+    const buttons = [...el.querySelectorAll<HTMLButtonElement>(".mw-plan-zoom .mw-seg-btn")];
+    expect(buttons.map((b) => b.textContent)).toEqual(["all traced", "those that fit"]);
+    buttons[1]!.click();
+    expect(el.querySelectorAll(".mw-plan-dot")).toHaveLength(fitting.length);
+    expect(el.querySelectorAll(".mw-plan-dot.mw-plan-out")).toHaveLength(0);
+    expect(buttons[1]!.classList.contains("mw-active")).toBe(true);
+    // the x axis spans the fitting points (and the budget): never the larger ones left out
+    const largest = Math.max(...traced.map((c) => c.deviceBytes ?? c.peakBytes!));
+    expect(xRange(plan, fitting as never).max).toBeLessThan(xRange(plan).max + 1);
+    expect(xRange(plan, fitting as never).max).toBeLessThanOrEqual(Math.max(largest, plan.budget) * 1.1);
+    buttons[0]!.click();
+    expect(el.querySelectorAll(".mw-plan-dot")).toHaveLength(traced.length);
+    // a plan where everything fits has no switch
+    show({ ...raw, candidates: raw.candidates.filter((c) => c.fits === true) });
+    expect(el.querySelector(".mw-plan-zoom")).toBeNull();
+  });
+
+  it("says each reason once for the candidates that share it, folded when there are many", () => {
+    expect(indexRuns([12, 0, 1, 2, 3, 8, 10, 11])).toBe("#0–3, #8, #10–12");
+    expect(indexRuns([5])).toBe("#5");
+    const base = raw.candidates[0]!;
+    const refused = (index: number, tp: number, error: string) => ({ ...base, index, tp, fsdp: 1, peakBytes: null, stepS: null, fits: false, error, openable: false });
+    const n = raw.candidates.length;
+    const same = "LayoutError: global_batch=4 does not divide over the 8 data-parallel ranks";
+    const payload = {
+      ...raw,
+      candidates: [...raw.candidates, refused(n, 2, same), refused(n + 1, 2, same), refused(n + 2, 2, same), refused(n + 3, 4, "LayoutError: tp=4 does not divide the 3 heads")],
+    };
+    const groups = failedGroups(decodePlan(payload)!.candidates.filter((c) => !isDrawn(c)));
+    expect(groups.map((g) => g.candidates.length)).toEqual([3, 1]);
+    show(payload);
+    const box = el.querySelector<HTMLDetailsElement>(".mw-plan-failed-box")!;
+    expect(box.open).toBe(true);
+    expect(box.querySelector("summary")!.textContent).toBe("Not traced or failed (4, 2 reasons)");
+    const items = [...box.querySelectorAll(".mw-plan-failed li")].map((li) => li.textContent);
+    expect(items[0]).toBe(`#${n}–${n + 2} (3 candidates of tp=2): ${same}`);
+    expect(items[1]).toMatch(new RegExp(`^#${n + 3} tp=4 · `));
+    // 11 reasons: folded under the count
+    const many = { ...raw, candidates: [...raw.candidates, ...Array.from({ length: 11 }, (_, i) => refused(n + i, 2, `reason ${i}`))] };
+    show(many);
+    expect(el.querySelector<HTMLDetailsElement>(".mw-plan-failed-box")!.open).toBe(false);
   });
 });

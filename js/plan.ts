@@ -11,7 +11,7 @@ import { App } from "./app";
 import { decodePayload } from "./decode";
 import { h } from "./details";
 import { formatBytes } from "./format";
-import { candidateText, heldBytes, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
+import { canZoom, candidateText, heldBytes, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
 import type { PlanCandidate, PlanPayload } from "./protocol";
 import { formatSeconds } from "./timing";
 
@@ -192,16 +192,24 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
   // its size in a narrow notebook; redrawn when the box's width changes
   const chartBox = h("div", "mw-plan-chart-box");
   let chartWidth = 0;
+  let fitting = false; // the chart shows only the candidates that fit
   const drawChart = (): void => {
     const width = chartSize(chartBox.clientWidth);
     if (width === chartWidth) return;
     chartWidth = width;
-    chartBox.replaceChildren(planChart(p, chartHandlers, width, CHART_HEIGHT));
+    chartBox.replaceChildren(planChart(p, chartHandlers, width, CHART_HEIGHT, fitting));
     mark();
   };
   const resize = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(drawChart);
   resize?.observe(chartBox);
-  root.append(legend(p), chartBox, tip);
+  const zoom = canZoom(p)
+    ? zoomSwitch((only) => {
+        fitting = only;
+        chartWidth = 0; // drawn again, at the same width
+        drawChart();
+      })
+    : null;
+  root.append(legend(p), ...(zoom ? [zoom] : []), chartBox, tip);
   const sort = { column: -1, descending: false };
   const drawTable = (): void => {
     const rows = sort.column < 0 ? p.candidates.filter(isDrawn) : sortCandidates(p.candidates.filter(isDrawn), sort.column, sort.descending);
@@ -224,12 +232,7 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
   scroller.append(table);
   root.append(h("div", "mw-plan-subhead", "Candidates traced (click a header to sort, a row to open its analysis)"), scroller);
   const failed = p.candidates.filter((c) => !isDrawn(c));
-  if (failed.length) {
-    root.append(h("div", "mw-plan-subhead", `Not traced or failed (${failed.length})`));
-    const list = h("ul", "mw-plan-failed");
-    for (const c of failed) list.append(h("li", "", `#${c.index} ${candidateText(c)}`));
-    root.append(list);
-  }
+  if (failed.length) root.append(failedList(failed));
   const detailHead = h("div", "mw-plan-detail-head");
   const detailHost = h("div", "mw-plan-detail");
   root.append(detailHead, detailHost);
@@ -263,6 +266,69 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
 }
 
 const CHART_HEIGHT = 300;
+
+/** "all traced | those that fit": which candidates the chart draws (`onPick(true)`: those that fit). */
+function zoomSwitch(onPick: (fitting: boolean) => void): HTMLDivElement {
+  const box = h("div", "mw-seg mw-plan-zoom");
+  box.title = "Which candidates the chart draws (its axes span them): every one traced, or those that fit the budget";
+  const buttons = (["all traced", "those that fit"] as const).map((label, i) => {
+    const b = h("button", `mw-seg-btn${i === 0 ? " mw-active" : ""}`, label);
+    b.type = "button";
+    b.dataset.fitting = String(i === 1);
+    b.addEventListener("click", () => {
+      for (const o of buttons) o.classList.toggle("mw-active", o === b);
+      onPick(i === 1);
+    });
+    return b;
+  });
+  box.append(...buttons);
+  return box;
+}
+
+/** The reason each candidate not traced (or failed) has, the same reason said once for all its
+ * candidates; open while short (10 reasons or fewer), else folded under its count. */
+export function failedGroups(failed: readonly PlanCandidate[]): { reason: string; candidates: PlanCandidate[] }[] {
+  const groups = new Map<string, PlanCandidate[]>();
+  for (const c of failed) {
+    const reason = c.error ?? "not traced";
+    (groups.get(reason) ?? groups.set(reason, []).get(reason))?.push(c);
+  }
+  return [...groups].map(([reason, candidates]) => ({ reason, candidates }));
+}
+
+/** "#3", "#0–11", "#0–3, #8, #10–12": indices, runs of consecutive ones joined. */
+export function indexRuns(indices: readonly number[]): string {
+  const sorted = [...indices].sort((a, b) => a - b);
+  const runs: string[] = [];
+  for (let i = 0; i < sorted.length; ) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === (sorted[j] as number) + 1) j++;
+    runs.push(j > i ? `#${sorted[i]}–${sorted[j]}` : `#${sorted[i]}`);
+    i = j + 1;
+  }
+  return runs.join(", ");
+}
+
+function failedList(failed: readonly PlanCandidate[]): HTMLElement {
+  const groups = failedGroups(failed);
+  const box = h("details", "mw-plan-failed-box");
+  box.open = groups.length <= 10;
+  const reasons = groups.length === failed.length ? "" : `, ${groups.length} reasons`;
+  box.append(h("summary", "mw-plan-subhead", `Not traced or failed (${failed.length}${reasons})`));
+  const list = h("ul", "mw-plan-failed");
+  for (const { reason, candidates } of groups) {
+    const [first] = candidates;
+    if (candidates.length === 1 && first) {
+      list.append(h("li", "", `#${first.index} ${candidateText(first)}`));
+      continue;
+    }
+    const layouts = [...new Set(candidates.map(layoutText))];
+    const which = layouts.length <= 3 ? ` of ${layouts.join(", ")}` : "";
+    list.append(h("li", "", `${indexRuns(candidates.map((c) => c.index))} (${candidates.length} candidates${which}): ${reason}`));
+  }
+  box.append(list);
+  return box;
+}
 
 /** The chart's width for a box `box` pixels wide: the box's, from 320 to 680 (640 unknown). */
 export function chartSize(box: number): number {

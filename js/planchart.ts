@@ -113,15 +113,29 @@ export function labelBox(at: [number, number], points: readonly [number, number]
   return places.find((b) => inside(b) && !points.some((p) => covers(b, p))) ?? (places[0] as Box);
 }
 
-/** "Nice" axis ticks from 0 to at most `max`: 1, 2 or 5 times a power of `base`. */
+/**
+ * "Nice" axis ticks from 0 to at most `max`, about `count` of them: a step of 1, 2 or 5 times a
+ * power of ten (the one closest to `max / count` on a log scale, as d3's `tickStep` picks it),
+ * or of a power of two for `base` 2 (bytes).
+ */
 export function ticks(max: number, count = 4, base = 10): number[] {
   if (!(max > 0)) return [0];
   const raw = max / count;
   const p = base ** Math.floor(Math.log(raw) / Math.log(base));
-  const step = [1, 2, 5, base].map((m) => m * p).find((s) => s >= raw) ?? raw;
+  const step =
+    base === 10
+      ? p * (raw / p >= Math.sqrt(50) ? 10 : raw / p >= Math.sqrt(10) ? 5 : raw / p >= Math.sqrt(2) ? 2 : 1)
+      : ([1, 2, 5, base].map((m) => m * p).find((s) => s >= raw) ?? raw);
   const out: number[] = [];
-  for (let v = 0; v <= max * 1.0001; v += step) out.push(v);
+  for (let i = 0; i * step <= max * 1.0001; i++) out.push(Number((i * step).toPrecision(12)));
   return out;
+}
+
+/** A tick's seconds in the fewest digits: "0", "20 s", "250 ms", "1.5 ms", "40 µs". */
+export function tickSeconds(v: number): string {
+  if (v === 0) return "0";
+  const [scale, unit] = v >= 1 ? [1, "s"] : v >= 1e-3 ? [1e3, "ms"] : [1e6, "µs"];
+  return `${Number((v * scale).toPrecision(6))} ${unit}`;
 }
 
 export interface ChartHandlers {
@@ -129,28 +143,39 @@ export interface ChartHandlers {
   onOpen(c: PlanCandidate): void;
 }
 
-/** The chart's x range and whether it reaches the budget (see `budget.ts`: a quarter of it). */
-export function xRange(p: PlanPayload): { max: number; budgetShown: boolean } {
-  const peaks = p.candidates.filter(isDrawn).map(heldBytes);
-  const largest = Math.max(0, ...peaks);
+/** The chart's x range over the points `drawn` (every candidate traced when not given) and
+ * whether it reaches the budget (see `budget.ts`: a quarter of it). */
+export function xRange(p: PlanPayload, drawn: readonly Drawn[] = p.candidates.filter(isDrawn)): { max: number; budgetShown: boolean } {
+  const largest = Math.max(0, ...drawn.map(heldBytes));
   const budgetShown = p.budget > 0 && largest >= IN_VIEW * p.budget;
   return { max: Math.max(budgetShown ? p.budget : 0, largest) * 1.1 || 1, budgetShown };
 }
 
-/** Draw the chart (`width` x `height` user units, scaled to its box). */
-export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, height = 300): SVGSVGElement {
-  const left = 62;
+/** Whether the chart may show only the candidates that fit: some fit and some drawn do not. */
+export function canZoom(p: PlanPayload): boolean {
+  const drawn = p.candidates.filter(isDrawn);
+  return drawn.some((c) => c.fits) && drawn.some((c) => !c.fits);
+}
+
+/**
+ * Draw the chart (`width` x `height` user units, scaled to its box): every candidate traced, or
+ * with `fitting` only those that fit (the axes then span them alone).
+ */
+export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, height = 300, fitting = false): SVGSVGElement {
+  const drawn = p.candidates.filter(isDrawn).filter((c) => c.fits || !fitting);
+  const { max: xMax, budgetShown } = xRange(p, drawn);
+  const yMax = Math.max(0, ...drawn.map((c) => c.stepS)) * 1.12 || 1;
+  const yTicks = ticks(yMax, 5);
+  // room on the left for the widest tick text (11px: about 6.5px a character) and the axis title
+  const left = Math.max(44, 30 + 6.5 * Math.max(...yTicks.map((v) => tickSeconds(v).length)));
   const right = 16;
   const top = 18;
   const bottom = 40;
-  const drawn = p.candidates.filter(isDrawn);
-  const { max: xMax, budgetShown } = xRange(p);
-  const yMax = Math.max(0, ...drawn.map((c) => c.stepS)) * 1.12 || 1;
   const x = (v: number): number => left + ((width - left - right) * v) / xMax;
   const y = (v: number): number => height - bottom - ((height - top - bottom) * v) / yMax;
   const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "mw-plan-chart", role: "img" });
   const title = svg("title", {});
-  title.textContent = `step time against the memory each device holds for ${drawn.length} candidates on ${p.gpu}; the dashed line is the budget`;
+  title.textContent = `step time against the memory each device holds for ${drawn.length} candidates${fitting ? " that fit" : ""} on ${p.gpu}; the dashed line is the budget`;
   root.append(title);
   const text = (x0: number, y0: number, value: string, cls: string, anchor = "start"): SVGTextElement => {
     const t = svg("text", { x: x0, y: y0, class: cls, "text-anchor": anchor });
@@ -165,16 +190,16 @@ export function planChart(p: PlanPayload, handlers: ChartHandlers, width = 640, 
     const edge = x(v) + 32 > width;
     text(edge ? width - 2 : x(v), height - bottom + 14, v === 0 ? "0" : formatBytes(v), "mw-plan-tick", edge ? "end" : "middle");
   }
-  for (const v of ticks(yMax)) {
+  for (const v of yTicks) {
     root.append(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "mw-plan-grid" }));
-    text(left - 6, y(v) + 4, v === 0 ? "0" : formatSeconds(v), "mw-plan-tick", "end");
+    text(left - 6, y(v) + 4, tickSeconds(v), "mw-plan-tick", "end");
   }
   root.append(svg("line", { x1: left, x2: left, y1: top, y2: height - bottom, class: "mw-plan-axis" }));
   root.append(svg("line", { x1: left, x2: width - right, y1: height - bottom, y2: height - bottom, class: "mw-plan-axis" }));
   const xTitle = width >= 480 ? "memory per GPU (rank 0, as nvidia-smi would show it)" : "memory per GPU (rank 0)";
   text((left + width - right) / 2, height - 6, xTitle, "mw-plan-label", "middle");
-  const yLabel = text(14, (top + height - bottom) / 2, "step time", "mw-plan-label", "middle");
-  yLabel.setAttribute("transform", `rotate(-90 14 ${(top + height - bottom) / 2})`);
+  const yLabel = text(12, (top + height - bottom) / 2, "step time", "mw-plan-label", "middle");
+  yLabel.setAttribute("transform", `rotate(-90 12 ${(top + height - bottom) / 2})`);
   // the budget: a vertical dashed line, or an arrow at the right edge when off the scale
   const budgetText = `budget ${memoryText(p.budget)}`;
   if (budgetShown) {

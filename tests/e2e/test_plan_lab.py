@@ -94,6 +94,22 @@ def test_plan_view_opens_a_candidate_and_the_time_column_shows(
     shoot(page, artifacts, "lab-plan", 1400)
     shoot(page, artifacts, "lab-plan", 900)
 
+    # only the candidates that fit: their points alone, the axes spanning them; and back
+    page.set_viewport_size({"width": 1400, "height": 1400})
+    fitting = page.locator(".mw-plan-table tr.mw-plan-row:not(.mw-plan-over)").count()
+    assert 0 < fitting < 12
+    page.locator(".mw-plan-zoom .mw-seg-btn", has_text="those that fit").click()
+    page.wait_for_function(
+        "n => document.querySelectorAll('.mw-plan-dot').length === n", arg=fitting, timeout=SLOW_MS
+    )
+    assert page.locator(".mw-plan-dot.mw-plan-out").count() == 0
+    page.locator(".mw-plan-chart").scroll_into_view_if_needed()
+    page.screenshot(path=str(artifacts / "lab-plan-fitting-1400.png"))
+    page.locator(".mw-plan-zoom .mw-seg-btn", has_text="all traced").click()
+    page.wait_for_function(
+        "() => document.querySelectorAll('.mw-plan-dot').length === 12", timeout=SLOW_MS
+    )
+
     # the analysis widget with gpu=: the Time column, its root's time the kernel's
     page.set_viewport_size({"width": 1400, "height": 1400})
     widget = page.locator(".mw-root:visible").filter(has=page.locator(".mw-table.mw-has-time")).last
