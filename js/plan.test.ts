@@ -7,7 +7,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { draw } from "./explore";
 import training from "./fixtures/gpt2-tiny.training.json";
-import { decodePlan, failedGroups, indexRuns, planVerdict, sortCandidates } from "./plan";
+import { decodePlan, failedGroups, gpuHoursText, indexRuns, planColumns, planVerdict, sortCandidates } from "./plan";
 import { candidateText, isDrawn, labelBox, layoutText, paretoFront, tickSeconds, ticks, xRange } from "./planchart";
 import type { PlanCandidate } from "./protocol";
 import { fakeModel } from "./testmodel";
@@ -258,5 +258,35 @@ describe("the plan view", () => {
     const many = { ...raw, candidates: [...raw.candidates, ...Array.from({ length: 11 }, (_, i) => refused(n + i, 2, `reason ${i}`))] };
     show(many);
     expect(el.querySelector<HTMLDetailsElement>(".mw-plan-failed-box")!.open).toBe(false);
+  });
+
+  it("prices a plan for its tokens: a GPU-hours column, sortable, and the best's cost in the verdict", () => {
+    expect(plan.tokens).toBeNull();
+    show(raw);
+    expect([...el.querySelectorAll(".mw-plan-table th")].map((th) => th.textContent)).not.toContain("GPU-h");
+    // priced as Plan.for_tokens(1e9) prices it: devices x tokens / tokens_per_s / 3600
+    const tokens = 1e9;
+    const priced = {
+      ...raw,
+      tokens,
+      candidates: raw.candidates.map((c) => ({ ...c, gpuHours: typeof c.tokensPerS === "number" ? (plan.devices * tokens) / c.tokensPerS / 3600 : null })),
+    };
+    const p = decodePlan(priced)!;
+    expect(p.tokens).toBe(tokens);
+    expect(planColumns(p).at(-1)!.label).toBe("GPU-h");
+    show(priced);
+    const heads = [...el.querySelectorAll<HTMLElement>(".mw-plan-table th")];
+    expect(heads.at(-1)!.textContent).toBe("GPU-h");
+    expect(heads.at(-1)!.title).toContain("1.00 B tokens");
+    const best = p.candidates.find((c) => c.index === p.best)!;
+    const cell = el.querySelector(`tr[data-index="${best.index}"] td:last-child`)!;
+    expect(cell.textContent).toBe(gpuHoursText(best.gpuHours!));
+    expect(planVerdict(p)).toContain(`; ${gpuHoursText(best.gpuHours!)} GPU-hours for 1.00 B tokens.`);
+    // sorted by it: the fastest rate first, the cheapest
+    heads.at(-1)!.click();
+    const first = el.querySelector<HTMLElement>(".mw-plan-table tr.mw-plan-row")!;
+    const fastest = Math.max(...p.candidates.filter(isDrawn).map((c) => c.tokensPerS!));
+    expect(p.candidates[Number(first.dataset.index)]!.tokensPerS).toBe(fastest);
+    expect([30_840_000, 1234.5, 4.567].map(gpuHoursText)).toEqual(["30,800,000", "1,230", "4.57"]);
   });
 });

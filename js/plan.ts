@@ -10,7 +10,7 @@
 import { App } from "./app";
 import { decodePayload } from "./decode";
 import { h } from "./details";
-import { formatBytes } from "./format";
+import { formatBytes, formatCount } from "./format";
 import { canZoom, candidateText, heldBytes, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
 import type { PlanCandidate, PlanPayload } from "./protocol";
 import { formatSeconds } from "./timing";
@@ -60,6 +60,7 @@ export function decodePlan(raw: unknown): PlanPayload | null {
     mode: typeof raw.mode === "string" ? raw.mode : "training",
     budget: raw.budget,
     best: numOrNull(raw.best),
+    tokens: numOrNull(raw.tokens),
     candidates: raw.candidates.filter(isObj).map(decodeCandidate),
   };
 }
@@ -72,10 +73,16 @@ export function planVerdict(p: PlanPayload): string {
   const best = p.candidates.find((c) => c.index === p.best);
   if (!best || !isDrawn(best)) return `${head}; none fits.`;
   const rate = best.tokensPerS !== null ? `, ${Math.round(best.tokensPerS).toLocaleString("en-US")} tokens/s` : "";
-  return `${head}. Fastest that fits: ${layoutText(best)}, ${best.checkpointing ? "checkpointing" : "no checkpointing"}, ${best.precision}, ${best.microBatches} micro-batch${best.microBatches === 1 ? "" : "es"}: step ${formatSeconds(best.stepS)}${rate}, ${formatBytes(heldBytes(best))} on the GPU (peak ${formatBytes(best.peakBytes)}).`;
+  const cost = p.tokens !== null && typeof best.gpuHours === "number" ? `; ${gpuHoursText(best.gpuHours)} GPU-hours for ${formatCount(p.tokens)} tokens` : "";
+  return `${head}. Fastest that fits: ${layoutText(best)}, ${best.checkpointing ? "checkpointing" : "no checkpointing"}, ${best.precision}, ${best.microBatches} micro-batch${best.microBatches === 1 ? "" : "es"}: step ${formatSeconds(best.stepS)}${rate}, ${formatBytes(heldBytes(best))} on the GPU (peak ${formatBytes(best.peakBytes)})${cost}.`;
 }
 
-interface TableColumn {
+/** GPU-hours in 3 significant digits, grouped: "30,800,000", "1,230", "4.56". */
+export function gpuHoursText(h: number): string {
+  return Number(h.toPrecision(3)).toLocaleString("en-US");
+}
+
+export interface TableColumn {
   label: string;
   /** What the column holds: its header's tooltip. */
   hint: string;
@@ -137,14 +144,30 @@ const TABLE: TableColumn[] = [
   },
 ];
 
+/** The GPU-hours column, in a priced plan's table only (`Plan.for_tokens`). */
+function gpuHoursColumn(tokens: number): TableColumn {
+  return {
+    label: "GPU-h",
+    hint: `the GPU-hours (all devices) ${formatCount(tokens)} tokens take: devices x tokens / tokens per second`,
+    text: (c) => or(c.gpuHours ?? null, gpuHoursText),
+    value: (c) => c.gpuHours ?? Infinity,
+    numeric: true,
+  };
+}
+
+/** The table's columns: a priced plan's have its GPU-hours last. */
+export function planColumns(p: PlanPayload): TableColumn[] {
+  return p.tokens === null ? TABLE : [...TABLE, gpuHoursColumn(p.tokens)];
+}
+
 /** A cell's classes: numeric, wrapping, and when a narrow table leaves its column out. */
 function cellClass(col: TableColumn): string {
   return [col.numeric ? "mw-num" : "", col.wraps ? "mw-plan-wraps" : "", col.drop ? `mw-plan-drop${col.drop}` : ""].filter(Boolean).join(" ");
 }
 
-/** `rows` sorted by column `k` (`descending`), equal ones in their order. */
-export function sortCandidates(rows: readonly PlanCandidate[], k: number, descending: boolean): PlanCandidate[] {
-  const value = TABLE[k]?.value;
+/** `rows` sorted by column `k` of `columns` (`descending`), equal ones in their order. */
+export function sortCandidates(rows: readonly PlanCandidate[], k: number, descending: boolean, columns: readonly TableColumn[] = TABLE): PlanCandidate[] {
+  const value = columns[k]?.value;
   if (!value) return [...rows];
   return rows
     .map((c, i) => ({ c, i, v: value(c) }))
@@ -211,14 +234,15 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
     : null;
   root.append(legend(p), ...(zoom ? [zoom] : []), chartBox, tip);
   const sort = { column: -1, descending: false };
+  const columns = planColumns(p);
   const drawTable = (): void => {
-    const rows = sort.column < 0 ? p.candidates.filter(isDrawn) : sortCandidates(p.candidates.filter(isDrawn), sort.column, sort.descending);
-    table.replaceChildren(tableHead(sort, (k) => {
+    const rows = sort.column < 0 ? p.candidates.filter(isDrawn) : sortCandidates(p.candidates.filter(isDrawn), sort.column, sort.descending, columns);
+    table.replaceChildren(tableHead(columns, sort, (k) => {
       sort.descending = sort.column === k ? !sort.descending : false;
       sort.column = k;
       drawTable();
     }));
-    for (const c of rows) table.append(tableRow(c, p.best, open));
+    for (const c of rows) table.append(tableRow(columns, c, p.best, open));
     mark();
   };
   const mark = (): void => {
@@ -347,9 +371,9 @@ function legend(p: PlanPayload): HTMLDivElement {
   return box;
 }
 
-function tableHead(sort: { column: number; descending: boolean }, onSort: (k: number) => void): HTMLTableRowElement {
+function tableHead(columns: readonly TableColumn[], sort: { column: number; descending: boolean }, onSort: (k: number) => void): HTMLTableRowElement {
   const tr = h("tr");
-  TABLE.forEach((col, k) => {
+  columns.forEach((col, k) => {
     const th = h("th", cellClass(col), col.label);
     th.title = col.hint;
     if (col.value) {
@@ -363,10 +387,10 @@ function tableHead(sort: { column: number; descending: boolean }, onSort: (k: nu
   return tr;
 }
 
-function tableRow(c: PlanCandidate, best: number | null, open: (c: PlanCandidate) => void): HTMLTableRowElement {
+function tableRow(columns: readonly TableColumn[], c: PlanCandidate, best: number | null, open: (c: PlanCandidate) => void): HTMLTableRowElement {
   const tr = h("tr", `mw-plan-row${c.fits ? "" : " mw-plan-over"}${c.index === best ? " mw-plan-best" : ""}`);
   tr.dataset.index = String(c.index);
-  for (const col of TABLE) tr.append(h("td", cellClass(col), col.text(c)));
+  for (const col of columns) tr.append(h("td", cellClass(col), col.text(c)));
   tr.title = candidateText(c);
   tr.addEventListener("click", () => open(c));
   return tr;

@@ -66,7 +66,8 @@ export function candidateText(c: PlanCandidate): string {
   const head = `${layoutText(c)} · ${c.checkpointing ? "checkpointing" : "no checkpointing"} · ${c.precision} · ${micro}`;
   if (!isDrawn(c)) return `${head}: ${c.error ?? "not traced"}`;
   const mfu = c.mfu === null ? "" : ` · MFU ${(c.mfu * 100).toPrecision(2)}%`;
-  return `${head}: ${formatBytes(heldBytes(c))} on the GPU (peak ${formatBytes(c.peakBytes)})${c.fits ? "" : ", over the budget"} · step ${formatSeconds(c.stepS)}${mfu}`;
+  const cost = typeof c.gpuHours === "number" ? ` · ${Number(c.gpuHours.toPrecision(3)).toLocaleString("en-US")} GPU-hours` : "";
+  return `${head}: ${formatBytes(heldBytes(c))} on the GPU (peak ${formatBytes(c.peakBytes)})${c.fits ? "" : ", over the budget"} · step ${formatSeconds(c.stepS)}${mfu}${cost}`;
 }
 
 /**

@@ -544,7 +544,8 @@ export interface PlanCandidate {
   /** On the Pareto front (no fitting candidate is both faster and smaller on the GPU), as the
    * kernel says it (`plan.pareto`); absent from an older kernel: the chart works it out. */
   pareto?: boolean;
-  /** GPU-hours per step (all devices), as the kernel says it; absent from an older kernel. */
+  /** The GPU-hours (all devices) the plan's `tokens` tokens take on it, as the kernel says it
+   * (`Plan.for_tokens`); null unpriced, absent from an older kernel. */
   gpuHours?: number | null;
 }
 
@@ -558,6 +559,8 @@ export interface PlanPayload {
   budget: number;
   /** Index of the fastest candidate that fits; null when none fits. */
   best: number | null;
+  /** The tokens the candidates' `gpuHours` price (`Plan.for_tokens`); null: not priced. */
+  tokens: number | null;
   candidates: PlanCandidate[];
 }
 
