@@ -12,7 +12,7 @@ Importing transformers' model base imports what it integrates (torchao, when ins
 logs warnings about kernels it cannot load on this machine ("Failed to load …_C_mxfp8…so") and
 torch's ``_pytree`` logs deprecations; from a background thread those would land under whatever
 cell the user runs at that moment. So the warm-up drops the log records of its own thread while
-it imports (:func:`quiet_logs`): records of the user's threads pass as before. (They concern
+it imports (``heavy.quiet_logs``): records of the user's threads pass as before. (They concern
 running kernels on a GPU, which a meta trace never does.)
 
 It touches nothing global: no module hooks, no dispatch mode but one of its own thread (mode
@@ -28,11 +28,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 import os
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 from . import heavy, warm
 
@@ -57,7 +53,7 @@ def warm_up() -> None:
         for name in (*MODULES, *(WIDGET_MODULES if warm.in_kernel() else ())):
             importlib.import_module(name, "meta_widget")
     if importlib.util.find_spec("transformers") is not None:
-        with quiet_logs() as cover:
+        with heavy.quiet_logs() as cover:
             importlib.import_module("transformers.utils.logging")  # its handler, made at import
             cover()
             for name in TRANSFORMERS_MODULES:
@@ -109,42 +105,6 @@ def run_tiny_decoder() -> None:
     ids = torch.zeros(1, 8, dtype=torch.long, device="meta")
     with _PassThrough():
         model(input_ids=ids, labels=ids).loss.backward()
-
-
-class _OtherThreads(logging.Filter):
-    """Passes the log records of every thread but the one that made it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.thread = threading.get_ident()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.thread != self.thread
-
-
-@contextmanager
-def quiet_logs() -> Iterator[Callable[[], None]]:
-    """The log records of this thread dropped by every handler (``logging.lastResort``, the
-    one that prints a library's warnings when nothing is configured, included); each handler
-    as it was after. The block gets a function that covers the handlers made since."""
-    quiet = _OtherThreads()
-    held: list[logging.Handler] = []
-
-    def cover() -> None:
-        loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-        handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
-        if logging.lastResort is not None:
-            handlers.add(logging.lastResort)
-        for handler in handlers - set(held):
-            handler.addFilter(quiet)
-            held.append(handler)
-
-    try:
-        cover()
-        yield cover
-    finally:
-        for handler in held:
-            handler.removeFilter(quiet)
 
 
 def enabled() -> bool:

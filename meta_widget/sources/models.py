@@ -485,7 +485,7 @@ def is_transformers_config(obj: Any) -> bool:
 @register_source("config", is_transformers_config)
 def _from_config(config: Any) -> MetaModel:
     def build() -> torch.nn.Module:
-        transformers = heavy.transformers()
+        transformers = heavy.transformers_models()
         cls = model_class(config)
         make = cls if cls is not None else transformers.AutoModel.from_config
         return on_meta(lambda: make(config))  # type: ignore[no-any-return]
@@ -505,7 +505,7 @@ def model_class(config: Any) -> type | None:
     name = archs[0] if isinstance(archs, (list, tuple)) and archs else None
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
         return None
-    transformers = heavy.transformers()
+    transformers = heavy.transformers_models()
     try:
         cls = getattr(transformers, name, None)
     except Exception:  # a lazy import of a model whose optional library is missing
