@@ -155,7 +155,19 @@ def test_budget_defaults_to_the_gpu_memory_and_progress_is_reported() -> None:
     p = mw.plan(MLP, (4, 64), gpu="L4", progress=lambda d, t, _: seen.append((d, t)))
     assert p.budget == mw.gpus().loc["L4", "memory_bytes"]
     assert seen[0] == (0, 12) and seen[-1] == (12, 12)
+    assert seen.count((12, 12)) == 1  # the last candidate's line is the closing one
     assert p.traces == 12
+
+
+def test_progress_is_shown_by_default_one_closing_line(capsys: pytest.CaptureFixture[str]) -> None:
+    mw.plan(MLP, (4, 64), gpu="L4", workers=1)
+    err = capsys.readouterr().err
+    lines = err.replace("\r", "\n").split("\n")
+    assert any(line.startswith("plan [") and "/12 " in line for line in lines), err
+    closing = [line for line in lines if "12/12" in line]
+    assert [line.rstrip() for line in closing] == ["plan [####################] 12/12 done, 12 traces"]
+    mw.plan(MLP, (4, 64), gpu="L4", workers=1, progress=False)
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,7 @@ def plan(
     micro_batches: Sequence[int] | None = None,
     global_batch: int | None = None,
     seq_len: int | None = None,
-    progress: bool | ProgressFn = False,
+    progress: bool | ProgressFn = True,
     full_depth: bool = False,
     workers: int | None = None,
     executor: Executor | None = None,
@@ -156,8 +156,9 @@ def plan(
         sequences split over its micro-batches (``Candidate.input_size``); its
         ``tokens_per_s`` is then ``global_batch * seq_len / step_s``.
     progress
-        ``True``: a text line per candidate on standard error; or a function
-        ``(done, total, text)``.
+        ``True`` (the default): a line of progress, rewritten as each candidate is done (on
+        standard error; in a notebook, the cell's output, left as one line that says how many
+        traces it took); ``False``: none; or a function ``(done, total, text)``.
     full_depth
         Trace every candidate at the model's full depth. By default a transformers config
         whose decoder layers are all alike is traced at 3 and 4 layers per candidate and
@@ -248,7 +249,7 @@ def plan(
             counts.title = result["title"] or counts.title
             take(c, result, job, counts)
         finished += 1
-        if report is not None:
+        if report is not None and finished < len(todo):  # the last: the line below says it
             report(finished, len(todo), label(c))
 
     if report is not None and traced:
@@ -269,7 +270,7 @@ def plan(
         else:
             share([list(by_key)], here, task, None, on_done)
     if report is not None:
-        report(len(todo), len(todo), f"{counts.runs} traced")
+        report(len(todo), len(todo), f"done, {counts.runs} traces")
     title = counts.title or "model"
     return Plan(list(todo), limit, accelerator, devices, mode, counts.runs, title)
 
