@@ -7,8 +7,8 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { draw } from "./explore";
 import training from "./fixtures/gpt2-tiny.training.json";
-import { decodePlan, failedGroups, gpuHoursText, indexRuns, planColumns, planVerdict, sortCandidates } from "./plan";
-import { candidateText, isDrawn, labelBox, layoutText, paretoFront, tickSeconds, ticks, xRange } from "./planchart";
+import { decodePlan, failedGroups, indexRuns, planColumns, planVerdict, sortCandidates } from "./plan";
+import { candidateText, gpuHoursText, isDrawn, labelBox, layoutText, paretoFront, tickSeconds, ticks, xRange } from "./planchart";
 import type { PlanCandidate } from "./protocol";
 import { fakeModel } from "./testmodel";
 

@@ -11,7 +11,7 @@ import { App } from "./app";
 import { decodePayload } from "./decode";
 import { h } from "./details";
 import { formatBytes, formatCount } from "./format";
-import { canZoom, candidateText, heldBytes, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
+import { canZoom, candidateText, gpuHoursText, heldBytes, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
 import type { PlanCandidate, PlanPayload } from "./protocol";
 import { formatSeconds } from "./timing";
 
@@ -75,11 +75,6 @@ export function planVerdict(p: PlanPayload): string {
   const rate = best.tokensPerS !== null ? `, ${Math.round(best.tokensPerS).toLocaleString("en-US")} tokens/s` : "";
   const cost = p.tokens !== null && typeof best.gpuHours === "number" ? `; ${gpuHoursText(best.gpuHours)} GPU-hours for ${formatCount(p.tokens)} tokens` : "";
   return `${head}. Fastest that fits: ${layoutText(best)}, ${best.checkpointing ? "checkpointing" : "no checkpointing"}, ${best.precision}, ${best.microBatches} micro-batch${best.microBatches === 1 ? "" : "es"}: step ${formatSeconds(best.stepS)}${rate}, ${formatBytes(heldBytes(best))} on the GPU (peak ${formatBytes(best.peakBytes)})${cost}.`;
-}
-
-/** GPU-hours in 3 significant digits, grouped: "30,800,000", "1,230", "4.56". */
-export function gpuHoursText(h: number): string {
-  return Number(h.toPrecision(3)).toLocaleString("en-US");
 }
 
 export interface TableColumn {
@@ -309,8 +304,7 @@ function zoomSwitch(onPick: (fitting: boolean) => void): HTMLDivElement {
   return box;
 }
 
-/** The reason each candidate not traced (or failed) has, the same reason said once for all its
- * candidates; open while short (10 reasons or fewer), else folded under its count. */
+/** The candidates not traced (or failed) by reason, in the order of each reason's first. */
 export function failedGroups(failed: readonly PlanCandidate[]): { reason: string; candidates: PlanCandidate[] }[] {
   const groups = new Map<string, PlanCandidate[]>();
   for (const c of failed) {
@@ -333,6 +327,8 @@ export function indexRuns(indices: readonly number[]): string {
   return runs.join(", ");
 }
 
+/** The candidates not traced, each reason said once for all its candidates; open while short
+ * (10 reasons or fewer), else folded under its count. */
 function failedList(failed: readonly PlanCandidate[]): HTMLElement {
   const groups = failedGroups(failed);
   const box = h("details", "mw-plan-failed-box");

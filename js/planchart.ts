@@ -60,13 +60,18 @@ export function layoutText(c: PlanCandidate): string {
   return `${text} ${c.schedule}${stages}`;
 }
 
+/** GPU-hours in 3 significant digits, grouped: "30,800,000", "1,230", "4.57". */
+export function gpuHoursText(h: number): string {
+  return Number(h.toPrecision(3)).toLocaleString("en-US");
+}
+
 /** The candidate in words, as the hover and the table say it. */
 export function candidateText(c: PlanCandidate): string {
   const micro = `${c.microBatches} micro-batch${c.microBatches === 1 ? "" : "es"}`;
   const head = `${layoutText(c)} · ${c.checkpointing ? "checkpointing" : "no checkpointing"} · ${c.precision} · ${micro}`;
   if (!isDrawn(c)) return `${head}: ${c.error ?? "not traced"}`;
   const mfu = c.mfu === null ? "" : ` · MFU ${(c.mfu * 100).toPrecision(2)}%`;
-  const cost = typeof c.gpuHours === "number" ? ` · ${Number(c.gpuHours.toPrecision(3)).toLocaleString("en-US")} GPU-hours` : "";
+  const cost = typeof c.gpuHours === "number" ? ` · ${gpuHoursText(c.gpuHours)} GPU-hours` : "";
   return `${head}: ${formatBytes(heldBytes(c))} on the GPU (peak ${formatBytes(c.peakBytes)})${c.fits ? "" : ", over the budget"} · step ${formatSeconds(c.stepS)}${mfu}${cost}`;
 }
 
