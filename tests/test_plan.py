@@ -165,7 +165,9 @@ def test_progress_is_shown_by_default_one_closing_line(capsys: pytest.CaptureFix
     lines = err.replace("\r", "\n").split("\n")
     assert any(line.startswith("plan [") and "/12 " in line for line in lines), err
     closing = [line for line in lines if "12/12" in line]
-    assert [line.rstrip() for line in closing] == ["plan [####################] 12/12 done, 12 traces"]
+    assert [line.rstrip() for line in closing] == [
+        "plan [####################] 12/12 done, 12 traces"
+    ]
     mw.plan(MLP, (4, 64), gpu="L4", workers=1, progress=False)
     assert capsys.readouterr().err == ""
 
