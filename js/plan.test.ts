@@ -289,4 +289,27 @@ describe("the plan view", () => {
     expect(p.candidates[Number(first.dataset.index)]!.tokensPerS).toBe(fastest);
     expect([30_840_000, 1234.5, 4.567].map(gpuHoursText)).toEqual(["30,800,000", "1,230", "4.57"]);
   });
+
+  it("names each checkpointing setting (none, selective, whole blocks) and sorts them by what is recomputed", () => {
+    // the sample's candidates, every other one with checkpointing True made "selective", as
+    // plan(activation_checkpointing=[False, "selective", True]) sends it
+    let n = 0;
+    const mixed = { ...raw, candidates: raw.candidates.map((c) => (c.checkpointing === true && n++ % 2 === 0 ? { ...c, checkpointing: "selective" } : c)) };
+    const p = decodePlan(mixed)!;
+    expect(new Set(p.candidates.map((c) => c.checkpointing))).toEqual(new Set(["none", "selective", "full"]));
+    const sel = p.candidates.find((c) => c.checkpointing === "selective" && isDrawn(c))!;
+    const full = p.candidates.find((c) => c.checkpointing === "full" && isDrawn(c))!;
+    expect(candidateText(sel)).toContain(" · selective checkpointing · ");
+    expect(candidateText(full)).toMatch(/ · checkpointing · /);
+    show(mixed);
+    const heads = [...el.querySelectorAll<HTMLElement>(".mw-plan-table th")];
+    const k = heads.findIndex((th) => th.textContent === "ckpt");
+    const cells = () => [...el.querySelectorAll<HTMLElement>(".mw-plan-table tr.mw-plan-row")].map((tr) => tr.children[k]!.textContent);
+    expect(new Set(cells())).toEqual(new Set(["no", "selective", "full"]));
+    heads[k]!.click(); // ascending: none, then selective, then whole blocks
+    const order = cells();
+    expect(order.lastIndexOf("no")).toBeLessThan(order.indexOf("selective"));
+    expect(order.lastIndexOf("selective")).toBeLessThan(order.indexOf("full"));
+    expect(sortCandidates(p.candidates, k, false).map((c) => c.checkpointing)).toEqual(order.map((t) => ({ no: "none", selective: "selective", full: "full" })[t!]));
+  });
 });

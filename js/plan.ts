@@ -11,7 +11,7 @@ import { App } from "./app";
 import { decodePayload } from "./decode";
 import { h } from "./details";
 import { formatBytes, formatCount } from "./format";
-import { canZoom, candidateText, gpuHoursText, heldBytes, isDrawn, layoutText, planChart, precisionClasses } from "./planchart";
+import { canZoom, candidateText, checkpointingText, gpuHoursText, heldBytes, isDrawn, layoutText, planChart, precisionClasses, RECOMPUTED } from "./planchart";
 import type { PlanCandidate, PlanPayload } from "./protocol";
 import { formatSeconds } from "./timing";
 
@@ -32,7 +32,7 @@ function decodeCandidate(raw: Obj, i: number): PlanCandidate {
     schedule: typeof raw.schedule === "string" ? raw.schedule : null,
     virtualStages: int(raw.virtualStages),
     sequenceParallel: raw.sequenceParallel === true,
-    checkpointing: raw.checkpointing === true,
+    checkpointing: raw.checkpointing === true ? "full" : raw.checkpointing === "selective" ? "selective" : "none",
     precision: typeof raw.precision === "string" ? raw.precision : "",
     microBatches: int(raw.microBatches),
     peakBytes: numOrNull(raw.peakBytes),
@@ -74,7 +74,7 @@ export function planVerdict(p: PlanPayload): string {
   if (!best || !isDrawn(best)) return `${head}; none fits.`;
   const rate = best.tokensPerS !== null ? `, ${Math.round(best.tokensPerS).toLocaleString("en-US")} tokens/s` : "";
   const cost = p.tokens !== null && typeof best.gpuHours === "number" ? `; ${gpuHoursText(best.gpuHours)} GPU-hours for ${formatCount(p.tokens)} tokens` : "";
-  return `${head}. Fastest that fits: ${layoutText(best)}, ${best.checkpointing ? "checkpointing" : "no checkpointing"}, ${best.precision}, ${best.microBatches} micro-batch${best.microBatches === 1 ? "" : "es"}: step ${formatSeconds(best.stepS)}${rate}, ${formatBytes(heldBytes(best))} on the GPU (peak ${formatBytes(best.peakBytes)})${cost}.`;
+  return `${head}. Fastest that fits: ${layoutText(best)}, ${checkpointingText(best)}, ${best.precision}, ${best.microBatches} micro-batch${best.microBatches === 1 ? "" : "es"}: step ${formatSeconds(best.stepS)}${rate}, ${formatBytes(heldBytes(best))} on the GPU (peak ${formatBytes(best.peakBytes)})${cost}.`;
 }
 
 export interface TableColumn {
@@ -99,8 +99,8 @@ const TABLE: TableColumn[] = [
   {
     label: "ckpt",
     hint: "activation checkpointing",
-    text: (c) => (c.checkpointing ? "yes" : "no"),
-    value: (c) => Number(c.checkpointing),
+    text: (c) => ({ none: "no", full: "full", selective: "selective" })[c.checkpointing],
+    value: (c) => RECOMPUTED[c.checkpointing],
     drop: 2,
   },
   { label: "precision", hint: "the precision tried", text: (c) => c.precision, value: (c) => c.precision, wraps: true },

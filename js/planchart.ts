@@ -65,10 +65,19 @@ export function gpuHoursText(h: number): string {
   return Number(h.toPrecision(3)).toLocaleString("en-US");
 }
 
+/** Checkpointing settings in order of what the backward recomputes (the table sorts so). */
+export const RECOMPUTED: Record<PlanCandidate["checkpointing"], number> = { none: 0, selective: 1, full: 2 };
+
+/** A candidate's checkpointing in words: "no checkpointing", "checkpointing" (every block
+ * whole), "selective checkpointing". */
+export function checkpointingText(c: PlanCandidate): string {
+  return c.checkpointing === "none" ? "no checkpointing" : c.checkpointing === "full" ? "checkpointing" : "selective checkpointing";
+}
+
 /** The candidate in words, as the hover and the table say it. */
 export function candidateText(c: PlanCandidate): string {
   const micro = `${c.microBatches} micro-batch${c.microBatches === 1 ? "" : "es"}`;
-  const head = `${layoutText(c)} · ${c.checkpointing ? "checkpointing" : "no checkpointing"} · ${c.precision} · ${micro}`;
+  const head = `${layoutText(c)} · ${checkpointingText(c)} · ${c.precision} · ${micro}`;
   if (!isDrawn(c)) return `${head}: ${c.error ?? "not traced"}`;
   const mfu = c.mfu === null ? "" : ` · MFU ${(c.mfu * 100).toPrecision(2)}%`;
   const cost = typeof c.gpuHours === "number" ? ` · ${gpuHoursText(c.gpuHours)} GPU-hours` : "";

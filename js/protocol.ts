@@ -520,7 +520,9 @@ export interface PlanCandidate {
   virtualStages?: number;
   /** Sequence parallelism over the tensor-parallel ranks (absent: none). */
   sequenceParallel?: boolean;
-  checkpointing: boolean;
+  /** Activation checkpointing: none, every block whole, or every block saving the ops of a
+   * policy (`"selective"`). */
+  checkpointing: "none" | "full" | "selective";
   precision: string;
   microBatches: number;
   /** Rank 0's traced peak (the steady step's in training): what its tensors hold. */

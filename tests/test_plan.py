@@ -47,13 +47,16 @@ class MLP(nn.Module):
 def reanalyze(model: Any, size: Any, row: Any, **options: Any) -> mw.Analysis:
     """``row``'s configuration traced again with ``mw.analyze`` (options spelled here)."""
     parallel = {k: int(row[k]) for k in ("replicate", "fsdp", "tp") if int(row[k]) > 1}
+    checkpointing = row["activation_checkpointing"]  # False, True or "selective"
     return mw.analyze(
         model,
         size,
         mode="training",
         gpu="H100",
         parallel=parallel or None,
-        activation_checkpointing=bool(row["activation_checkpointing"]),
+        activation_checkpointing=(
+            checkpointing if isinstance(checkpointing, str) else bool(checkpointing)
+        ),
         micro_batches=int(row["micro_batches"]),
         **PRECISION_OPTIONS[row["precision"]],
         **options,
@@ -188,6 +191,9 @@ def test_progress_is_shown_by_default_one_closing_line(capsys: pytest.CaptureFix
         {"micro_batches": [0]},
         {"precisions": ["fp8"]},
         {"activation_checkpointing": "yes"},
+        {"activation_checkpointing": ["full"]},
+        {"activation_checkpointing": [1]},
+        {"activation_checkpointing": [None]},
         {"layouts": [{"fsdp": 4}]},
         {"layouts": [{"dp": 2}]},
         {"layouts": {"fsdp": 2}},
@@ -233,6 +239,56 @@ def test_hsdp_layouts_are_candidates_and_each_axis_can_be_narrowed() -> None:
     # the replicas all-reduce the gradients: more data-parallel ranks, the same per-rank work
     replicas = df.set_index("replicate")
     assert replicas.loc[4, "peak_bytes"] > replicas.loc[1, "peak_bytes"]  # unsharded weights
+
+
+def test_selective_checkpointing_is_a_candidate_between_none_and_whole_blocks() -> None:
+    """``activation_checkpointing=[False, "selective", True]``: three candidates a layout, each
+    the row ``analyze`` traces with that setting. Selective (torchtitan's op list: matmuls but
+    every second, attention) keeps more than whole blocks and recomputes less: its peak and its
+    step lie between the other two (a config that keeps its KV cache is refused: the
+    recomputation would run other ops). ``checkpoint_policy=`` is the selective candidates' alone:
+    ``True`` stays whole blocks. ``sort`` orders the column by what is recomputed."""
+    cfg, size = tiny_llama(), (2, 256)
+    space: dict[str, Any] = dict(
+        gpu="H100", devices=2, layouts=[{"fsdp": 2}], precisions=["as given"], micro_batches=[1]
+    )
+    # a layer that writes its KV cache runs other ops when recomputed: refused before any trace
+    with pytest.raises(mw.OptionError, match=r"use_cache=True.*config.use_cache = False"):
+        mw.plan(cfg, size, activation_checkpointing=["selective"], **space)
+    cfg.use_cache = False
+    p = mw.plan(cfg, size, activation_checkpointing=[True, "selective", False], **space)
+    df = p.to_dataframe()
+    assert list(df["activation_checkpointing"]) == [True, "selective", False]
+    assert df["error"].isna().all() and p.traces == 3
+    whole, selective, none = (int(b) for b in df["peak_bytes"])
+    assert whole < selective < none
+    step = list(df["step_s"])
+    assert step[2] < step[1] < step[0]  # none recomputed, some, every op of each block
+    for _, row in df.iterrows():
+        again = reanalyze(cfg, size, row)
+        assert again.peak_bytes == row["peak_bytes"]
+        assert again.time is not None and again.time.step_s == row["step_s"]
+    assert list(p.sort("activation_checkpointing").to_dataframe()["activation_checkpointing"]) == [
+        False,
+        "selective",
+        True,
+    ]
+    assert "checkpointing=selective" in repr(p.sort("peak_bytes", descending=True)[1:2])
+    # a policy of one's own: the selective candidate saves only the matmuls; True is unchanged
+    mm = mw.plan(
+        cfg,
+        size,
+        activation_checkpointing=[True, "selective"],
+        checkpoint_policy=["aten.mm"],
+        **space,
+    )
+    rows = mm.to_dataframe()
+    assert rows["peak_bytes"][0] == whole
+    policy = mw.analyze(
+        cfg, size, mode="training", gpu="H100", parallel={"fsdp": 2},
+        activation_checkpointing="selective", checkpoint_policy=["aten.mm"],
+    )  # fmt: skip
+    assert rows["peak_bytes"][1] == policy.peak_bytes != selective
 
 
 def test_sequence_parallel_layouts_are_candidates_traced_as_analyze_traces_them() -> None:

@@ -97,6 +97,21 @@ def test_rule_gives_the_full_depth_numbers_for_every_candidate() -> None:
     assert set(full.to_dataframe()["traced_layers"]) == {"all"}
 
 
+def test_selective_checkpointing_follows_the_rule() -> None:
+    """``"selective"`` (torchtitan's op list: every second matmul of a block recomputed, the
+    count starting again in each block) checkpoints each layer alike: by the rule, with and
+    without tensor parallelism, the numbers of the full depth."""
+    space = {**SPACE, "layouts": [{"fsdp": 8}, {"replicate": 2, "fsdp": 2, "tp": 2}]}
+    space.update(activation_checkpointing=["selective"], precisions=["as given"])
+    config = llama(use_cache=False)
+    by_rule = mw.plan(config, SIZE, **space)
+    full = mw.plan(config, SIZE, full_depth=True, **space)
+    assert [c.activation_checkpointing for c in by_rule.candidates] == ["selective"] * 2
+    assert all(c.traced_layers in RULED for c in by_rule.candidates)
+    for a, b in zip(by_rule.candidates, full.candidates, strict=True):
+        same_numbers(a, b)
+
+
 def test_a_candidates_analysis_is_traced_at_full_depth_when_asked_for() -> None:
     p = mw.plan(llama(), SIZE, **FSDP8)
     best = p.candidates[0]

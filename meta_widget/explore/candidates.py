@@ -11,10 +11,12 @@ from typing import Any
 
 from ..analysis import Analysis
 from ..options import OptionError, OptionTypeError, Parallel, check_micro_batches
+from ..options.selective import SELECTIVE
 from ..timing.gpus import GPU, resolve_gpu
 from .layouts import MESH, PIPELINE, Layout, default_layouts, layouts_given
 
 __all__ = [
+    "CHECKPOINTING",
     "COLUMNS",
     "HELD_AS",
     "MESH",
@@ -41,6 +43,10 @@ HELD_AS: dict[str, str] = {
     "autocast bf16": "as given",
     "param_dtype bf16": "param_dtype bf16",
 }
+#: the checkpointing settings a plan may try, in order of what the backward recomputes: none,
+#: every block saving the ops of ``checkpoint_policy=`` (torchtitan's op list by default), every
+#: block whole (``analyze``'s ``activation_checkpointing`` values)
+CHECKPOINTING: tuple[bool | str, ...] = (False, SELECTIVE, True)
 #: the columns of ``Plan.to_dataframe()``
 COLUMNS = (
     "replicate",
@@ -81,7 +87,10 @@ class Candidate:
         ``schedule``, ``virtual_stages`` stages each), ``cp`` context-parallel and ``ep``
         expert-parallel ranks (``schedule`` None without a pipeline).
     activation_checkpointing
-        Whether every block is checkpointed.
+        ``False``: nothing checkpointed; ``True``: every block, its forward run again whole in
+        backward; ``"selective"``: every block, saving the outputs of the ops of the plan's
+        ``checkpoint_policy=`` (torchtitan's op list by default: its matmuls but every second,
+        attention, reduce-scatters) and running the rest again (``analyze``'s values).
     precision
         ``"as given"``, ``"autocast bf16"`` or ``"param_dtype bf16"``.
     micro_batches
@@ -133,7 +142,7 @@ class Candidate:
     """
 
     layout: Layout
-    activation_checkpointing: bool
+    activation_checkpointing: bool | str
     precision: str
     micro_batches: int
     input_size: Any = None
@@ -190,12 +199,14 @@ class Candidate:
 
     def options(self) -> dict[str, Any]:
         """The options of ``analyze`` that give this candidate (besides the plan's own and the
-        input): with a pipeline, its schedule's micro-batches are ``parallel``'s."""
+        input): with a pipeline, its schedule's micro-batches are ``parallel``'s. Only a
+        ``"selective"`` candidate takes the plan's ``checkpoint_policy``."""
         return {
             "parallel": self.layout.parallel(),
             "activation_checkpointing": self.activation_checkpointing,
             "micro_batches": 1 if self.layout.pp > 1 else self.micro_batches,
             **PRECISIONS[self.precision],
+            **({} if self.activation_checkpointing == SELECTIVE else {"checkpoint_policy": None}),
         }
 
     def row(self) -> dict[str, Any]:
@@ -214,7 +225,7 @@ class Space:
     names and micro-batch counts (gradient accumulation; a pipeline's layout brings its own)."""
 
     layouts: tuple[Layout, ...]
-    checkpointing: tuple[bool, ...]
+    checkpointing: tuple[bool | str, ...]
     precisions: tuple[str, ...]
     micro_batches: tuple[int, ...]
 
@@ -225,7 +236,7 @@ class Space:
         mode: str,
         gpu: GPU,
         layouts: Sequence[Mapping[str, Any] | Parallel] | None,
-        checkpointing: Sequence[bool] | None,
+        checkpointing: Sequence[bool | str] | None,
         precisions: Sequence[str] | None,
         micro_batches: Sequence[int] | None,
         layers: int | None = None,
@@ -254,7 +265,8 @@ class Space:
                 "activation_checkpointing",
                 checkpointing,
                 (False, True) if training else (False,),
-                bool,
+                (bool, str),
+                CHECKPOINTING,
             ),
             _axis("precisions", precisions, tuple(PRECISIONS), str, PRECISIONS),
             tuple(
@@ -284,7 +296,11 @@ def candidates(devices: int, mode: str = "training", gpu: str | GPU = "H100") ->
 
 
 def _axis(
-    name: str, given: Sequence[Any] | None, default: tuple[Any, ...], kind: type, known: Any = None
+    name: str,
+    given: Sequence[Any] | None,
+    default: tuple[Any, ...],
+    kind: type | tuple[type, ...],
+    known: Any = None,
 ) -> tuple[Any, ...]:
     """One axis given (or its default), each value of ``kind`` (and in ``known``), no repeats."""
     if given is None:
@@ -296,6 +312,10 @@ def _axis(
     for value in given:
         bad = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
         if bad or (known is not None and value not in known) or (kind is int and value < 1):
-            allowed = f"one of {list(known)}" if known is not None else f"a {kind.__name__}"
+            allowed = (
+                f"one of {list(known)}"
+                if known is not None
+                else f"a {getattr(kind, '__name__', kind)}"
+            )
             raise OptionError(f"plan: {name} holds {value!r}; each must be {allowed}.")
     return tuple(dict.fromkeys(given))

@@ -15,7 +15,9 @@ Every candidate is a combination of
   largest parameter, pp past the layers, ep on a dense model, cp on the CPU mesh, a batch the
   pipeline's micro-batches do not divide) is found before any trace
   (``meta_widget.explore.plan_checks``), recorded with its reason and not traced;
-- *activation checkpointing* (training only): off, or every block (``True``);
+- *activation checkpointing* (training only): off, or every block (``True``); or on request
+  every block selectively (``"selective"``: the ops of ``checkpoint_policy=`` saved,
+  torchtitan's op list by default);
 - *precision*: as given (the model's own dtype), ``autocast`` bf16, or ``param_dtype`` bf16;
 - *micro-batches* (training only): 1, and 2 (the optimizer step and, under FSDP, the
   parameter gathers are shared by twice the tokens); a pipeline's layout brings its own (the
@@ -67,6 +69,7 @@ from .depth import depth_of
 from .layouts import decoder_layers, routed_experts
 from .plan_checks import (
     check_global_batch,
+    check_selective,
     experts_where_taken,
     on_meta,
     refuse,
@@ -99,7 +102,7 @@ def plan(
     mode: str = "training",
     input_data: Any = None,
     layouts: Sequence[Mapping[str, Any] | Parallel] | None = None,
-    activation_checkpointing: Sequence[bool] | None = None,
+    activation_checkpointing: Sequence[bool | str] | None = None,
     precisions: Sequence[str] | None = None,
     micro_batches: Sequence[int] | None = None,
     global_batch: int | None = None,
@@ -143,7 +146,10 @@ def plan(
         layout with ``tp`` shards the sequence too (``sequence_parallel``) where the model
         takes it and ``tp`` divides the sequence.
     activation_checkpointing
-        The settings to try (training): default ``(False, True)``.
+        The settings to try (training), each ``analyze``'s: ``False`` (none), ``True`` (every
+        block, recomputed whole) or ``"selective"`` (every block, the outputs of the ops of
+        ``checkpoint_policy=`` saved: torchtitan's op list when not given; only these
+        candidates take the policy). Default ``(False, True)``.
     precisions
         Names of ``meta_widget.explore.candidates.PRECISIONS`` to try: default all three.
     micro_batches
@@ -215,6 +221,7 @@ def plan(
         decoder_layers(model),
         experts,
     )
+    check_selective(model, space.checkpointing)
     checks = on_meta(model, space.layouts)
     if layouts is None:
         sequence = sequence_length(input_size, whole)

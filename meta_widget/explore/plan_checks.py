@@ -33,11 +33,14 @@ from torch import nn
 
 from ..distributed.parallel import ParallelError
 from ..options import LayoutError, OptionError, OptionTypeError
+from ..options.selective import SELECTIVE
+from ..sources.models import is_transformers_config
 from .candidates import Candidate, Layout
 
 __all__ = [
     "LayoutChecks",
     "check_global_batch",
+    "check_selective",
     "experts_where_taken",
     "on_meta",
     "refuse",
@@ -71,6 +74,25 @@ def check_global_batch(
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise OptionTypeError(f"plan: {name} must be a whole number >= 1, not {value!r}.")
     return int(global_batch), int(seq_len)
+
+
+def check_selective(model: Any, checkpointing: Sequence[bool | str]) -> None:
+    """Refuse ``"selective"`` checkpointing for a transformers model that writes a KV cache in
+    training (``config.use_cache``): the recomputed forward finds the cache grown and runs
+    other ops than the first, which the selective mode refuses: every such candidate would
+    fail, as a real run does (``trace.known_errors``, ``selective_checkpoint_mismatch``)."""
+    if SELECTIVE not in checkpointing:
+        return
+    config = model if is_transformers_config(model) else getattr(model, "config", None)
+    if is_transformers_config(config) and getattr(config, "use_cache", False):
+        raise OptionError(
+            f"plan: activation_checkpointing 'selective' with {type(config).__name__}'s "
+            "use_cache=True: each decoder layer writes its keys and values to a cache in the "
+            "forward, so the recomputation in backward finds the cache grown and runs other ops "
+            "than the forward, which torch.utils.checkpoint's selective mode refuses (a real run "
+            "fails the same way). Set config.use_cache = False, as transformers' own gradient "
+            "checkpointing does in training, or leave 'selective' out."
+        )
 
 
 def set_inputs(candidates: Sequence[Candidate], global_batch: int, seq_len: int) -> None:

@@ -14,7 +14,7 @@ import pandas as pd
 from ..options import OptionError, OptionTypeError
 from ..timing.gpus import GPU
 from ..units import format_bytes
-from .candidates import COLUMNS, Candidate
+from .candidates import CHECKPOINTING, COLUMNS, Candidate
 from .fit import NothingFitsError
 from .layouts import MESH
 from .plan_front import check_tokens, front, gpu_hours, speed
@@ -91,12 +91,14 @@ class Plan:
 
     def sort(self, by: str | list[str], *, descending: bool = False) -> Plan:
         """The candidates ordered by a column (or columns) of ``to_dataframe()``, stable, rows
-        with no value last: ``p.sort("step_s")``, ``p.sort("tokens_per_s", descending=True)``."""
+        with no value last: ``p.sort("step_s")``, ``p.sort("tokens_per_s", descending=True)``
+        (``activation_checkpointing`` by what the backward recomputes: False, "selective",
+        True)."""
         table = self.to_dataframe()
         names = [by] if isinstance(by, str) else list(by)
         _columns(names, table)
         order = table.sort_values(
-            names, ascending=not descending, na_position="last", kind="stable"
+            names, ascending=not descending, na_position="last", kind="stable", key=_recomputed
         ).index
         return self._with([self.candidates[i] for i in order])
 
@@ -178,6 +180,14 @@ class Plan:
             f"{head}; best {label(b)}: {format_bytes(b.device_bytes or 0)} on the GPU (peak "
             f"{format_bytes(b.peak_bytes or 0)}), step {b.step_s:.4g} s>"
         )
+
+
+def _recomputed(column: pd.Series) -> pd.Series:
+    """A column as ``Plan.sort`` orders it: checkpointing settings (``False``, ``True``,
+    ``"selective"``, which do not compare) by what the backward recomputes."""
+    if column.name != "activation_checkpointing":
+        return column
+    return column.map({k: i for i, k in enumerate(CHECKPOINTING)})
 
 
 def _columns(names: list[str], table: pd.DataFrame) -> None:

@@ -198,7 +198,8 @@ def run_analyze(
     input_size: Any = None,
 ) -> Analysis:
     """``analyze`` of ``job``'s model (at ``depth`` decoder layers, or whole) with a
-    candidate's ``options`` and ``input_size`` (None: the job's), counted in ``counts``."""
+    candidate's ``options`` (over the job's: a candidate that is not ``"selective"`` leaves out
+    its ``checkpoint_policy``) and ``input_size`` (None: the job's), counted in ``counts``."""
     counts.runs += 1  # a refused layout is a run too
     a = analyze(
         job.model if depth is None else with_layers(job.model, depth),
@@ -206,8 +207,7 @@ def run_analyze(
         input_data=job.input_data,
         mode=job.mode,
         gpu=job.gpu,
-        **options,
-        **job.options,
+        **{**job.options, **options},
     )
     counts.title = a.title
     return a
