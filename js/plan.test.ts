@@ -290,13 +290,24 @@ describe("the plan view", () => {
     expect([30_840_000, 1234.5, 4.567].map(gpuHoursText)).toEqual(["30,800,000", "1,230", "4.57"]);
   });
 
-  it("names each checkpointing setting (none, selective, whole blocks) and sorts them by what is recomputed", () => {
-    // the sample's candidates, every other one with checkpointing True made "selective", as
-    // plan(activation_checkpointing=[False, "selective", True]) sends it
+  it("names each checkpointing setting (none, modules, selective, whole blocks) and sorts them by what is recomputed", () => {
+    // the sample's candidates, every other one with checkpointing True made "selective" and
+    // two without it given modules, as plan(activation_checkpointing=[False, ["LlamaMLP"],
+    // "selective", True]) sends them
     let n = 0;
-    const mixed = { ...raw, candidates: raw.candidates.map((c) => (c.checkpointing === true && n++ % 2 === 0 ? { ...c, checkpointing: "selective" } : c)) };
+    let m = 0;
+    const names = [["LlamaMLP"], ["layers.0", "layers.1", "layers.2", "layers.3"]];
+    const mixed = {
+      ...raw,
+      candidates: raw.candidates.map((c) =>
+        c.checkpointing === true ? (n++ % 2 === 0 ? { ...c, checkpointing: "selective" } : c) : m < 2 ? { ...c, checkpointing: names[m++] } : c,
+      ),
+    };
     const p = decodePlan(mixed)!;
-    expect(new Set(p.candidates.map((c) => c.checkpointing))).toEqual(new Set(["none", "selective", "full"]));
+    expect(new Set(p.candidates.map((c) => c.checkpointing))).toEqual(new Set(["none", "modules", "selective", "full"]));
+    const [mlp, blocks] = p.candidates.filter((c) => c.checkpointing === "modules");
+    expect(candidateText(mlp!)).toContain(" · checkpointing LlamaMLP · ");
+    expect(candidateText(blocks!)).toContain(" · checkpointing layers.0, layers.1 and 2 more · ");
     const sel = p.candidates.find((c) => c.checkpointing === "selective" && isDrawn(c))!;
     const full = p.candidates.find((c) => c.checkpointing === "full" && isDrawn(c))!;
     expect(candidateText(sel)).toContain(" · selective checkpointing · ");
@@ -305,11 +316,13 @@ describe("the plan view", () => {
     const heads = [...el.querySelectorAll<HTMLElement>(".mw-plan-table th")];
     const k = heads.findIndex((th) => th.textContent === "ckpt");
     const cells = () => [...el.querySelectorAll<HTMLElement>(".mw-plan-table tr.mw-plan-row")].map((tr) => tr.children[k]!.textContent);
-    expect(new Set(cells())).toEqual(new Set(["no", "selective", "full"]));
-    heads[k]!.click(); // ascending: none, then selective, then whole blocks
+    expect(new Set(cells())).toEqual(new Set(["no", "LlamaMLP", "layers.0, layers.1 and 2 more", "selective", "full"]));
+    heads[k]!.click(); // ascending: none, then modules named, then selective, then whole blocks
     const order = cells();
-    expect(order.lastIndexOf("no")).toBeLessThan(order.indexOf("selective"));
+    expect(order.lastIndexOf("no")).toBeLessThan(order.indexOf("LlamaMLP"));
+    expect(order.lastIndexOf("LlamaMLP")).toBeLessThan(order.indexOf("selective"));
     expect(order.lastIndexOf("selective")).toBeLessThan(order.indexOf("full"));
-    expect(sortCandidates(p.candidates, k, false).map((c) => c.checkpointing)).toEqual(order.map((t) => ({ no: "none", selective: "selective", full: "full" })[t!]));
+    const kind = (t: string) => ({ no: "none", selective: "selective", full: "full" })[t] ?? "modules";
+    expect(sortCandidates(p.candidates, k, false).map((c) => c.checkpointing)).toEqual(order.map((t) => kind(t!)));
   });
 });

@@ -11,7 +11,7 @@ import { App } from "./app";
 import { decodePayload } from "./decode";
 import { h } from "./details";
 import { formatBytes, formatCount } from "./format";
-import { canZoom, candidateText, checkpointingText, gpuHoursText, heldBytes, isDrawn, layoutText, planChart, precisionClasses, RECOMPUTED } from "./planchart";
+import { canZoom, candidateText, checkpointingText, gpuHoursText, heldBytes, isDrawn, layoutText, modulesText, planChart, precisionClasses, RECOMPUTED } from "./planchart";
 import type { PlanCandidate, PlanPayload } from "./protocol";
 import { formatSeconds } from "./timing";
 
@@ -19,6 +19,13 @@ type Obj = Record<string, unknown>;
 const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
 const numOrNull = (v: unknown): number | null => (typeof v === "number" && Number.isFinite(v) ? v : null);
 const int = (v: unknown, fallback = 1): number => (typeof v === "number" && Number.isInteger(v) ? v : fallback);
+
+/** `activation_checkpointing` as the kernel sends it: false, true, "selective" or names. */
+function decodeCheckpointing(raw: unknown): Pick<PlanCandidate, "checkpointing" | "checkpointedModules"> {
+  const names = Array.isArray(raw) ? raw.filter((n): n is string => typeof n === "string") : [];
+  if (names.length) return { checkpointing: "modules", checkpointedModules: names };
+  return { checkpointing: raw === true ? "full" : raw === "selective" ? "selective" : "none", checkpointedModules: [] };
+}
 
 function decodeCandidate(raw: Obj, i: number): PlanCandidate {
   return {
@@ -32,7 +39,7 @@ function decodeCandidate(raw: Obj, i: number): PlanCandidate {
     schedule: typeof raw.schedule === "string" ? raw.schedule : null,
     virtualStages: int(raw.virtualStages),
     sequenceParallel: raw.sequenceParallel === true,
-    checkpointing: raw.checkpointing === true ? "full" : raw.checkpointing === "selective" ? "selective" : "none",
+    ...decodeCheckpointing(raw.checkpointing),
     precision: typeof raw.precision === "string" ? raw.precision : "",
     microBatches: int(raw.microBatches),
     peakBytes: numOrNull(raw.peakBytes),
@@ -99,9 +106,10 @@ const TABLE: TableColumn[] = [
   {
     label: "ckpt",
     hint: "activation checkpointing",
-    text: (c) => ({ none: "no", full: "full", selective: "selective" })[c.checkpointing],
+    text: (c) => (c.checkpointing === "modules" ? modulesText(c.checkpointedModules) : { none: "no", full: "full", selective: "selective" }[c.checkpointing]),
     value: (c) => RECOMPUTED[c.checkpointing],
     drop: 2,
+    wraps: true,
   },
   { label: "precision", hint: "the precision tried", text: (c) => c.precision, value: (c) => c.precision, wraps: true },
   { label: "µ-batches", hint: "micro-batches per step", text: (c) => String(c.microBatches), value: (c) => c.microBatches, numeric: true, drop: 2 },

@@ -65,12 +65,19 @@ export function gpuHoursText(h: number): string {
   return Number(h.toPrecision(3)).toLocaleString("en-US");
 }
 
-/** Checkpointing settings in order of what the backward recomputes (the table sorts so). */
-export const RECOMPUTED: Record<PlanCandidate["checkpointing"], number> = { none: 0, selective: 1, full: 2 };
+/** Modules named, as a cell holds them: "LlamaMLP", "a, b", "a, b and 58 more". */
+export function modulesText(names: readonly string[]): string {
+  return names.length <= 2 ? names.join(", ") : `${names.slice(0, 2).join(", ")} and ${names.length - 2} more`;
+}
+
+/** Checkpointing settings as the table sorts them (and `Plan.sort`): none, modules named,
+ * selective, every block whole. */
+export const RECOMPUTED: Record<PlanCandidate["checkpointing"], number> = { none: 0, modules: 0.5, selective: 1, full: 2 };
 
 /** A candidate's checkpointing in words: "no checkpointing", "checkpointing" (every block
- * whole), "selective checkpointing". */
+ * whole), "selective checkpointing", "checkpointing LlamaMLP". */
 export function checkpointingText(c: PlanCandidate): string {
+  if (c.checkpointing === "modules") return `checkpointing ${modulesText(c.checkpointedModules)}`;
   return c.checkpointing === "none" ? "no checkpointing" : c.checkpointing === "full" ? "checkpointing" : "selective checkpointing";
 }
 

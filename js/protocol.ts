@@ -520,9 +520,11 @@ export interface PlanCandidate {
   virtualStages?: number;
   /** Sequence parallelism over the tensor-parallel ranks (absent: none). */
   sequenceParallel?: boolean;
-  /** Activation checkpointing: none, every block whole, or every block saving the ops of a
-   * policy (`"selective"`). */
-  checkpointing: "none" | "full" | "selective";
+  /** Activation checkpointing: none, every block whole, every block saving the ops of a
+   * policy (`"selective"`), or the modules `checkpointedModules` names, each whole. */
+  checkpointing: "none" | "full" | "selective" | "modules";
+  /** With `checkpointing` "modules": their paths or class names (else empty). */
+  checkpointedModules: string[];
   precision: string;
   microBatches: number;
   /** Rank 0's traced peak (the steady step's in training): what its tensors hold. */

@@ -194,6 +194,10 @@ def test_progress_is_shown_by_default_one_closing_line(capsys: pytest.CaptureFix
         {"activation_checkpointing": ["full"]},
         {"activation_checkpointing": [1]},
         {"activation_checkpointing": [None]},
+        {"activation_checkpointing": ["blocks.0"]},  # a setting of names is a list of its own
+        {"activation_checkpointing": [[]]},
+        {"activation_checkpointing": [["blocks.0", 3]]},
+        {"activation_checkpointing": [["no.such.module"]]},
         {"layouts": [{"fsdp": 4}]},
         {"layouts": [{"dp": 2}]},
         {"layouts": {"fsdp": 2}},

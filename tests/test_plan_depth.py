@@ -112,6 +112,35 @@ def test_selective_checkpointing_follows_the_rule() -> None:
         same_numbers(a, b)
 
 
+def test_modules_named_follow_the_rule_where_every_layer_has_them() -> None:
+    """A checkpointing setting of module names: class names (``LlamaMLP``: the MLP of every
+    layer) and paths outside the layers pick alike in every layer, and follow the rule; paths
+    into some layers (``layers.0``) do not, and that candidate is traced at full depth. Each
+    row is the full depth's; ``Plan.sort`` puts them between none and every block."""
+    space = {**SPACE, "layouts": [{"fsdp": 8}], "precisions": ["as given"], "budget": "1GiB"}
+    space["activation_checkpointing"] = [
+        ["LlamaMLP"],
+        ["layers.0", "layers.1"],
+        ["norm", "LlamaAttention"],
+        True,
+    ]
+    by_rule = mw.plan(llama(), SIZE, **space)
+    full = mw.plan(llama(), SIZE, full_depth=True, **space)
+    depths = [c.traced_layers for c in by_rule.candidates]
+    assert depths[0] in RULED and depths[2] in RULED and depths[1] == ()
+    assert by_rule.candidates[1].activation_checkpointing == ("layers.0", "layers.1")
+    # found before any trace: none is spent on the 3- and 4-layer traces the rule would refuse
+    assert by_rule.traces == sum(len(c.traced_layers) or 1 for c in by_rule.candidates)
+    for a, b in zip(by_rule.candidates, full.candidates, strict=True):
+        same_numbers(a, b)
+    mlp, first_two, _, whole = (c.peak_bytes for c in by_rule.candidates)
+    assert whole < mlp < first_two  # every block < every MLP < two blocks of nine
+    order = by_rule.sort("activation_checkpointing").to_dataframe()["activation_checkpointing"]
+    assert list(order)[-1] is True
+    with pytest.raises(mw.OptionError, match=r"names \['layers.99'\], which picks no module"):
+        mw.plan(llama(), SIZE, **{**space, "activation_checkpointing": [["layers.99"]]})
+
+
 def test_a_candidates_analysis_is_traced_at_full_depth_when_asked_for() -> None:
     p = mw.plan(llama(), SIZE, **FSDP8)
     best = p.candidates[0]

@@ -43,10 +43,12 @@ HELD_AS: dict[str, str] = {
     "autocast bf16": "as given",
     "param_dtype bf16": "param_dtype bf16",
 }
-#: the checkpointing settings a plan may try, in order of what the backward recomputes: none,
-#: every block saving the ops of ``checkpoint_policy=`` (torchtitan's op list by default), every
-#: block whole (``analyze``'s ``activation_checkpointing`` values)
+#: the checkpointing settings a plan may try besides modules named, in the order ``Plan.sort``
+#: gives them: none, every block saving the ops of ``checkpoint_policy=`` (torchtitan's op
+#: list by default), every block whole (``analyze``'s ``activation_checkpointing`` values)
 CHECKPOINTING: tuple[bool | str, ...] = (False, SELECTIVE, True)
+#: one checkpointing setting of a plan: one of ``CHECKPOINTING``, or module paths and class names
+Checkpointing = bool | str | tuple[str, ...]
 #: the columns of ``Plan.to_dataframe()``
 COLUMNS = (
     "replicate",
@@ -90,7 +92,9 @@ class Candidate:
         ``False``: nothing checkpointed; ``True``: every block, its forward run again whole in
         backward; ``"selective"``: every block, saving the outputs of the ops of the plan's
         ``checkpoint_policy=`` (torchtitan's op list by default: its matmuls but every second,
-        attention, reduce-scatters) and running the rest again (``analyze``'s values).
+        attention, reduce-scatters) and running the rest again; a tuple of module paths or
+        class names: those modules, each run again whole (``("LlamaMLP",)``: the MLP of every
+        block). ``analyze``'s values.
     precision
         ``"as given"``, ``"autocast bf16"`` or ``"param_dtype bf16"``.
     micro_batches
@@ -142,7 +146,7 @@ class Candidate:
     """
 
     layout: Layout
-    activation_checkpointing: bool | str
+    activation_checkpointing: Checkpointing
     precision: str
     micro_batches: int
     input_size: Any = None
@@ -225,7 +229,7 @@ class Space:
     names and micro-batch counts (gradient accumulation; a pipeline's layout brings its own)."""
 
     layouts: tuple[Layout, ...]
-    checkpointing: tuple[bool | str, ...]
+    checkpointing: tuple[Checkpointing, ...]
     precisions: tuple[str, ...]
     micro_batches: tuple[int, ...]
 
@@ -236,7 +240,7 @@ class Space:
         mode: str,
         gpu: GPU,
         layouts: Sequence[Mapping[str, Any] | Parallel] | None,
-        checkpointing: Sequence[bool | str] | None,
+        checkpointing: Sequence[bool | str | Sequence[str]] | None,
         precisions: Sequence[str] | None,
         micro_batches: Sequence[int] | None,
         layers: int | None = None,
@@ -261,13 +265,7 @@ class Space:
             )
         return cls(
             found,
-            _axis(
-                "activation_checkpointing",
-                checkpointing,
-                (False, True) if training else (False,),
-                (bool, str),
-                CHECKPOINTING,
-            ),
+            _checkpointing_axis(checkpointing, training),
             _axis("precisions", precisions, tuple(PRECISIONS), str, PRECISIONS),
             tuple(
                 check_micro_batches(count, mode)  # before any trace: 5000 is refused here
@@ -295,11 +293,48 @@ def candidates(devices: int, mode: str = "training", gpu: str | GPU = "H100") ->
     return Space.checked(devices, mode, resolve_gpu(gpu), None, None, None, None).candidates()
 
 
+def _checkpointing_axis(
+    given: Sequence[bool | str | Sequence[str]] | None, training: bool
+) -> tuple[Checkpointing, ...]:
+    """The checkpointing settings to try: each one of :data:`CHECKPOINTING` or a non-empty list
+    of module paths or class names (made a tuple), no repeats."""
+    if given is None or isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+        return _axis(
+            "activation_checkpointing", given, (False, True) if training else (False,), bool
+        )
+    found: list[Checkpointing] = []
+    for value in given:
+        if isinstance(value, bool) or value == SELECTIVE:
+            found.append(value)
+        elif (
+            isinstance(value, Sequence)
+            and not isinstance(value, (str, bytes))
+            and value
+            and all(isinstance(n, str) and n for n in value)
+        ):
+            found.append(tuple(value))
+        else:
+            raise OptionError(
+                f"plan: activation_checkpointing holds {value!r}; each setting must be False, "
+                f"True, {SELECTIVE!r} or a list of module paths or class names: e.g. "
+                "activation_checkpointing=[False, ['LlamaMLP'], 'selective', True]."
+            )
+    if not found:
+        return _axis("activation_checkpointing", given, (False, True), bool)  # says it is empty
+    return tuple(dict.fromkeys(found))
+
+
+def checkpointing_label(setting: Checkpointing) -> str:
+    """A checkpointing setting as a plan's labels say it: ``True``, ``selective``,
+    ``[LlamaMLP]``."""
+    return f"[{', '.join(setting)}]" if isinstance(setting, tuple) else str(setting)
+
+
 def _axis(
     name: str,
     given: Sequence[Any] | None,
     default: tuple[Any, ...],
-    kind: type | tuple[type, ...],
+    kind: type,
     known: Any = None,
 ) -> tuple[Any, ...]:
     """One axis given (or its default), each value of ``kind`` (and in ``known``), no repeats."""

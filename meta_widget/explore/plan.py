@@ -76,6 +76,7 @@ from .plan_checks import (
     sequence_length,
     sequence_parallel_where_taken,
     set_inputs,
+    uneven_checkpointing,
 )
 from .plan_result import Plan, label
 from .plan_trace import Counts, Job, Learned, planning, take, trace_candidate, trace_run
@@ -238,7 +239,11 @@ def plan(
     traced = [c for c in todo if c.error is None]
     by_name = set(analyze_options) & set(_NAMES_MODULES)  # options that name the full model's
     layers = None if full_depth or by_name else depth_of(model)
-    job = Job(model, input_size, input_data, mode, accelerator, analyze_options, layers, limit)
+    named = [setting for setting in space.checkpointing if isinstance(setting, tuple)]
+    uneven = uneven_checkpointing(checks.built(model), named, layers) if named else ()
+    job = Job(
+        model, input_size, input_data, mode, accelerator, analyze_options, layers, limit, uneven
+    )
     count = _processes(workers, executor, len(traced), job)
     counts = Counts()
     learned = Learned()  # layouts analyze refused; layouts and precisions that cannot fit

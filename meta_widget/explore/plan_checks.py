@@ -47,6 +47,7 @@ __all__ = [
     "sequence_length",
     "sequence_parallel_where_taken",
     "set_inputs",
+    "uneven_checkpointing",
 ]
 
 
@@ -76,7 +77,7 @@ def check_global_batch(
     return int(global_batch), int(seq_len)
 
 
-def check_selective(model: Any, checkpointing: Sequence[bool | str]) -> None:
+def check_selective(model: Any, checkpointing: Sequence[Any]) -> None:
     """Refuse ``"selective"`` checkpointing for a transformers model that writes a KV cache in
     training (``config.use_cache``): the recomputed forward finds the cache grown and runs
     other ops than the first, which the selective mode refuses: every such candidate would
@@ -93,6 +94,62 @@ def check_selective(model: Any, checkpointing: Sequence[bool | str]) -> None:
             "fails the same way). Set config.use_cache = False, as transformers' own gradient "
             "checkpointing does in training, or leave 'selective' out."
         )
+
+
+def uneven_checkpointing(
+    module: nn.Module, settings: Sequence[Any], layers: int | None
+) -> tuple[tuple[str, ...], ...]:
+    """The checkpointing settings of ``settings`` that name modules, checked against
+    ``module`` (the model built on meta): each must pick a module of it (an ``OptionError``
+    before any trace, as ``analyze`` would raise for every candidate). Returned: those that
+    pick other modules in one of its ``layers`` decoder layers than in another (a path into one
+    layer, ``"model.layers.0"``), whose candidates are traced at full depth: the per-layer rule
+    holds only where every layer runs alike. Class names (``"LlamaMLP"``) and paths outside
+    the layers pick alike."""
+    uneven: list[tuple[str, ...]] = []
+    for names in (s for s in settings if isinstance(s, tuple)):
+        wanted = set(names)
+        known = {name for path, m in module.named_modules() for name in (path, type(m).__name__)}
+        missing = wanted - known
+        if missing:
+            first = next(
+                (
+                    (f"{path}.0", type(m[0]).__name__)
+                    for path, m in module.named_modules()
+                    if isinstance(m, nn.ModuleList) and len(m)
+                ),
+                ("model.layers.0", "LlamaMLP"),
+            )
+            raise OptionError(
+                f"plan: activation_checkpointing {list(names)} names {sorted(missing)}, which "
+                f"picks no module of {type(module).__name__}: give module paths (as "
+                "Analysis.to_dataframe()['module'] shows them) or class names, e.g. "
+                f"[{first[0]!r}] or [{first[1]!r}]."
+            )
+        blocks = next(
+            (
+                (path, m)
+                for path, m in module.named_modules()
+                if isinstance(m, nn.ModuleList) and layers is not None and len(m) == layers
+            ),
+            None,
+        )
+        if blocks is not None:
+            path, found = blocks
+            each = {_picks(layer, f"{path}.{i}", wanted) for i, layer in enumerate(found)}
+            if len(each) > 1:
+                uneven.append(names)
+    return tuple(uneven)
+
+
+def _picks(layer: nn.Module, prefix: str, wanted: set[str]) -> frozenset[str]:
+    """The modules of ``layer`` (at path ``prefix``) that ``wanted``'s paths or class names
+    pick, by their path within the layer."""
+    return frozenset(
+        rel
+        for rel, m in layer.named_modules()
+        if ".".join(filter(None, (prefix, rel))) in wanted or type(m).__name__ in wanted
+    )
 
 
 def set_inputs(candidates: Sequence[Candidate], global_batch: int, seq_len: int) -> None:
@@ -143,6 +200,14 @@ class LayoutChecks:
             assert plan is not None  # more than one device
             self._found[layout] = _refusal(check_world, plan, self.module)
         return self._found[layout]
+
+    def built(self, model: Any) -> nn.Module:
+        """The model built on meta (built now when no layout needed it)."""
+        if self.module is None:
+            from ..sources.models import to_meta
+
+            self.module = to_meta(model).module
+        return self.module
 
 
 def on_meta(model: Any, layouts: Sequence[Layout]) -> LayoutChecks:

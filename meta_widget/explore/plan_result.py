@@ -14,7 +14,7 @@ import pandas as pd
 from ..options import OptionError, OptionTypeError
 from ..timing.gpus import GPU
 from ..units import format_bytes
-from .candidates import CHECKPOINTING, COLUMNS, Candidate
+from .candidates import CHECKPOINTING, COLUMNS, Candidate, checkpointing_label
 from .fit import NothingFitsError
 from .layouts import MESH
 from .plan_front import check_tokens, front, gpu_hours, speed
@@ -92,8 +92,7 @@ class Plan:
     def sort(self, by: str | list[str], *, descending: bool = False) -> Plan:
         """The candidates ordered by a column (or columns) of ``to_dataframe()``, stable, rows
         with no value last: ``p.sort("step_s")``, ``p.sort("tokens_per_s", descending=True)``
-        (``activation_checkpointing`` by what the backward recomputes: False, "selective",
-        True)."""
+        (``activation_checkpointing``: False, modules named, "selective", True)."""
         table = self.to_dataframe()
         names = [by] if isinstance(by, str) else list(by)
         _columns(names, table)
@@ -184,10 +183,12 @@ class Plan:
 
 def _recomputed(column: pd.Series) -> pd.Series:
     """A column as ``Plan.sort`` orders it: checkpointing settings (``False``, ``True``,
-    ``"selective"``, which do not compare) by what the backward recomputes."""
+    ``"selective"``, modules named: which do not compare) as False, modules named,
+    ``"selective"``, True (modules named are 0.5: between none and every block)."""
     if column.name != "activation_checkpointing":
         return column
-    return column.map({k: i for i, k in enumerate(CHECKPOINTING)})
+    rank = {k: float(i) for i, k in enumerate(CHECKPOINTING)}
+    return column.map(lambda v: 0.5 if isinstance(v, tuple) else rank[v])
 
 
 def _columns(names: list[str], table: pd.DataFrame) -> None:
@@ -203,7 +204,8 @@ def _columns(names: list[str], table: pd.DataFrame) -> None:
 
 def label(c: Candidate) -> str:
     return (
-        f"{c.layout.label()} checkpointing={c.activation_checkpointing} {c.precision} "
+        f"{c.layout.label()} checkpointing={checkpointing_label(c.activation_checkpointing)} "
+        f"{c.precision} "
         f"micro_batches={c.micro_batches}"
     )
 

@@ -54,8 +54,9 @@ _LONG_SWITCH_S = 1000.0
 class Job:
     """What a process needs to trace any candidate of a plan: ``analyze``'s model (a
     transformers config where it travels to other processes), input size or data, mode, GPU
-    and other options; the decoder layers of the per-layer rule (None: full depth) and the
-    budget per device, in bytes."""
+    and other options; the decoder layers of the per-layer rule (None: full depth), the
+    checkpointing settings that name modules unevenly over those layers (their candidates at
+    full depth: ``plan_checks.uneven_checkpointing``) and the budget per device, in bytes."""
 
     model: Any
     input_size: Any
@@ -65,6 +66,7 @@ class Job:
     options: dict[str, Any] = field(default_factory=dict)
     layers: int | None = None
     budget: int = 0
+    uneven: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass
@@ -186,8 +188,9 @@ def trace_candidate(c: Candidate, job: Job, counts: Counts, learned: Learned) ->
     def run(options: dict[str, Any], depth: int | None = None) -> Analysis:
         return run_analyze(job, counts, options, depth, c.input_size)
 
+    layers = None if c.activation_checkpointing in job.uneven else job.layers
     with _ONE_AT_A_TIME:
-        _trace(c, learned, job.budget, run, job.layers, job.gpu)
+        _trace(c, learned, job.budget, run, layers, job.gpu)
 
 
 def run_analyze(
