@@ -65,12 +65,16 @@ HBM = 80 * 10**9  # an H100 SXM's 80 GB
 
 
 def config(layers: int = 126) -> Any:
-    """Llama 3 405B's shape (Llama 3.1's ``config.json`` values), ``layers`` deep."""
+    """Llama 3 405B's shape (Llama 3.1's ``config.json`` values), ``layers`` deep, trained as
+    training stacks run it: without transformers' KV cache (``use_cache=False``; the
+    ``config.json`` says True, for generation). With it, each checkpointed layer of a layout
+    without a pipeline writes its keys and values into the cache and the cache holds them through
+    backward: 45 GB more a GPU at FSDP 128 x TP 8 (a pipeline's stages are handed no cache)."""
     return transformers.LlamaConfig(
         hidden_size=16384, intermediate_size=53248, num_hidden_layers=layers,
         num_attention_heads=128, num_key_value_heads=8, vocab_size=128256,
         max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
-        architectures=["LlamaForCausalLM"],
+        architectures=["LlamaForCausalLM"], use_cache=False,
     )  # fmt: skip
 
 

@@ -54,7 +54,7 @@ def main() -> None:
         ray.init(address=args.address)
     config = transformers.LlamaConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=9,
-        num_attention_heads=4, num_key_value_heads=2,
+        num_attention_heads=4, num_key_value_heads=2, use_cache=False,  # trained: no KV cache
     )  # fmt: skip
     space: dict[str, Any] = dict(
         gpu="H100", devices=4, layouts=[{"fsdp": 4}, {"fsdp": 2, "tp": 2}, {"tp": 4}],

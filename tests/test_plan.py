@@ -4,6 +4,7 @@ allow are recorded and skipped; nothing fitting and bad arguments are errors."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -293,6 +294,28 @@ def test_selective_checkpointing_is_a_candidate_between_none_and_whole_blocks() 
         activation_checkpointing="selective", checkpoint_policy=["aten.mm"],
     )  # fmt: skip
     assert rows["peak_bytes"][1] == policy.peak_bytes != selective
+
+
+def test_a_plan_says_when_its_checkpointed_layers_wrote_a_kv_cache() -> None:
+    """A config with ``use_cache=True``: its checkpointed candidates hold transformers' KV cache
+    through backward (their rows are that run's), which the plan says in ``notes`` and in one
+    ``UserWarning``, whichever process traced them; with the cache off, nothing is said."""
+    space: dict[str, Any] = dict(
+        gpu="H100", devices=2, layouts=[{"fsdp": 2}], precisions=["as given"], micro_batches=[1],
+        activation_checkpointing=[False, True], progress=False,
+    )  # fmt: skip
+    for workers in (1, 2):
+        with pytest.warns(UserWarning, match="LlamaDecoderLayer ran checkpointed with a KV"):
+            p = mw.plan(tiny_llama(), (2, 16), workers=workers, **space)
+        assert len(p.notes) == 1 and "config.use_cache = False" in p.notes[0]
+    off = tiny_llama()
+    off.use_cache = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning of any kind
+        q = mw.plan(off, (2, 16), workers=1, **space)
+    assert q.notes == ()
+    cached, plain = (p.to_dataframe()["peak_bytes"][1], q.to_dataframe()["peak_bytes"][1])
+    assert cached > plain  # the cache's keys and values, held through backward
 
 
 def test_sequence_parallel_layouts_are_candidates_traced_as_analyze_traces_them() -> None:

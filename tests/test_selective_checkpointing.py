@@ -335,6 +335,54 @@ def test_a_layer_writing_a_kv_cache_is_explained() -> None:
     )
 
 
+def test_a_kv_cache_under_checkpointing_is_traced_as_a_real_run_holds_it() -> None:
+    """With ``use_cache=True`` and every block checkpointed, a transformers Llama writes each
+    layer's keys and values into its cache in the forward and again in the recomputation, and
+    the cache holds them to the end: what a layer more adds with the cache on, less what it adds
+    with it off, is the same bytes in the trace as in a real run (MemTracker, the blocks under
+    torch's checkpoint). The analysis says so in a note, which names the layer; with the cache
+    off there is no note."""
+    import transformers
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    def config(layers: int, cache: bool) -> Any:
+        return transformers.LlamaConfig(
+            vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, use_cache=cache,
+            architectures=["LlamaForCausalLM"],
+        )  # fmt: skip
+
+    def real(layers: int, cache: bool) -> int:
+        torch.manual_seed(0)
+        model = wrap_blocks(transformers.LlamaForCausalLM(config(layers, cache)).train(), None)
+        x = torch.randint(0, 512, (2, 256))
+        tracker = MemTracker()
+        tracker.track_external(model, x)
+        with tracker:
+            model(x).logits.sum().backward()
+            return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+
+    def traced(layers: int, cache: bool) -> mw.Analysis:
+        return mw.analyze(
+            config(layers, cache), (2, 256), mode="training", device="cpu",
+            activation_checkpointing=True,
+        )  # fmt: skip
+
+    per_layer = {}
+    for cache in (True, False):
+        two, four = traced(2, cache), traced(4, cache)
+        notes = [n for n in four.notes if "KV cache" in n]
+        assert notes == ([] if not cache else [notes[0]])
+        per_layer[cache] = (
+            (four.peak_bytes - two.peak_bytes) // 2,
+            (real(4, cache) - real(2, cache)) // 2,
+        )
+    assert per_layer[True][0] > per_layer[False][0]  # the cache holds more a layer
+    assert per_layer[True][0] - per_layer[False][0] == per_layer[True][1] - per_layer[False][1]
+    note = next(n for n in traced(2, True).notes if "KV cache" in n)
+    assert note.startswith("LlamaDecoderLayer ") and "config.use_cache = False" in note
+
+
 def test_the_note_counts_what_a_real_step_saves() -> None:
     """The note's count and bytes of saved outputs, per step, against the decisions of
     torchtitan's policy on a real step (a recording copy of it)."""

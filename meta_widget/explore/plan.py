@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
@@ -259,6 +260,7 @@ def plan(
         if remote:
             counts.runs += result["runs"]
             counts.title = result["title"] or counts.title
+            counts.notes.update(dict.fromkeys(result["notes"]))
             take(c, result, job, counts)
         finished += 1
         if report is not None and finished < len(todo):  # the last: the line below says it
@@ -284,7 +286,10 @@ def plan(
     if report is not None:
         report(len(todo), len(todo), f"done, {counts.runs} traces")
     title = counts.title or "model"
-    return Plan(list(todo), limit, accelerator, devices, mode, counts.runs, title)
+    notes = tuple(f"plan: the candidates' traces say: {note}" for note in counts.notes)
+    for note in notes:  # the plan's rows hold what it says, which a user should know of
+        warnings.warn(note, UserWarning, stacklevel=2)
+    return Plan(list(todo), limit, accelerator, devices, mode, counts.runs, title, notes=notes)
 
 
 def _runs(candidates: list[Candidate], size: int) -> list[list[tuple[Any, ...]]]:

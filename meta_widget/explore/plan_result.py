@@ -45,6 +45,10 @@ class Plan:
     tokens
         The tokens the ``gpu_hours`` column prices (``for_tokens``, ``pareto(tokens=)``);
         None: not priced.
+    notes
+        What the traces said of the model as given that holds for its rows (each also a
+        ``UserWarning`` when the plan ends): its checkpointed layers writing transformers' KV
+        cache (``use_cache=True``), which holds their keys and values through backward.
 
     A plan sorts and filters like a DataFrame, each answer a ``Plan`` of the same GPU, budget
     and devices: ``p.sort("step_s")``, ``p.query("fits and tp == 1")`` (pandas' ``query``
@@ -60,6 +64,7 @@ class Plan:
     traces: int = 0
     title: str = "model"
     tokens: float | None = None
+    notes: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.candidates)

@@ -22,6 +22,7 @@ from ..distributed.decisions import keeping_decisions
 from ..distributed.parallel import ParallelError
 from ..options import LayoutError, OptionError
 from ..timing.gpus import GPU
+from ..trace.checkpointing import KV_CACHE_NOTE
 from ..trace.explain import GENERIC_TITLE, Explanation
 from ..trace.known_errors import FOREACH_MIXED_TITLE
 from ..units import format_bytes
@@ -97,11 +98,19 @@ class Learned:
 
 
 class Counts:
-    """The traces a process ran for a plan, and the model's title (``Analysis.title``)."""
+    """The traces a process ran for a plan, the model's title (``Analysis.title``) and the
+    notes of its traces the plan repeats (``plan_notes``)."""
 
     def __init__(self) -> None:
         self.runs = 0
         self.title = ""
+        self.notes: dict[str, None] = {}  # in the order found, each once
+
+    def found(self, a: Analysis) -> None:
+        """Keep what a trace says of the model as given: its checkpointed layers writing a KV
+        cache (``trace.checkpointing.kv_cache_note``)."""
+        self.title = a.title
+        self.notes.update(dict.fromkeys(n for n in a.notes if KV_CACHE_NOTE in n))
 
 
 @contextmanager
@@ -177,7 +186,13 @@ def _trace_run(job: Job, keys: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
             trace_candidate(c, job, counts, learned)
             numbers = {name: getattr(c, name) for name in _NUMBERS}
             answers.append(
-                {**numbers, "openable": c.openable, "runs": counts.runs, "title": counts.title}
+                {
+                    **numbers,
+                    "openable": c.openable,
+                    "runs": counts.runs,
+                    "title": counts.title,
+                    "notes": list(counts.notes),
+                }
             )
     return answers
 
@@ -212,7 +227,7 @@ def run_analyze(
         gpu=job.gpu,
         **{**job.options, **options},
     )
-    counts.title = a.title
+    counts.found(a)
     return a
 
 

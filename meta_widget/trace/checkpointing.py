@@ -44,7 +44,15 @@ from ..undo import Undo
 from .autocast import Autocast
 from .storage import local
 
-__all__ = ["SavedOps", "checkpoint_forward", "patch_forwards", "region_policy"]
+__all__ = [
+    "KV_CACHE_NOTE",
+    "SavedOps",
+    "checkpoint_forward",
+    "kv_cache_note",
+    "patch_forwards",
+    "region_policy",
+    "writes_cache",
+]
 
 _MM = torch.ops.aten.mm.default
 _SAVE = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
@@ -58,6 +66,8 @@ class SavedOps:
         self.saved: Counter[str] = Counter()
         self.saved_bytes: Counter[str] = Counter()
         self.recomputed: Counter[str] = Counter()
+        #: the classes of the checkpointed modules that were handed a KV cache to write
+        self.with_cache: set[str] = set()
 
     def add(self, op: Any, output: Any, saved: bool) -> None:
         name = op_name(op)
@@ -72,10 +82,12 @@ class SavedOps:
             self.recomputed[name] += 1
 
     def notes(self, policy: SavePolicy | None, steps: int = 1) -> list[str]:
-        """The note for the analysis: what each of the ``steps`` traced steps saved (they are
-        alike) and how much it left to recompute."""
+        """The notes for the analysis: what each of the ``steps`` traced steps saved (they are
+        alike) and how much it left to recompute; and the checkpointed modules that wrote a KV
+        cache."""
+        cache = [kv_cache_note(self.with_cache)] if self.with_cache else []
         if policy is None or (not self.saved and not self.recomputed):
-            return []
+            return cache
         shown = ", ".join(
             f"{name} {n // steps}× ({self.saved_bytes[name] // steps:,} B)"
             for name, n in self.saved.most_common()
@@ -84,8 +96,36 @@ class SavedOps:
             f"Selective activation checkpointing ({policy.label}): each step's checkpointed "
             f"forwards saved {sum(self.saved.values()) // steps} op output(s) "
             f"({shown or 'none'}) and left {sum(self.recomputed.values()) // steps} op(s) to "
-            "recompute in backward."
+            "recompute in backward.",
+            *cache,
         ]
+
+
+#: the words that start :func:`kv_cache_note` (``plan`` finds the note in its traces by them)
+KV_CACHE_NOTE = "ran checkpointed with a KV cache to write"
+
+
+def kv_cache_note(classes: set[str]) -> str:
+    """The note of a trace whose checkpointed modules (of ``classes``) wrote a KV cache."""
+    return (
+        f"{', '.join(sorted(classes))} {KV_CACHE_NOTE} (transformers' use_cache=True): each "
+        "writes its keys and values into the cache in the forward and again when backward "
+        "recomputes it, and the cache keeps them to the end of the step, as a real run does "
+        "(traced so). Training stacks run without it (transformers' own gradient checkpointing "
+        "turns it off; torchtitan's models have none): set config.use_cache = False, or pass "
+        "use_cache=False, to trace the step as they run it."
+    )
+
+
+#: the keywords transformers hands a layer its KV cache by (``modeling_layers.py``'s
+#: ``GradientCheckpointingLayer`` clears the same ones under its own checkpointing)
+_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
+
+
+def writes_cache(kwargs: dict[str, Any]) -> bool:
+    """Whether a layer called with ``kwargs`` is handed a KV cache to write
+    (``use_cache=True``, or a cache object)."""
+    return kwargs.get("use_cache") is True or any(kwargs.get(k) is not None for k in _CACHE_KWARGS)
 
 
 def region_policy(policy: SavePolicy, log: SavedOps | None = None) -> Callable[..., Any]:
@@ -196,6 +236,9 @@ def checkpoint_forward(
         return caching, _Together(recompute(), cached)
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if log is not None and writes_cache(kwargs):  # the class FSDP2's wrapping derives from
+            mro = type(m).__mro__
+            log.with_cache.add(next(c for c in mro if not c.__name__.startswith("FSDP")).__name__)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     m.forward = checkpointed  # type: ignore[method-assign]
