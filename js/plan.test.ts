@@ -325,4 +325,15 @@ describe("the plan view", () => {
     const kind = (t: string) => ({ no: "none", selective: "selective", full: "full" })[t] ?? "modules";
     expect(sortCandidates(p.candidates, k, false).map((c) => c.checkpointing)).toEqual(order.map((t) => kind(t!)));
   });
+
+  it("shows what the traces said of the model (Plan.notes) under the verdict, and nothing without", () => {
+    show(raw);
+    expect(el.querySelectorAll(".mw-plan-note")).toHaveLength(0);
+    const note = "plan: the candidates' traces say: LlamaDecoderLayer ran checkpointed with a KV cache to write";
+    expect(decodePlan({ ...raw, notes: [note, 3] })!.notes).toEqual([note]);
+    show({ ...raw, notes: [note] });
+    const shown = [...el.querySelectorAll<HTMLElement>(".mw-plan-note")];
+    expect(shown.map((n) => n.textContent)).toEqual([note]);
+    expect(shown[0]!.previousElementSibling!.classList.contains("mw-plan-verdict")).toBe(true);
+  });
 });

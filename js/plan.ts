@@ -68,6 +68,7 @@ export function decodePlan(raw: unknown): PlanPayload | null {
     budget: raw.budget,
     best: numOrNull(raw.best),
     tokens: numOrNull(raw.tokens),
+    notes: Array.isArray(raw.notes) ? raw.notes.filter((n): n is string => typeof n === "string") : [],
     candidates: raw.candidates.filter(isObj).map(decodeCandidate),
   };
 }
@@ -198,6 +199,7 @@ export function renderPlan(el: HTMLElement, p: PlanPayload, handlers: PlanHandle
   const root = h("div", "mw-root mw-plan");
   root.append(h("div", "mw-plan-title", `Plan: ${p.title}, ${p.mode} on ${p.devices} × ${p.gpu}`));
   root.append(h("div", "mw-plan-verdict", planVerdict(p)));
+  for (const note of p.notes) root.append(h("div", "mw-note mw-plan-note", note));
   const tip = h("div", "mw-plan-tip", "Hover a point for its candidate; click one to open its analysis.");
   let opened = -1;
   const table = h("table", "mw-plan-table");

@@ -565,6 +565,8 @@ export interface PlanPayload {
   best: number | null;
   /** The tokens the candidates' `gpuHours` price (`Plan.for_tokens`); null: not priced. */
   tokens: number | null;
+  /** What the traces said of the model as given (`Plan.notes`): shown under the verdict. */
+  notes: string[];
   candidates: PlanCandidate[];
 }
 

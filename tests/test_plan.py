@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import meta_widget as mw
+from meta_widget.explore.plan_view import plan_payload
 
 transformers = pytest.importorskip("transformers")
 
@@ -308,6 +309,7 @@ def test_a_plan_says_when_its_checkpointed_layers_wrote_a_kv_cache() -> None:
         with pytest.warns(UserWarning, match="LlamaDecoderLayer ran checkpointed with a KV"):
             p = mw.plan(tiny_llama(), (2, 16), workers=workers, **space)
         assert len(p.notes) == 1 and "config.use_cache = False" in p.notes[0]
+        assert plan_payload(p)["notes"] == list(p.notes)  # the plan view shows them
     off = tiny_llama()
     off.use_cache = False
     with warnings.catch_warnings():

@@ -37,7 +37,8 @@ def plan_payload(plan: Plan) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``{"title", "gpu", "devices", "mode", "budget", "best", "tokens", "candidates": [...]}``;
+        ``{"title", "gpu", "devices", "mode", "budget", "best", "tokens", "notes",
+        "candidates": [...]}`` (``notes``: ``Plan.notes``, shown under the verdict);
         each candidate's ``pareto`` (on the Pareto front of the fitting ones: ``Plan.pareto``)
         and ``gpuHours`` (``to_dataframe()``'s ``gpu_hours``: None unless the plan is priced,
         ``Plan.for_tokens``).
@@ -54,6 +55,7 @@ def plan_payload(plan: Plan) -> dict[str, Any]:
         "budget": plan.budget,
         "best": best,
         "tokens": plan.tokens,
+        "notes": list(plan.notes),
         "candidates": [
             {**_candidate(i, c), "pareto": on, "gpuHours": gpu_hours(c, plan.devices, plan.tokens)}
             for i, (c, on) in enumerate(zip(plan.candidates, front(plan.candidates), strict=True))
