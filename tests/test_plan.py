@@ -262,6 +262,13 @@ def test_selective_checkpointing_is_a_candidate_between_none_and_whole_blocks() 
     with pytest.raises(mw.OptionError, match=r"use_cache=True.*config.use_cache = False"):
         mw.plan(cfg, size, activation_checkpointing=["selective"], **space)
     cfg.use_cache = False
+    # an encoder's config says use_cache=True (BERT's) and keeps no cache: not refused
+    bert = transformers.BertConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4,
+    )  # fmt: skip
+    encoder = mw.plan(bert, (2, 16), activation_checkpointing=["selective"], **space)
+    assert encoder.to_dataframe()["error"].isna().all()
     p = mw.plan(cfg, size, activation_checkpointing=[True, "selective", False], **space)
     df = p.to_dataframe()
     assert list(df["activation_checkpointing"]) == [True, "selective", False]

@@ -85,7 +85,9 @@ def check_selective(model: Any, checkpointing: Sequence[Any]) -> None:
     if SELECTIVE not in checkpointing:
         return
     config = model if is_transformers_config(model) else getattr(model, "config", None)
-    if is_transformers_config(config) and getattr(config, "use_cache", False):
+    # an encoder's config may say use_cache (BERT's does) and keep none: is_decoder says so
+    writes = getattr(config, "use_cache", False) and getattr(config, "is_decoder", True)
+    if is_transformers_config(config) and writes:
         raise OptionError(
             f"plan: activation_checkpointing 'selective' with {type(config).__name__}'s "
             "use_cache=True: each decoder layer writes its keys and values to a cache in the "
