@@ -30,8 +30,10 @@ def small_plan() -> Any:
     checkpointing, as given and bf16 parameters, one micro-batch (12 candidates); the optimizer
     one parameter at a time (the tensor-parallel layout shards the sequence, as plan's default
     layouts do where the model takes it)."""
+    config = llama_config()
+    config.use_cache = False  # a training plan: no KV cache (Plan.notes would say so)
     return mw.plan(
-        llama_config(),
+        config,
         input_size=(1, 16),
         gpu="H100",
         devices=2,

@@ -23,7 +23,7 @@ CELLS = [
     "import transformers\nimport meta_widget as mw\n"
     "cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,\n"
     "    num_attention_heads=4, num_key_value_heads=2, vocab_size=100,\n"
-    "    max_position_embeddings=64, architectures=['LlamaForCausalLM'])",
+    "    max_position_embeddings=64, architectures=['LlamaForCausalLM'], use_cache=False)",
     "p = mw.plan(cfg, input_size=(1, 16), gpu='H100', devices=2, budget='700MiB',\n"
     "            precisions=['as given', 'param_dtype bf16'], micro_batches=[1], foreach=False)\n"
     "p",

@@ -43,6 +43,7 @@ CELLS = [
     "%load_ext meta_widget\nimport torch, transformers\nfrom torch import nn\n"
     "import meta_widget as mw\ncfg = " + LLAMA.format(kv=2),
     "a = mw.analyze(cfg, input_size=(1, 16), mode='training', gpu='H100', depth=5)\na",
+    "cfg.use_cache = False  # a training plan: no KV cache\n"
     "p = mw.plan(cfg, input_size=(1, 16), gpu='H100', devices=2, budget='700MiB',\n"
     "            layouts=[{'fsdp': 2}, {'tp': 2}], precisions=['as given', 'param_dtype bf16'],\n"
     "            micro_batches=[1])\np",
