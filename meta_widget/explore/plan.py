@@ -17,7 +17,7 @@ Every candidate is a combination of
   (``meta_widget.explore.plan_checks``), recorded with its reason and not traced;
 - *activation checkpointing* (training only): off, or every block (``True``); or on request
   every block selectively (``"selective"``: the ops of ``checkpoint_policy=`` saved,
-  torchtitan's op list by default);
+  torchtitan's op list by default), or the modules a list of paths or class names picks;
 - *precision*: as given (the model's own dtype), ``autocast`` bf16, or ``param_dtype`` bf16;
 - *micro-batches* (training only): 1, and 2 (the optimizer step and, under FSDP, the
   parameter gathers are shared by twice the tokens); a pipeline's layout brings its own (the
@@ -104,7 +104,7 @@ def plan(
     mode: str = "training",
     input_data: Any = None,
     layouts: Sequence[Mapping[str, Any] | Parallel] | None = None,
-    activation_checkpointing: Sequence[bool | str] | None = None,
+    activation_checkpointing: Sequence[bool | str | Sequence[str]] | None = None,
     precisions: Sequence[str] | None = None,
     micro_batches: Sequence[int] | None = None,
     global_batch: int | None = None,
@@ -149,9 +149,11 @@ def plan(
         takes it and ``tp`` divides the sequence.
     activation_checkpointing
         The settings to try (training), each ``analyze``'s: ``False`` (none), ``True`` (every
-        block, recomputed whole) or ``"selective"`` (every block, the outputs of the ops of
+        block, recomputed whole), ``"selective"`` (every block, the outputs of the ops of
         ``checkpoint_policy=`` saved: torchtitan's op list when not given; only these
-        candidates take the policy). Default ``(False, True)``.
+        candidates take the policy), or a list of module paths or class names (those modules,
+        each recomputed whole: ``["LlamaMLP"]``; names that pick other modules in one decoder
+        layer than in another are traced at full depth). Default ``(False, True)``.
     precisions
         Names of ``meta_widget.explore.candidates.PRECISIONS`` to try: default all three.
     micro_batches
