@@ -347,10 +347,6 @@ def _axis(
     for value in given:
         bad = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
         if bad or (known is not None and value not in known) or (kind is int and value < 1):
-            allowed = (
-                f"one of {list(known)}"
-                if known is not None
-                else f"a {getattr(kind, '__name__', kind)}"
-            )
+            allowed = f"one of {list(known)}" if known is not None else f"a {kind.__name__}"
             raise OptionError(f"plan: {name} holds {value!r}; each must be {allowed}.")
     return tuple(dict.fromkeys(given))

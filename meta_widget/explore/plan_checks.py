@@ -108,10 +108,18 @@ def uneven_checkpointing(
     layer, ``"model.layers.0"``), whose candidates are traced at full depth: the per-layer rule
     holds only where every layer runs alike. Class names (``"LlamaMLP"``) and paths outside
     the layers pick alike."""
+    known = {name for path, m in module.named_modules() for name in (path, type(m).__name__)}
+    blocks = next(
+        (
+            (path, m)
+            for path, m in module.named_modules()
+            if isinstance(m, nn.ModuleList) and layers is not None and len(m) == layers
+        ),
+        None,
+    )
     uneven: list[tuple[str, ...]] = []
     for names in (s for s in settings if isinstance(s, tuple)):
         wanted = set(names)
-        known = {name for path, m in module.named_modules() for name in (path, type(m).__name__)}
         missing = wanted - known
         if missing:
             first = next(
@@ -128,14 +136,6 @@ def uneven_checkpointing(
                 "Analysis.to_dataframe()['module'] shows them) or class names, e.g. "
                 f"[{first[0]!r}] or [{first[1]!r}]."
             )
-        blocks = next(
-            (
-                (path, m)
-                for path, m in module.named_modules()
-                if isinstance(m, nn.ModuleList) and layers is not None and len(m) == layers
-            ),
-            None,
-        )
         if blocks is not None:
             path, found = blocks
             each = {_picks(layer, f"{path}.{i}", wanted) for i, layer in enumerate(found)}
