@@ -259,9 +259,10 @@ def _check_against(module: torch.nn.Module, options: Options) -> None:
             "mode='training', and leave micro_batches out."
         )
     if options.parallel is not None:
-        from .distributed import parallel  # FSDP2 and DTensor: ~1 s, only for parallel=
+        from .distributed import context, parallel  # FSDP2 and DTensor: ~1 s, for parallel=
 
         parallel.check_world(options.parallel, module)
+        context.check_ring_device(options.parallel, options.device)
 
 
 def _assemble(

@@ -191,8 +191,16 @@ class CommWatcher:
     """Watches one parallel trace's ops (see the module docstring). ``groups`` maps process
     group names to (mesh dimension, size)."""
 
-    def __init__(self, groups: dict[str, tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        groups: dict[str, tuple[str, int]],
+        unlabeled: dict[str, tuple[str, int]] | None = None,
+    ) -> None:
         self.groups = groups
+        #: groups whose collectives outside FSDP2's regions are another dimension's: a
+        #: context-parallel group that FSDP2 shards over too (``fsdp=1``), its ring's
+        #: all-gathers ``cp`` and FSDP2's ``fsdp`` (``distributed.context.context_groups``)
+        self.unlabeled = unlabeled or {}
         self.records: list[CommRecord] = []
         self._labels: list[str] = []
         self._seen = 0
@@ -279,7 +287,7 @@ class CommWatcher:
         module = owner.path if owner is not None else ""
         if fsdp is not None:
             module = fsdp[1] or ""
-        group, size = self._group(args)
+        group, size = self._group(args, self.unlabeled if fsdp is None else {})
         self.records.append(
             CommRecord(
                 index=len(self.records),
@@ -295,7 +303,7 @@ class CommWatcher:
             )
         )
 
-    def _group(self, args: tuple[Any, ...]) -> tuple[str, int]:
+    def _group(self, args: tuple[Any, ...], first: dict[str, tuple[str, int]]) -> tuple[str, int]:
         for a in args:
             name = None
             if isinstance(a, str):
@@ -305,6 +313,8 @@ class CommWatcher:
                     name = torch.distributed.ProcessGroup.unbox(a).group_name
                 except (RuntimeError, TypeError, AttributeError):
                     continue
+            if name is not None and name in first:
+                return first[name]
             if name is not None and name in self.groups:
                 return self.groups[name]
         return "", 0

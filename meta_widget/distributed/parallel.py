@@ -1,4 +1,4 @@
-"""Past one device: trace one rank of FSDP2 and tensor parallelism, on PyTorch's own engine.
+"""Past one device: trace one rank of FSDP2, tensor and context parallelism, on PyTorch's engine.
 
 ``analyze(..., parallel={"fsdp": 8})`` (or ``{"tp": 2}``, or ``{"fsdp": 4, "tp": 2}``) traces the
 model as one rank of that many devices would run it. Nothing is estimated: PyTorch's own
@@ -59,6 +59,14 @@ from ..trace.passes import Trace, trace
 from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
+from .context import (
+    RING_OPS,
+    check_context,
+    check_inputs,
+    context_groups,
+    fsdp_mesh,
+    sharded_sequences,
+)
 from .decisions import (
     keep_world,
     kept_elsewhere,
@@ -227,9 +235,10 @@ class World:
             from .experts import wrap_experts
 
             experts, extra = wrap_experts(copied, self.plan, self.mesh, policy)
-        if self.plan.fsdp > 1 or self.plan.replicate > 1:
-            # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second
-            mesh = self.mesh["replicate", "fsdp"] if self.plan.replicate > 1 else self.mesh["fsdp"]
+        if self.plan.fsdp > 1 or self.plan.replicate > 1 or self.plan.cp > 1:
+            # HSDP: a 2-D mesh, replicated over its first dimension, sharded over its second;
+            # with cp, sharded over fsdp x cp (``context.fsdp_mesh``)
+            mesh = fsdp_mesh(self.mesh, self.plan)
             ignored = experts or None
             for block in fsdp_blocks(copied, self.plan.blocks):
                 fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
@@ -239,12 +248,16 @@ class World:
             for name, size in zip(MESH_DIMS, self.plan.sizes, strict=True)
             if size > 1
         }
-        self.watcher = CommWatcher({**extra, **groups})  # one group, two names: the mesh's
+        flat = context_groups(self.mesh, self.plan)  # fsdp x cp: FSDP2's; without fsdp, cp's
+        unlabeled = {name: groups[name] for name in flat if name in groups}
+        self.watcher = CommWatcher({**extra, **groups, **flat}, unlabeled)
 
     def attach(self, recorder: Recorder, undo: Undo) -> None:
         """Give ``recorder`` what a parallel trace adds (see ``passes.trace``'s ``attach``)."""
         assert self.watcher is not None, "attach() follows prepare()"
         self.watcher.attach(recorder, undo)
+        if self.plan.cp > 1:  # the ring attention's own ops recorded, not its DTensor call
+            recorder.to_subclass = RING_OPS
 
     @property
     def comms(self) -> list[CommRecord]:
@@ -323,8 +336,16 @@ def trace_rank(
     with world, quiet_meta_failures():
         with fake_ops:
             wrapped, args, kwargs = world.prepare(module, args, kwargs)
+        plan = getattr(world, "plan", None)
+        if plan is not None:
+            check_inputs(plan, args, kwargs)
         mode = world.tracing()
-        with mode, fake_ops, SeenAsReal(mode):  # the model's code sees a rank's real tensors
+        with (
+            mode,
+            fake_ops,
+            SeenAsReal(mode),  # the model's code sees a rank's real tensors
+            sharded_sequences(world, args, kwargs),  # cp: the rank's share, the ring's attention
+        ):
             result = trace(
                 wrapped,
                 args,
@@ -357,6 +378,7 @@ def check_world(plan: Parallel, module: nn.Module) -> None:
     - ``fsdp`` may not exceed the rows of the model's largest parameter: FSDP2 shards every
       parameter's first dimension, so past that count a rank's shards stop shrinking and the
       extra ranks hold padding only (the all-gathers grow with them).
+    - ``cp`` neither with ``pp`` nor with ``ep`` (``context.check_context``).
 
     The tensor-parallel plan and ``blocks`` are resolved here too (``ParallelError`` when they
     cannot be), so that every mistake is found before the process group is made.
@@ -365,14 +387,7 @@ def check_world(plan: Parallel, module: nn.Module) -> None:
     ``options.check_parallel``).
     """
     name = type(module).__name__
-    if plan.cp > 1:
-        raise LayoutError(
-            f"parallel cp={plan.cp} cannot be traced: PyTorch's context_parallel (ring "
-            "attention, torch 2.13) runs only the CUDA attention kernels (flash, efficient, "
-            "cudnn), and on the CPU mesh a parallel trace stands for, attention is "
-            "_scaled_dot_product_flash_attention_for_cpu, which DTensor cannot shard. "
-            "Trace without cp."
-        )
+    check_context(plan)
     if plan.ep > 1:
         from .experts import check_experts
 

@@ -5,7 +5,7 @@ Two things decide, for each candidate, that it cannot be traced, and neither is 
 - its *layout* against the model: ``analyze``'s own check of ``parallel=``
   (``meta_widget.distributed.parallel.check_world``: tp dividing the heads and key/value heads,
   pp splitting a transformers decoder into at most one stage a layer, ep only for a mixture of
-  experts whose experts it divides, cp refused on the CPU mesh a trace stands for...), run once
+  experts whose experts it divides, cp with a pipeline or experts...), run once
   per layout on the model built on ``meta`` once (:class:`LayoutChecks`): no trace;
 - its *batch*: with ``global_batch=``, every data-parallel rank's share of the sequences
   (``global_batch / (replicate * fsdp)``) split over its micro-batches (gradient accumulation,

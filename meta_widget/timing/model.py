@@ -141,8 +141,9 @@ _RING = {
 #: parallelism's, between dependent matmuls; expert parallelism's all-to-alls, between the
 #: router and the experts that need their tokens (torchtitan's ``ExpertParallel`` dispatch even
 #: waits on the host for the split sizes: "this would incur a device-to-host sync",
-#: torchtitan/distributed/expert_parallel.py)
-_BLOCKING = frozenset({"tp", "ep"})
+#: torchtitan/distributed/expert_parallel.py); context parallelism's, whose ring attention
+#: (PyTorch's default rotation, an all-gather of the keys and values) waits before it attends
+_BLOCKING = frozenset({"tp", "ep", "cp"})
 
 
 @dataclass(frozen=True)
@@ -461,13 +462,14 @@ def generation_time(
 
 
 def mesh_strides(comms: Sequence[CommLike]) -> dict[str, int]:
-    """How far apart a group's ranks are, by mesh dimension (replicate, fsdp, tp: tensor
-    parallelism innermost; expert parallelism's ``ep`` the innermost ranks: the tensor-parallel
-    ones and the innermost of ``fsdp``, and ``efsdp`` the rest of the ``fsdp`` ranks), from the
-    group sizes the collectives ran on."""
+    """How far apart a group's ranks are, by mesh dimension (replicate, fsdp, cp, tp: tensor
+    parallelism innermost, context parallelism's ranks ``tp`` apart, an FSDP group with ``cp``
+    the flattened ``fsdp x cp`` ranks, ``distributed.context``; expert parallelism's ``ep``
+    the innermost ranks: the tensor-parallel ones and the innermost of ``fsdp``, and
+    ``efsdp`` the rest of the ``fsdp`` ranks), from the group sizes the collectives ran on."""
     size = {c.group: c.group_size for c in comms}
     tp, fsdp, ep = size.get("tp", 1), size.get("fsdp", 1), size.get("ep", 1)
-    return {"tp": 1, "fsdp": tp, "ep": 1, "efsdp": max(ep, tp), "replicate": fsdp * tp}
+    return {"tp": 1, "cp": tp, "fsdp": tp, "ep": 1, "efsdp": max(ep, tp), "replicate": fsdp * tp}
 
 
 def _communication(

@@ -47,6 +47,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from ..choices import Device
+from ..options.errors import LayoutError
 from .rnn import GRU, LSTM, cpu_gru, mkldnn_rnn_layer_flops, onednn_lstm
 from .storage import on_meta
 
@@ -165,6 +166,10 @@ EXTRA_FLOPS = {
 class AttentionKernels(TorchFunctionMode):
     """Route ``scaled_dot_product_attention`` to ``device``'s kernel while active."""
 
+    #: while a context-parallel trace runs (``distributed.context.sharded_sequences``), a list
+    #: whose one number counts the calls its ring attention took (their query a DTensor)
+    ring_calls: list[int] | None = None
+
     def __init__(self, device: str) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
@@ -186,7 +191,8 @@ class AttentionKernels(TorchFunctionMode):
     def route(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call ``func`` as ``device`` runs it (``DeviceLessFactories`` calls this too, to route
         a trace's calls in the same mode: one Python mode per torch call instead of two)."""
-        if self.tapes is not None and func in TAPED:  # replayed if seen on this metadata
+        ring = func is _SDPA and AttentionKernels.ring_calls is not None
+        if self.tapes is not None and func in TAPED and not ring:  # replayed if seen before
             return self.tapes.call(func, self._route, args, kwargs)
         return self._route(func, args, kwargs)
 
@@ -230,7 +236,10 @@ class AttentionKernels(TorchFunctionMode):
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        if not (on_meta(q) and q.dim() == 4):
+        ring = AttentionKernels.ring_calls is not None and _is_dtensor(q)
+        if ring:  # context parallelism's ring: its blocks on a CUDA kernel (not "math")
+            AttentionKernels.ring_calls[0] += 1  # type: ignore[index]
+        if not (on_meta(q.to_local() if ring else q) and q.dim() == 4):  # type: ignore[attr-defined]
             return _SDPA(
                 q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )
@@ -244,6 +253,15 @@ class AttentionKernels(TorchFunctionMode):
             )
             return out  # type: ignore[no-any-return]
         backend = cuda_backend(q, k, v, attn_mask, is_causal)
+        if backend == "math" and ring:
+            raise LayoutError(
+                f"context parallelism: attention over {q.dtype} queries of shape "
+                f"{list(q.shape)} (keys {list(k.shape)}, a mask given: {attn_mask is not None}) "
+                "takes PyTorch's math path on a CUDA GPU, which context_parallel's ring "
+                "attention does not run (flash: fp16/bf16 without a mask; memory-efficient: "
+                "equal query and key heads). Trace it in bf16 (autocast or bf16 parameters), "
+                "or without cp."
+            )
         if backend == "math":
             return _SDPA(
                 q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
@@ -262,6 +280,13 @@ class AttentionKernels(TorchFunctionMode):
             q, k, v, attn_mask, q.requires_grad, dropout_p, is_causal, scale=scale
         )[0]
         return out  # type: ignore[no-any-return]
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a DTensor (imported here: only a parallel trace has loaded it)."""
+    from torch.distributed.tensor import DTensor
+
+    return type(t) is DTensor
 
 
 def cuda_backend(

@@ -78,6 +78,8 @@ class _OpMode(TorchDispatchMode):
             # a fake tensor's ``.device`` (autograd asks it of every gradient): what the fake
             # mode below answers outside its kernels, without the trip through both modes
             return args[0].fake_device
+        if func in self.recorder.to_subclass and any(t is not FakeTensor for t in types):
+            return NotImplemented  # the subclass (DTensor) runs it: its own ops come back here
         return self.recorder.on_op(self, func, args, kwargs or {})
 
 
@@ -130,6 +132,10 @@ class Recorder:
         #: the cache of DTensor calls (``meta_widget.distributed.dtensor_cache``) a parallel
         #: trace sets, with its ``wants``, ``key``, ``lookup`` and ``fill``; None: none
         self.dtensors: Any = None
+        #: ops a tensor subclass's own dispatch runs, not this recorder, when one of the
+        #: arguments is of the subclass: each op it runs inside is recorded as it happens
+        #: (context parallelism's ring attention, ``distributed.context``)
+        self.to_subclass: frozenset[Any] = frozenset()
         self._plans: dict[Any, OpPlan] = {}
         #: the op cache (``fast``), or None: every kernel runs
         self.cache = OpCache() if fast else None
