@@ -6,6 +6,7 @@
     python benchmarks/llama3_405b.py --sequence-parallel   # Megatron's SP over the 8 TP ranks
     python benchmarks/llama3_405b.py --plan         # mw.plan over layouts without a pipeline
     python benchmarks/llama3_405b.py --default-plan # plan's default space, less its pipelines
+    python benchmarks/llama3_405b.py --default-plan --cp 1 2 4  # and with context parallelism
     python benchmarks/llama3_405b.py --pipelines 2 [--full-depth]  # plan PP 2 and PP 4
     python benchmarks/llama3_405b.py --interleaved [--full-depth] [--no-ac]  # PP 2 x 3 stages
     python benchmarks/llama3_405b.py --on-64        # pipelines on 64 H100s, over the budget
@@ -178,21 +179,24 @@ def plan_without_a_pipeline() -> None:
     )
 
 
-def default_plan_without_pipelines() -> None:
+def default_plan_without_pipelines(cps: tuple[int, ...] = (1,)) -> None:
     """``mw.plan``'s default space of the 405B on 16,384 H100s, global batch 2,048 x 8,192,
     less its pipelines (each traced rank by rank: minutes a candidate): every
     ``replicate x fsdp x tp`` with tp in a node, tp sharding the sequence as the default does,
-    x checkpointing x 3 precisions x 2 micro-batch counts. Prints the candidates, those traced
-    (the rest cannot take the batch: 2,048 sequences over more data-parallel ranks), the
-    traces, the wall and CPU seconds and the best."""
+    x checkpointing x 3 precisions x 2 micro-batch counts; with ``cps`` beyond 1, the same
+    again for each context-parallel degree (``replicate x fsdp x tp`` over ``16,384 / cp``
+    devices). Prints the candidates, those traced (the rest cannot take the batch: 2,048
+    sequences over more data-parallel ranks), the traces, the wall and CPU seconds and the
+    best."""
     import resource
 
     from meta_widget.explore.layouts import default_layouts
     from meta_widget.timing.gpus import resolve_gpu
 
     layouts = [
-        dataclasses.replace(x, sequence_parallel=x.tp > 1).parallel()
-        for x in default_layouts(16384, resolve_gpu("H100"))
+        dataclasses.replace(x, sequence_parallel=x.tp > 1, cp=cp).parallel()
+        for cp in cps
+        for x in default_layouts(16384 // cp, resolve_gpu("H100"))
     ]
     start = time.perf_counter()
     p = mw.plan(
@@ -211,6 +215,8 @@ def default_plan_without_pipelines() -> None:
     )
     best = p.best
     assert best.layout is not None and best.step_s is not None
+    by_cp = {cp: sum(c.layout.cp == cp for c in traced) for cp in cps}  # type: ignore[union-attr]
+    print(f"traced by cp: {by_cp}")
     print(
         f"best: {best.layout.label()}, checkpointing {best.activation_checkpointing}, "
         f"{best.precision}, {best.micro_batches} micro-batches: "
@@ -297,6 +303,9 @@ def main() -> None:
     parser.add_argument(
         "--default-plan", action="store_true", help="plan's default space less its pipelines"
     )
+    parser.add_argument(
+        "--cp", type=int, nargs="+", default=[1], help="--default-plan: context-parallel degrees"
+    )
     parser.add_argument("--pipelines", type=int, default=0, help="plan the first N pipelines")
     parser.add_argument(
         "--interleaved", action="store_true", help="plan PP 2 interleaved, 3 stages a rank"
@@ -315,7 +324,7 @@ def main() -> None:
         plan_without_a_pipeline()
         return
     if args.default_plan:
-        default_plan_without_pipelines()
+        default_plan_without_pipelines(tuple(args.cp))
         return
     start = time.perf_counter()
     a = trace(args.layers, ac=not args.no_ac, sp=args.sequence_parallel)

@@ -195,12 +195,19 @@ def _propagated_unrecorded(fake: FakeTensorMode) -> Iterator[None]:
     under ``fake`` alone, out of the recorder's sight. The ring's kernels reach the recorder
     through DTensor's dispatch (``Recorder.to_subclass``), and that dispatch runs each one
     once on the global shapes to learn the output's metadata: an op no GPU runs, which would
-    otherwise be recorded (its FLOPs and its memory, a whole sequence's attention)."""
+    otherwise be recorded (its FLOPs and its memory, a whole sequence's attention). Each
+    op schema's answer is kept for the trace, as PyTorch's own cache keeps it outside a fake
+    mode (``ShardingPropagator._propagate_tensor_meta_cached``): the metadata of an op's
+    outputs is a function of its arguments' specs."""
     original = ShardingPropagator._propagate_tensor_meta_non_cached
+    known: dict[Any, Any] = {}  # by op schema, as PyTorch keeps them outside a fake mode
 
     def propagate(self: ShardingPropagator, op_schema: Any) -> Any:
-        with _disable_current_modes(), fake:
-            return original(self, op_schema)
+        found = known.get(op_schema, known)
+        if found is known:
+            with _disable_current_modes(), fake:
+                found = known[op_schema] = original(self, op_schema)
+        return found
 
     ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
     try:
