@@ -196,3 +196,32 @@ def test_a_sequence_that_does_not_split_into_2cp_chunks_is_refused() -> None:
         check_inputs(plan, (torch.zeros(2, 8), torch.zeros(2, 12)), {})
     with pytest.raises(mw.LayoutError, match="no input has a sequence"):
         check_inputs(plan, (torch.zeros(8),), {})
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_ctrl_c_inside_the_ring_leaves_nothing_behind(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt inside PyTorch's ring attention (its forward block or its backward): SDPA,
+    DTensor's handlers and propagation, the routing's count and the process group are all as
+    they were, and the next trace gives the same numbers as before."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+
+    before = _pristine()
+    first = training({"fsdp": 2, "cp": 2})
+    name = "_templated_ring_attention" + ("_backward" if where == "backward" else "")
+    original = getattr(ring, name)
+    calls = [0]
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ring, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        training({"fsdp": 2, "cp": 2})
+    assert calls[0] == 1
+    monkeypatch.setattr(ring, name, original)
+    assert _pristine() == before
+    again = training({"fsdp": 2, "cp": 2})
+    assert again.peak_bytes == first.peak_bytes and again.comm_records == first.comm_records
