@@ -159,6 +159,22 @@ def test_attention_on_the_math_path_is_an_error_naming_it() -> None:
     assert _pristine() == before
 
 
+def test_a_plan_traces_one_candidate_of_a_layout_and_precision_on_the_math_path() -> None:
+    gqa = config()
+    gqa.num_key_value_heads = 4
+    p = mw.plan(
+        gqa, (BATCH, SEQ), gpu="H100", devices=4, layouts=[{"fsdp": 2, "cp": 2}],
+        precisions=["as given", "autocast bf16"], activation_checkpointing=[False, True],
+        micro_batches=[1], workers=1,
+    )  # fmt: skip
+    fp32 = [c for c in p.candidates if c.precision == "as given"]
+    bf16 = [c for c in p.candidates if c.precision == "autocast bf16"]
+    assert all("math path" in str(c.error) for c in fp32)
+    assert "Not traced" not in str(fp32[0].error) and "Not traced" in str(fp32[1].error)
+    assert all(c.error is None and c.step_s is not None for c in bf16)  # its attention is bf16
+    assert p.traces == 1 + 2  # the first fp32 candidate's failing trace, each bf16 one whole
+
+
 def test_attention_that_never_calls_sdpa_is_refused() -> None:
     before = _pristine()
     with pytest.raises(mw.LayoutError, match="never called scaled_dot_product_attention"):

@@ -24,6 +24,7 @@ from ..options import LayoutError, OptionError
 from ..timing.gpus import GPU
 from ..trace.checkpointing import KV_CACHE_NOTE
 from ..trace.explain import GENERIC_TITLE, Explanation
+from ..trace.kernels import RING_MATH_PATH
 from ..trace.known_errors import FOREACH_MIXED_TITLE
 from ..units import format_bytes
 from .candidates import _NUMBERS, HELD_AS, Candidate, Layout
@@ -92,6 +93,11 @@ class Learned:
     refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
     over: dict[tuple[Layout, str], tuple[int, str]] = field(default_factory=dict)
     failed: dict[tuple[Layout, str], str] = field(default_factory=dict)
+    #: a context-parallel layout and precision (exactly: autocast's attention is bf16) whose
+    #: attention takes PyTorch's math path, which the ring does not run: the precision decides
+    #: the attention's dtype and the model its heads, whatever the checkpointing or
+    #: micro-batches, so every candidate of them fails so; the first traced says where
+    math_attention: dict[tuple[Layout, str], str] = field(default_factory=dict)
     #: whether ``over`` may be learned from the 3-layer trace alone (``depth_held``): until a
     #: candidate traced at 3 and 4 layers gives another number than the two traces (never seen)
     from_three: bool = True
@@ -264,6 +270,9 @@ def _trace(
         return
     if group in learned.failed:
         c.error = learned.failed[group]
+        return
+    if (c.layout, c.precision) in learned.math_attention:
+        c.error = learned.math_attention[c.layout, c.precision]
         return
     try:
         if layers is not None and (
@@ -443,6 +452,13 @@ def _take_failure(
 def _learn_failed(c: Candidate, error: Explanation, learned: Learned) -> None:
     """Keep in ``learned.failed`` a failure of ``c``'s trace that its layout alone decides (see
     :class:`Learned`), for the other candidates of the layout."""
+    if c.layout.cp > 1 and RING_MATH_PATH in error.message:
+        learned.math_attention[c.layout, c.precision] = (
+            f"{c.error} Not traced: every candidate of {c.layout.label()} with precision "
+            f"{c.precision!r} fails so, whatever its checkpointing or micro-batches (the "
+            "precision decides the attention's dtype); the first one traced did, and its "
+            "analysis says where."
+        )
     if error.title == FOREACH_MIXED_TITLE:
         held = HELD_AS[c.precision]
         learned.failed[c.layout, held] = (

@@ -58,6 +58,8 @@ _MHA = torch.nn.functional.multi_head_attention_forward
 _DROPOUTS = (torch.nn.functional.dropout, torch.dropout)
 _HALF = (torch.float16, torch.bfloat16)
 _F = torch.nn.functional
+#: what a context-parallel trace's error says of attention on the math path (``plan`` learns it)
+RING_MATH_PATH = "takes PyTorch's math path on a CUDA GPU"
 #: functions a trace may replay from the tape of an earlier call (``meta_widget.trace.replay``):
 #: attention (the math path is ~30 aten ops), linear and matmul (up to four: a transpose, views,
 #: the product), and the functions of the common layers, whose Python wrappers, dispatch and
@@ -257,7 +259,7 @@ class AttentionKernels(TorchFunctionMode):
             raise LayoutError(
                 f"context parallelism: attention over {q.dtype} queries of shape "
                 f"{list(q.shape)} (keys {list(k.shape)}, a mask given: {attn_mask is not None}) "
-                "takes PyTorch's math path on a CUDA GPU, which context_parallel's ring "
+                f"{RING_MATH_PATH}, which context_parallel's ring "
                 "attention does not run (flash: fp16/bf16 without a mask; memory-efficient: "
                 "equal query and key heads). Trace it in bf16 (autocast or bf16 parameters), "
                 "or without cp."
