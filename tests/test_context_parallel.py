@@ -182,6 +182,29 @@ def test_attention_that_never_calls_sdpa_is_refused() -> None:
     assert _pristine() == before
 
 
+def test_a_model_that_fails_before_its_attention_says_its_own_error() -> None:
+    class Attends(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(HEADS * DIM, 3 * HEADS * DIM)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum().item() > 0:  # data-dependent: no value on meta
+                x = x * 2
+            b, t, _ = x.shape
+            q, k, v = self.proj(x).view(b, t, 3, HEADS, DIM).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    before = _pristine()
+    a = mw.analyze(
+        Attends(), input_size=(BATCH, SEQ, HEADS * DIM), mode="training",
+        parallel={"fsdp": 2, "cp": 2}, gpu="H100", autocast=torch.bfloat16,
+    )  # fmt: skip
+    assert a.error is not None and "never called" not in str(a.error)
+    assert "item" in str(a.error)
+    assert _pristine() == before
+
+
 @pytest.mark.parametrize(
     ("layout", "kw", "match"),
     [

@@ -49,6 +49,7 @@ __all__ = [
     "check_context",
     "check_inputs",
     "check_ring_device",
+    "check_ring_ran",
     "context_groups",
     "fsdp_mesh",
     "sharded_sequences",
@@ -160,7 +161,7 @@ def sharded_sequences(
     """While active: the rank's inputs (fake copies) sharded along the sequence and
     ``scaled_dot_product_attention`` run as PyTorch's ring attention, where ``world`` (a
     ``parallel.World``) has ``cp``. Yields a list whose one number counts the ring's attention
-    calls; where none ran, a ``LayoutError`` on exit."""
+    calls (:func:`check_ring_ran` reads it)."""
     calls = [0]
     plan: Parallel | None = getattr(world, "plan", None)
     if plan is None or plan.cp == 1:
@@ -180,7 +181,12 @@ def sharded_sequences(
             yield calls
     finally:
         AttentionKernels.ring_calls = seen
-    if calls[0] == 0:
+
+
+def check_ring_ran(plan: Any, calls: list[int], failed: bool) -> None:
+    """A context-parallel trace that ran (not ``failed``) without one ring attention call is
+    refused: each rank would have attended within its own share of the sequence only."""
+    if plan is not None and plan.cp > 1 and not failed and calls[0] == 0:
         raise LayoutError(
             f"parallel cp={plan.cp}: the model's attention never called "
             "scaled_dot_product_attention, so each rank would attend within its own share of "

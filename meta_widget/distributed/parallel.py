@@ -63,6 +63,7 @@ from .context import (
     RING_OPS,
     check_context,
     check_inputs,
+    check_ring_ran,
     context_groups,
     fsdp_mesh,
     sharded_sequences,
@@ -76,6 +77,7 @@ from .decisions import (
     world_started,
 )
 from .experts_tp import MOE_STYLES
+from .fake_copies import fake_like, on_fake
 from .fsdp_chunks import cut_every_chunk, cut_on_demand
 from .sequence import SEQUENCE_STYLES, sequence_parallel_names
 from .stand_ins import SeenAsReal
@@ -89,9 +91,7 @@ __all__ = [
     "RankTrace",
     "World",
     "check_world",
-    "fake_like",
     "fsdp_blocks",
-    "on_fake",
     "tp_names",
     "tp_plan",
     "trace_rank",
@@ -344,7 +344,7 @@ def trace_rank(
             mode,
             fake_ops,
             SeenAsReal(mode),  # the model's code sees a rank's real tensors
-            sharded_sequences(world, args, kwargs),  # cp: the rank's share, the ring's attention
+            sharded_sequences(world, args, kwargs) as ring_calls,  # cp: a share, the ring
         ):
             result = trace(
                 wrapped,
@@ -357,6 +357,7 @@ def trace_rank(
                 default_device=world.device,  # device-less tensors: fake tensors, as the others
                 drive=drive(args, kwargs) if drive is not None else None,
             )
+        check_ring_ran(plan, ring_calls, result.exception is not None)
         return RankTrace(result, wrapped, world.comms)
 
 
@@ -564,34 +565,3 @@ def transformers_plan(module: nn.Module) -> dict[str, str]:
     names = {f"{under}{k}": v for k, v in base.items()}
     names.update(getattr(module, "_tp_plan", None) or {})
     return names
-
-
-# ---------------------------------------------------------------------------------------------
-# meta -> fake CPU tensors
-
-
-def fake_like(t: torch.Tensor, memo: dict[int, torch.Tensor], device: str = "cpu") -> torch.Tensor:
-    """A fake tensor like ``t`` on ``device`` (called under the world's ``FakeTensorMode``)."""
-    found = memo.get(id(t))
-    if found is None:
-        found = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
-        if isinstance(t, nn.Parameter):
-            found = nn.Parameter(found, requires_grad=t.requires_grad)
-        memo[id(t)] = found
-    return found
-
-
-def on_fake(copied: nn.Module, device: str = "cpu") -> None:
-    """Replace the parameters, buffers and tensor attributes of ``copied`` (meta_widget's own
-    copy) by fake tensors on ``device``, tied tensors staying tied (under the world's mode)."""
-    memo: dict[int, torch.Tensor] = {}
-    for m in copied.modules():
-        for name, p in m._parameters.items():
-            if p is not None:
-                m._parameters[name] = fake_like(p, memo, device)  # type: ignore[assignment]
-        for name, b in m._buffers.items():
-            if b is not None:
-                m._buffers[name] = fake_like(b, memo, device)
-        for name, v in list(vars(m).items()):
-            if isinstance(v, torch.Tensor) and name not in ("_parameters", "_buffers"):
-                setattr(m, name, fake_like(v, memo, device))

@@ -51,13 +51,12 @@ from ..trace.passes import default_loss
 from ..trace.recorder import Recorder
 from ..undo import Undo, without_grad
 from .comms import CommRecord, CommWatcher
+from .fake_copies import fake_like, on_fake
 from .parallel import (
     TP_STYLES,
     ParallelError,
     RankTrace,
     World,
-    fake_like,
-    on_fake,
     parallelize_locally,
     tp_names,
     trace_rank,

@@ -35,7 +35,8 @@ from ..options import Parallel
 from ..trace.recorder import Recorder
 from ..undo import Undo
 from .comms import CommRecord, CommWatcher
-from .parallel import ParallelError, World, fake_like, on_fake
+from .fake_copies import fake_like, on_fake
+from .parallel import ParallelError, World
 from .wrapping import Wrapping, param_groups
 
 __all__ = ["AsWrapped", "world_for"]

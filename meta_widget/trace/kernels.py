@@ -44,12 +44,13 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from ..choices import Device
 from ..options.errors import LayoutError
 from .rnn import GRU, LSTM, cpu_gru, mkldnn_rnn_layer_flops, onednn_lstm
-from .storage import on_meta
+from .storage import inner_tensors, on_meta
 
 aten = torch.ops.aten
 DEVICES = tuple(d.value for d in Device)
@@ -238,10 +239,11 @@ class AttentionKernels(TorchFunctionMode):
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        ring = AttentionKernels.ring_calls is not None and _is_dtensor(q)
-        if ring:  # context parallelism's ring: its blocks on a CUDA kernel (not "math")
+        # context parallelism's ring: a DTensor (the only wrapper subclass here) to its kernel
+        ring = AttentionKernels.ring_calls is not None and is_traceable_wrapper_subclass(q)
+        if ring:  # its blocks on a CUDA kernel (not "math")
             AttentionKernels.ring_calls[0] += 1  # type: ignore[index]
-        if not (on_meta(q.to_local() if ring else q) and q.dim() == 4):  # type: ignore[attr-defined]
+        if not (on_meta(inner_tensors(q)[0] if ring else q) and q.dim() == 4):
             return _SDPA(
                 q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )
@@ -282,13 +284,6 @@ class AttentionKernels(TorchFunctionMode):
             q, k, v, attn_mask, q.requires_grad, dropout_p, is_causal, scale=scale
         )[0]
         return out  # type: ignore[no-any-return]
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a DTensor (imported here: only a parallel trace has loaded it)."""
-    from torch.distributed.tensor import DTensor
-
-    return type(t) is DTensor
 
 
 def cuda_backend(
