@@ -194,8 +194,11 @@ class AttentionKernels(TorchFunctionMode):
     def route(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call ``func`` as ``device`` runs it (``DeviceLessFactories`` calls this too, to route
         a trace's calls in the same mode: one Python mode per torch call instead of two)."""
-        ring = func is _SDPA and AttentionKernels.ring_calls is not None
-        if self.tapes is not None and func in TAPED and not ring:  # replayed if seen before
+        if (
+            self.tapes is not None
+            and func in TAPED
+            and not (func is _SDPA and AttentionKernels.ring_calls is not None)  # cp's ring
+        ):  # replayed if seen on this metadata
             return self.tapes.call(func, self._route, args, kwargs)
         return self._route(func, args, kwargs)
 
