@@ -2,8 +2,8 @@
 
 Every tensor-parallel layout must trace the same with the cache and without it (DTensor's
 dispatch on every call), every record; the cache must have answered most DTensor calls; what it
-must not cache (a placement with state, an op that writes its argument) it runs; and no entry
-outlives its trace (each holds the trace's device mesh).
+must not cache (a placement with state, an op that writes its argument) it runs; a second trace
+answers from the first's entries, and no device mesh outlives its trace.
 """
 
 from __future__ import annotations
@@ -83,19 +83,38 @@ def test_a_placement_with_state_and_a_write_are_run_not_cached() -> None:
     assert sum(cache.stats.bypassed.values()) == 2
 
 
-def test_no_entry_outlives_its_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    made: list[weakref.ref[dtensor_cache.DTensorCache]] = []
+def test_a_second_trace_answers_from_the_first_and_no_mesh_outlives_either(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the entries are the process's: the second trace of a layout runs almost no DTensor
+    # dispatch, and traces the same as without the cache; its meshes (and their process
+    # groups) die with the trace all the same: no entry holds one
+    made: list[dtensor_cache.DTensorCache] = []
     real = dtensor_cache.DTensorCache
 
     def watched(stats: Any) -> dtensor_cache.DTensorCache:
-        cache = real(stats)
-        made.append(weakref.ref(cache))
-        return cache
+        made.append(real(stats))
+        return made[-1]
 
-    monkeypatch.setattr(comms, "DTensorCache", watched)
-    a = mw.analyze(
-        tiny_llama_config(), (2, 64), mode="training", gpu="H100", parallel={"fsdp": 2, "tp": 2}
-    )
-    assert a.error is None and made
+    layout = {"fsdp": 2, "tp": 2, "sequence_parallel": True}
+    dtensor_cache.DTensorCache.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(comms, "DTensorCache", watched)
+        first, second = (
+            mw.analyze(tiny_llama_config(), (2, 64), mode="training", gpu="H100", parallel=layout)
+            for _ in range(2)
+        )
+    with monkeypatch.context() as m:
+        m.setattr(comms, "DTensorCache", lambda stats: None)
+        slow = mw.analyze(
+            tiny_llama_config(), (2, 64), mode="training", gpu="H100", parallel=layout
+        )
+    assert_same_parallel(second, slow)
+    assert_same_parallel(first, slow)
+    assert first.fast_path is not None and second.fast_path is not None
+    assert second.fast_path.misses * 4 < first.fast_path.misses, (first.fast_path, second.fast_path)
+    meshes = [weakref.ref(mesh) for cache in made for mesh, _ in cache._meshes.values()]
+    assert len(meshes) >= 2 and dtensor_cache.DTensorCache.entries
+    del made[:], first, second, slow
     gc.collect()
-    assert all(ref() is None for ref in made), "a DTensor cache (and its meshes) outlived its trace"
+    assert all(ref() is None for ref in meshes), "a device mesh outlived its trace"

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._collective_utils import MeshTopoInfo
 
 from .submeshes import own_submeshes
 
@@ -182,3 +183,6 @@ def forget_meshes() -> None:
     cached = getattr(propagator, "propagate_op_sharding", None)
     if cached is not None and hasattr(cached, "cache_clear"):
         cached.cache_clear()
+    topology = getattr(MeshTopoInfo.build_from_mesh, "cache_clear", None)
+    if topology is not None:  # the cost of redistributing, kept by mesh: it holds the mesh
+        topology()
