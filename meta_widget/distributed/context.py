@@ -204,19 +204,33 @@ def _propagated_unrecorded(fake: FakeTensorMode) -> Iterator[None]:
     otherwise be recorded (its FLOPs and its memory, a whole sequence's attention). Each
     op schema's answer is kept for the trace, as PyTorch's own cache keeps it outside a fake
     mode (``ShardingPropagator._propagate_tensor_meta_cached``): the metadata of an op's
-    outputs is a function of its arguments' specs."""
-    original = ShardingPropagator._propagate_tensor_meta_non_cached
+    outputs is a function of its arguments' specs. So is the sharding DTensor decides for an
+    op (``propagate_op_sharding_non_cached``, which PyTorch keeps by op schema outside a fake
+    mode too, ``propagate_op_sharding``): the ring's handler asks for it at every call, for
+    each layer's attention in both steps, and each answer weighs every strategy of the op over
+    the mesh's dimensions; it is kept for the trace as well."""
+    metadata = ShardingPropagator._propagate_tensor_meta_non_cached
+    sharding = ShardingPropagator.propagate_op_sharding_non_cached
     known: dict[Any, Any] = {}  # by op schema, as PyTorch keeps them outside a fake mode
+    decided: dict[Any, Any] = {}
 
     def propagate(self: ShardingPropagator, op_schema: Any) -> Any:
         found = known.get(op_schema, known)
         if found is known:
             with _disable_current_modes(), fake:
-                found = known[op_schema] = original(self, op_schema)
+                found = known[op_schema] = metadata(self, op_schema)
         return found
 
-    ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
-    try:
+    def decide(self: ShardingPropagator, op_schema: Any) -> Any:
+        found = decided.get(op_schema, decided)
+        if found is decided:
+            found = decided[op_schema] = sharding(self, op_schema)
+        return found
+
+    try:  # an interrupt between the two leaves nothing: both are put back
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
+        ShardingPropagator.propagate_op_sharding_non_cached = decide  # type: ignore[method-assign]
         yield
     finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+        ShardingPropagator._propagate_tensor_meta_non_cached = metadata  # type: ignore[method-assign]
+        ShardingPropagator.propagate_op_sharding_non_cached = sharding  # type: ignore[method-assign]
