@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice
+from itertools import islice, repeat
 
 import numpy as np
 
@@ -147,17 +147,21 @@ def _order(
     """The steps at ``times`` copies of each run: each run's steps, then its copies (none:
     the 2-layer trace's, a workspace placed in a run kept)."""
     events = traced[:, EVENT]
+    inside = copied.tolist()
     out: list[Place] = []
     at = 0
     for start, end in runs:
         first, stop = np.searchsorted(events, [start, end], side="left").tolist()
-        out.extend((row, 0) for row in range(at, first))
-        inner = [row for row in range(first, stop) if copied[row]]
-        out.extend((row, 0) for row in range(first, stop) if times > 0 or not copied[row])
-        for copy in range(1, times):
-            out.extend((row, copy) for row in inner)
+        out.extend(zip(range(at, first), repeat(0)))
+        inner = [row for row in range(first, stop) if inside[row]]
+        if times > 0:
+            out.extend(zip(range(first, stop), repeat(0)))
+        else:
+            out.extend((row, 0) for row in range(first, stop) if not inside[row])
+        for copy in range(1, times):  # 100,000 places at a 405B's depth: tuples made in C
+            out.extend(zip(inner, repeat(copy)))
         at = stop
-    out.extend((row, 0) for row in range(at, len(traced)))
+    out.extend(zip(range(at, len(traced)), repeat(0)))
     return out
 
 
@@ -364,14 +368,18 @@ def _steps(
     # its allocation at once (a list took time in the allocations live: quadratic in the depth)
     live: dict[int, dict[Place, None]] = {}
     nbytes, links = traced3[:, NBYTES].tolist(), traced3[:, FREES].tolist()
+    of_size, step = live.get, steps.append  # 100,000 steps at a 405B's depth
     for place in order:
         row, copy = place
         n = nbytes[row]
         if n >= 0:
-            live.setdefault(n, {})[place] = None
-            steps.append((place, n))
+            same = of_size(n)
+            if same is None:
+                same = live[n] = {}
+            same[place] = None
+            step((place, n))
             continue
-        same = live.get(nbytes[links[row] - offset3], {})
+        same = of_size(nbytes[links[row] - offset3], {})
         rule = rules[row]
         if isinstance(rule, list):
             found = {_nth(same, r.side, r.at(copy, times)) for r in rule}
@@ -383,7 +391,7 @@ def _steps(
             if alloc not in same:
                 return row
         del same[alloc]
-        steps.append((alloc, None))
+        step((alloc, None))
     return steps
 
 
