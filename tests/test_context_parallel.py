@@ -60,6 +60,7 @@ def _pristine() -> tuple[Any, ...]:
     return (
         F.scaled_dot_product_attention,
         ShardingPropagator._propagate_tensor_meta_non_cached,
+        ShardingPropagator.propagate_op_sharding_non_cached,
         dict(DTensor._op_dispatcher._custom_op_handlers),
         AttentionKernels.ring_calls,
     )
@@ -119,6 +120,28 @@ def test_a_cp_rank_runs_pytorchs_ring_on_its_half_of_each_sequence() -> None:
     assert ring.memory.peak_bytes < plain.memory.peak_bytes
     assert ring.time is not None and ring.time.step_s > 0
     assert _pristine() == before
+
+
+def test_the_rings_sharding_decisions_are_made_once_a_schema_in_a_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DTensor asks for the ring kernel's sharding at every attention call (2 layers, 2 steps,
+    # forward and backward); the trace keeps each op schema's answer, as PyTorch keeps it
+    # outside a fake mode (the numbers of the tests above come through it)
+    made: list[Any] = []
+    original = ShardingPropagator.propagate_op_sharding_non_cached
+
+    def counted(self: ShardingPropagator, op_schema: Any) -> Any:
+        made.append(op_schema)
+        return original(self, op_schema)
+
+    monkeypatch.setattr(ShardingPropagator, "propagate_op_sharding_non_cached", counted)
+    a = training({"fsdp": 2, "cp": 2})
+    assert a.error is None
+    ring = [s for s in made if "flash_attention" in str(s.op)]
+    assert ring, "the ring's sharding was never decided"
+    assert len(ring) == len(set(ring)), "a schema's sharding decided twice in one trace"
+    assert len(ring) < 2 * 2 * 2  # fewer than the ring's calls: 2 layers x 2 steps x 2 passes
 
 
 def test_cp_without_fsdp_labels_its_ring_and_fsdp2_apart() -> None:
